@@ -1,0 +1,75 @@
+"""The wire format shared by the client and the collector (no torch, no server deps).
+
+A *frame* is one sampled training step of one rank, sent as a JSON object::
+
+    {
+      "run": "demo-unstable",       # run name: 1-128 chars of [A-Za-z0-9._:-]
+      "project": "default",          # optional, same alphabet
+      "rank": 0,                     # data-parallel rank (int >= 0)
+      "seq": 42,                     # per (run, rank) sequence number, strictly increasing;
+                                     # the collector deduplicates on (run, rank, seq)
+      "step": 420,                   # optimizer step (int >= 0)
+      "time": 1764430000.123,        # unix seconds when the step ended
+      "scalars": {"loss": 3.1, "grad.norm": 0.8, "grad.clipped": 0.0, "lr": 0.001},
+      "heads": {"attn.logit_max": [[h0, h1, ...], ...],   # one list per layer
+                "attn.logit_p99": [[...], ...]}
+    }
+
+Frames travel in batches: ``POST /api/v1/ingest`` with body ``{"frames": [frame, ...]}``.
+
+Non-finite numbers are signals, not errors, so they travel as what they are. JSON has no
+literal for them, so a value position may hold one of the strings ``"NaN"``,
+``"Infinity"`` or ``"-Infinity"``; every other value is a JSON number. :func:`encode_float`
+and :func:`decode_float` are the only two places that know this.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Final
+
+__all__ = [
+    "NAME_RE",
+    "NONFINITE",
+    "WIRE_VERSION",
+    "decode_float",
+    "encode_float",
+    "encode_matrix",
+]
+
+WIRE_VERSION: Final = 1
+
+#: Allowed alphabet for run, project and metric names.
+NAME_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+NONFINITE: Final[dict[str, float]] = {
+    "NaN": math.nan,
+    "Infinity": math.inf,
+    "-Infinity": -math.inf,
+}
+
+
+def encode_float(x: float) -> float | str:
+    """Return ``x`` as a JSON-safe value: the float itself, or its non-finite string."""
+    if math.isfinite(x):
+        return x
+    if math.isnan(x):
+        return "NaN"
+    return "Infinity" if x > 0 else "-Infinity"
+
+
+def decode_float(v: Any) -> float:
+    """Inverse of :func:`encode_float`. Raises ``ValueError`` for anything else."""
+    if isinstance(v, bool):
+        raise ValueError("a boolean is not a number")
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str) and v in NONFINITE:
+        return NONFINITE[v]
+    raise ValueError(f"expected a number or one of {sorted(NONFINITE)}, got {v!r}")
+
+
+def encode_matrix(rows: list[list[float]]) -> list[list[float | str]]:
+    """Encode a layer x head matrix of floats for the wire."""
+    return [[encode_float(x) for x in row] for row in rows]
