@@ -1,0 +1,89 @@
+"""The collector application factory: ``create_app(settings)``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy.orm import sessionmaker
+
+from logitwatch.server.alerts.engine import AlertEngine
+from logitwatch.server.alerts.rules import LogitRisingRule
+from logitwatch.server.api.routes import ingest, pages, runs, stream
+from logitwatch.server.api.routes.pages import WEB
+from logitwatch.server.db.session import make_engine, migrate
+from logitwatch.server.errors import ApiError
+from logitwatch.server.notify import WebhookNotifier
+from logitwatch.server.settings import Settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("logitwatch.server")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build a collector. The database is migrated to head when the app starts."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.db_url, pool_size=settings.pool_size)
+        migrate(engine)
+        app.state.db = engine
+        app.state.sessions = sessionmaker(engine, expire_on_commit=False)
+        app.state.notifier = (
+            WebhookNotifier(settings.webhook_url, timeout=settings.webhook_timeout,
+                            retries=settings.webhook_retries)
+            if settings.webhook_url else None
+        )
+        try:
+            yield
+        finally:
+            if app.state.notifier is not None:
+                app.state.notifier.close()
+            engine.dispose()
+
+    app = FastAPI(
+        title="logitwatch collector",
+        version="0.1.0",
+        description="Stores training-health frames, fires early-warning alerts, serves the "
+        "dashboard.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.alert_engine = AlertEngine(
+        LogitRisingRule(
+            threshold=settings.alert_logit_threshold, factor=settings.alert_logit_factor,
+            floor=settings.alert_logit_floor, for_samples=settings.alert_for_samples,
+        )
+    )
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        headers = {"Retry-After": "5"} if exc.status == 503 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
+            for e in exc.errors()
+        ]
+        first = errors[0] if errors else {"field": "?", "message": "invalid"}
+        return JSONResponse(
+            {"code": "invalid-request",
+             "message": f"{first['field']}: {first['message']} (nothing was stored)",
+             "errors": errors},
+            status_code=422,
+        )
+
+    for r in (ingest.router, runs.router, stream.router):
+        app.include_router(r, prefix="/api/v1")
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=WEB), name="static")
+    return app

@@ -1,0 +1,116 @@
+"""SQLAlchemy tables. The schema itself is owned by Alembic (``migrations/``).
+
+Per-head statistics are stored as one float32 blob per (frame, metric): a 24 x 16 matrix is
+one row of 1,536 x 4 bytes instead of 1,536 rows, which keeps storage near 4 bytes a value.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = ["Alert", "Base", "Frame", "Metric", "Point", "Run"]
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("project", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[float] = mapped_column(Float)
+    last_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Frame(Base):
+    """One sampled step of one rank; (run, rank, seq) is the deduplication key."""
+
+    __tablename__ = "frames"
+    __table_args__ = (
+        UniqueConstraint("run_id", "rank", "seq"),
+        Index("ix_frames_run_step", "run_id", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(Integer)
+    time: Mapped[float] = mapped_column(Float)
+
+
+class Metric(Base):
+    """A named series of a run; ``layers``/``heads`` are 0 for scalars."""
+
+    __tablename__ = "metrics"
+    __table_args__ = (UniqueConstraint("run_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    layers: Mapped[int] = mapped_column(Integer)
+    heads: Mapped[int] = mapped_column(Integer)
+
+
+class Point(Base):
+    """The values of one metric in one frame: little-endian float32, row-major."""
+
+    __tablename__ = "points"
+
+    metric_id: Mapped[int] = mapped_column(
+        ForeignKey("metrics.id", ondelete="CASCADE"), primary_key=True
+    )
+    frame_id: Mapped[int] = mapped_column(
+        ForeignKey("frames.id", ondelete="CASCADE"), primary_key=True
+    )
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Alert(Base):
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_run_state", "run_id", "state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rule: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(128))
+    severity: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    rank: Mapped[int] = mapped_column(Integer)
+    layer: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    head: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    started_step: Mapped[int] = mapped_column(Integer)
+    fired_step: Mapped[int] = mapped_column(Integer)
+    fired_at: Mapped[float] = mapped_column(Float)
+    resolved_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    value: Mapped[float | None] = mapped_column(Float, nullable=True)
+    baseline: Mapped[float | None] = mapped_column(Float, nullable=True)
+    threshold: Mapped[float | None] = mapped_column(Float, nullable=True)
+    message: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, object]] = mapped_column(JSON)
+    remedies: Mapped[list[str]] = mapped_column(JSON)
