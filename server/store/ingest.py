@@ -91,7 +91,7 @@ def ingest_frames(session: Session, frames: list[FrameIn]) -> IngestResult:
                 select(Frame.rank, Frame.seq).where(
                     Frame.run_id == run_id, Frame.seq.in_([s for _, s in seqs])
                 )
-            ).tuples()
+            )
         )
         fresh: list[FrameIn] = []
         seen: set[tuple[int, int]] = set()

@@ -32,7 +32,7 @@ def list_runs(session: Session) -> list[RunOut]:
     counts = dict(
         session.execute(
             select(Alert.run_id, func.count()).where(Alert.state == "firing").group_by(Alert.run_id)
-        ).tuples().all()
+        ).all()
     )
     runs = session.scalars(
         select(Run).order_by(Run.last_time.desc().nulls_last(), Run.id.desc())
