@@ -14,7 +14,7 @@ from sqlalchemy.orm import sessionmaker
 
 from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.alerts.rules import LogitRisingRule
-from logitwatch.server.api.routes import ingest, pages, runs, stream
+from logitwatch.server.api.routes import figures, ingest, pages, runs, stream
 from logitwatch.server.api.routes.pages import WEB
 from logitwatch.server.db.session import make_engine, migrate
 from logitwatch.server.errors import ApiError
@@ -82,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             status_code=422,
         )
 
-    for r in (ingest.router, runs.router, stream.router):
+    for r in (ingest.router, runs.router, stream.router, figures.router):
         app.include_router(r, prefix="/api/v1")
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=WEB), name="static")

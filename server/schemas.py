@@ -101,6 +101,7 @@ class RunOut(BaseModel):
     last_step: int | None
     last_time: float | None
     open_alerts: int
+    last_frame_id: int = Field(0, description="Pass as the live stream's `after`.")
 
 
 class MetricOut(BaseModel):

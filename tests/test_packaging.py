@@ -34,7 +34,8 @@ def test_every_source_folder_and_asset_is_in_the_wheel(wheel: zipfile.ZipFile) -
     for folder, pkg in [("hooks", "hooks"), ("client", "client"), ("server", "server"),
                         ("web", "web"), ("migrations", "migrations")]:
         for f in (ROOT / folder).rglob("*"):
-            if f.suffix in {".py", ".html", ".js", ".css", ".mako"} and "__pycache__" not in f.parts:
+            wanted = f.suffix in {".py", ".html", ".js", ".css", ".mako"}
+            if wanted and "__pycache__" not in f.parts:
                 rel = f.relative_to(ROOT / folder).as_posix()
                 assert f"logitwatch/{pkg}/{rel}" in names, f"{folder}/{rel} is not packaged"
     assert "logitwatch/demo/data/corpus.txt" in names

@@ -42,7 +42,8 @@ class Collector:
         self.url = f"http://127.0.0.1:{self.port}"
         app = create_app(Settings(db_url=db_url, port=self.port, **settings))
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                           timeout_graceful_shutdown=2)
         )
         self.thread = threading.Thread(target=self.server.run, name="collector", daemon=True)
 
@@ -123,8 +124,9 @@ def run_demo(*, port: int, db_url: str, steps: int | None, settings: list[str] |
             fired = a.get("fired_step")
             div = r["divergence_step"]
             lead = f"{div - fired} steps" if fired is not None and div is not None else "-"
-            echo(f"{r['run']:<28} {r['steps']:>6} {('step ' + str(div)) if div is not None else 'no':>14} "
-                 f"{('step ' + str(fired)) if fired is not None else 'none':>12} {lead:>10}")
+            div_s = f"step {div}" if div is not None else "no"
+            fired_s = f"step {fired}" if fired is not None else "none"
+            echo(f"{r['run']:<28} {r['steps']:>6} {div_s:>14} {fired_s:>12} {lead:>10}")
             if a.get("message"):
                 echo(f"  first alert: {a['message']}")
             if "run_id" in a:

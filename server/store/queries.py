@@ -15,7 +15,7 @@ from logitwatch.server.store.downsample import minmax_downsample
 __all__ = ["get_heatmap", "get_run", "get_series", "list_metrics", "list_runs"]
 
 
-def _run_out(run: Run, open_alerts: int) -> RunOut:
+def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0) -> RunOut:
     return RunOut(
         id=run.id,
         project=run.project,
@@ -24,6 +24,7 @@ def _run_out(run: Run, open_alerts: int) -> RunOut:
         last_step=run.last_step,
         last_time=run.last_time,
         open_alerts=open_alerts,
+        last_frame_id=last_frame_id,
     )
 
 
@@ -47,7 +48,8 @@ def get_run(session: Session, run_id: int) -> RunOut:
     n = session.scalar(
         select(func.count()).where(Alert.run_id == run_id, Alert.state == "firing")
     )
-    return _run_out(run, int(n or 0))
+    last = session.scalar(select(func.max(Frame.id)).where(Frame.run_id == run_id))
+    return _run_out(run, int(n or 0), int(last or 0))
 
 
 def list_metrics(session: Session, run_id: int) -> list[MetricOut]:

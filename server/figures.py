@@ -1,0 +1,227 @@
+"""Pure figure builders for the dashboard: API models in, ``plotly.graph_objects`` out.
+
+No I/O here: the routes fetch, these draw, and the tests assert on ``fig.data`` and
+``fig.layout``. The browser extends the figures live, so every trace carries a ``meta``
+role (``series``, ``clipped``, ``nonfinite``, ``alerts``) that the page looks traces up by.
+
+Non-finite values are signals: they are never plotted as numbers (JSON has no literal for
+them) but drawn as markers along the top of the chart, with the value as text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+
+from logitwatch.server.schemas import AlertOut, HeatmapOut, SeriesOut
+from logitwatch.wire import encode_float
+
+__all__ = [
+    "COLORS",
+    "FIGURE_KINDS",
+    "grad_norm_figure",
+    "heatmap_figure",
+    "loss_figure",
+]
+
+#: The figure kinds served by ``GET /runs/{run}/figures/{kind}``.
+FIGURE_KINDS = ("loss", "grad_norm", "heatmap")
+
+# --- look: every colour and size of the dashboard's figures --------------------------------
+COLORS = {
+    "loss": "#1f6feb",
+    "grad_norm": "#8250df",
+    "clipped": "#d1242f",
+    "nonfinite": "#bf8700",
+    "alert_firing": "#d1242f",
+    "alert_resolved": "#8c959f",
+    "grid": "#eaeef2",
+    "axis": "#57606a",
+    "text": "#24292f",
+    "paper": "#ffffff",
+}
+HEATMAP_SCALE = "Inferno"
+FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12,
+        "color": COLORS["text"]}
+ALERT_SHADE_OPACITY = 0.12
+MARKER_ROW = 0.96  # where event markers sit, as a fraction of the plot height
+HEIGHT = 300
+
+
+def _finite(values: Sequence[float]) -> list[float | None]:
+    """Floats for plotting: non-finite values become gaps (``None`` → JSON ``null``)."""
+    return [v if math.isfinite(v) else None for v in values]
+
+
+def _base_layout(title: str, revision: str, *, y_title: str, overlay: bool = True) -> go.Layout:
+    axis = {"gridcolor": COLORS["grid"], "zeroline": False, "linecolor": COLORS["grid"],
+            "tickfont": {"color": COLORS["axis"]}}
+    layout = go.Layout(
+        template=go.layout.Template(),  # no default template: small JSON, our own look
+        title={"text": title, "x": 0.01, "xanchor": "left", "font": {"size": 14}},
+        font=FONT,
+        height=HEIGHT,
+        margin={"l": 56, "r": 16, "t": 40, "b": 40},
+        paper_bgcolor=COLORS["paper"],
+        plot_bgcolor=COLORS["paper"],
+        showlegend=True,
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.02, "yanchor": "bottom"},
+        hovermode="closest",
+        # Same revision on every redraw: Plotly.react keeps the user's zoom and pan.
+        uirevision=revision,
+        xaxis={**axis, "title": {"text": "step"}},
+        yaxis={**axis, "title": {"text": y_title}},
+    )
+    if overlay:
+        # An overlay axis fixed to [0, 1] for markers that belong at the top of the plot
+        # whatever the data's scale (alerts, non-finite values).
+        layout.yaxis2 = {"overlaying": "y", "range": [0, 1], "visible": False,
+                         "fixedrange": True}
+    return layout
+
+
+def _nonfinite_trace(series: SeriesOut) -> go.Scatter:
+    steps = [s for s, v in zip(series.steps, series.values, strict=True) if not math.isfinite(v)]
+    text = [
+        f"{series.name} = {encode_float(v)} at step {s}"
+        for s, v in zip(series.steps, series.values, strict=True)
+        if not math.isfinite(v)
+    ]
+    return go.Scatter(
+        x=steps, y=[MARKER_ROW] * len(steps), yaxis="y2", mode="markers", name="non-finite",
+        meta="nonfinite", text=text, hovertemplate="%{text}<extra></extra>",
+        marker={"symbol": "x", "size": 10, "color": COLORS["nonfinite"]},
+    )
+
+
+def _alert_label(a: AlertOut) -> str:
+    where = f"layer {a.layer}, head {a.head}" if a.layer is not None else "run"
+    value = "non-finite" if a.value is None else f"{a.value:.4g}"
+    limit = "" if a.threshold is None else f" (limit {a.threshold:.3g})"
+    return (
+        f"{a.rule} ({a.state}): rank {a.rank}, {where}<br>"
+        f"{a.metric} = {value}{limit}<br>"
+        f"started step {a.started_step}, fired step {a.fired_step}"
+    )
+
+
+def _alert_color(a: AlertOut) -> str:
+    return COLORS["alert_firing"] if a.state == "firing" else COLORS["alert_resolved"]
+
+
+def _add_alerts(fig: go.Figure, alerts: Sequence[AlertOut]) -> None:
+    """Each alert: a shaded span from ``started_step`` to ``fired_step``, a vertical line at
+    ``fired_step``, and a hoverable marker at the top naming its layer and head."""
+    for a in alerts:
+        color = _alert_color(a)
+        fig.add_shape(type="rect", xref="x", yref="paper", x0=a.started_step, x1=a.fired_step,
+                      y0=0, y1=1, fillcolor=color, opacity=ALERT_SHADE_OPACITY,
+                      line={"width": 0}, layer="below", name=f"alert-{a.id}-span")
+        fig.add_shape(type="line", xref="x", yref="paper", x0=a.fired_step, x1=a.fired_step,
+                      y0=0, y1=1, line={"color": color, "width": 1.5, "dash": "dot"},
+                      name=f"alert-{a.id}")
+    fig.add_trace(go.Scatter(
+        x=[a.fired_step for a in alerts], y=[MARKER_ROW] * len(alerts), yaxis="y2",
+        mode="markers", name="alerts", meta="alerts",
+        text=[_alert_label(a) for a in alerts], hovertemplate="%{text}<extra></extra>",
+        customdata=[a.id for a in alerts],
+        marker={"symbol": "triangle-down", "size": 12, "color": [_alert_color(a) for a in alerts],
+                "line": {"width": 1, "color": COLORS["paper"]}},
+    ))
+
+
+def _no_data(fig: go.Figure, what: str) -> None:
+    fig.add_annotation(text=f"no {what} yet", xref="paper", yref="paper", x=0.5, y=0.5,
+                       showarrow=False, font={"color": COLORS["axis"], "size": 13})
+
+
+def loss_figure(series: SeriesOut, alerts: Sequence[AlertOut] = ()) -> go.Figure:
+    """Loss over steps; traces: ``series``, ``nonfinite``, ``alerts``."""
+    fig = go.Figure(layout=_base_layout("loss", "loss", y_title=series.name))
+    fig.add_trace(go.Scatter(
+        x=list(series.steps), y=_finite(series.values), mode="lines", name=series.name,
+        meta="series", line={"color": COLORS["loss"], "width": 1.5},
+        hovertemplate="step %{x}<br>" + series.name + " %{y:.4g}<extra></extra>",
+    ))
+    fig.add_trace(_nonfinite_trace(series))
+    _add_alerts(fig, alerts)
+    if not series.steps:
+        _no_data(fig, series.name)
+    return fig
+
+
+def grad_norm_figure(
+    norm: SeriesOut, clipped: SeriesOut | None = None, alerts: Sequence[AlertOut] = ()
+) -> go.Figure:
+    """Gradient norm; steps where the optimizer clipped are red markers on the line.
+
+    Traces: ``series``, ``clipped``, ``nonfinite``, ``alerts``. ``clipped`` is the
+    ``grad.clipped`` series (1 where the norm exceeded ``max_grad_norm``), or None.
+    """
+    fig = go.Figure(layout=_base_layout("gradient norm", "grad_norm", y_title=norm.name))
+    fig.add_trace(go.Scatter(
+        x=list(norm.steps), y=_finite(norm.values), mode="lines", name=norm.name,
+        meta="series", line={"color": COLORS["grad_norm"], "width": 1.5},
+        hovertemplate="step %{x}<br>" + norm.name + " %{y:.4g}<extra></extra>",
+    ))
+    clip_steps: list[int] = []
+    if clipped is not None:
+        clip_steps = [s for s, v in zip(clipped.steps, clipped.values, strict=True) if v > 0]
+    # Each clipped step sits on the norm line; the two series are downsampled separately,
+    # so a step missing from the norm gets the interpolated norm there.
+    finite = [(s, v) for s, v in zip(norm.steps, norm.values, strict=True) if math.isfinite(v)]
+    if clip_steps and finite:
+        xs, ys = zip(*finite, strict=True)
+        clip_y: list[float | None] = np.interp(clip_steps, xs, ys).tolist()
+    else:
+        clip_y = [None] * len(clip_steps)
+    fig.add_trace(go.Scatter(
+        x=clip_steps, y=clip_y, mode="markers", name="clipped", meta="clipped",
+        marker={"color": COLORS["clipped"], "size": 7, "symbol": "circle"},
+        hovertemplate="step %{x}: clipped (norm %{y:.4g})<extra></extra>",
+    ))
+    fig.add_trace(_nonfinite_trace(norm))
+    _add_alerts(fig, alerts)
+    if not norm.steps:
+        _no_data(fig, norm.name)
+    return fig
+
+
+def heatmap_figure(h: HeatmapOut) -> go.Figure:
+    """Layer x head matrix (layers on y, heads on x) with a colour bar; step in the title.
+
+    Non-finite cells are gaps in the colour field; their hover text says what they are.
+    """
+    layers = len(h.values)
+    heads = len(h.values[0]) if layers else 0
+    base_title = f"{h.name} by layer × head"
+    title = f"{base_title}, step {h.step}" if h.step is not None else base_title
+    layout = _base_layout(title, "heatmap", y_title="layer", overlay=False)
+    layout.update(
+        # The page restyles z live; it reads the step shown and the title's stem from meta.
+        meta={"step": h.step, "title": base_title, "metric": h.name},
+        showlegend=False, plot_bgcolor=COLORS["grid"],
+        xaxis={"title": {"text": "head"}, "dtick": 1, "showgrid": False},
+        yaxis={"title": {"text": "layer"}, "dtick": 1, "showgrid": False,
+               "autorange": "reversed"},
+        margin={"l": 56, "r": 16, "t": 40, "b": 40},
+    )
+    fig = go.Figure(layout=layout)
+    fig.add_trace(go.Heatmap(
+        z=[_finite(row) for row in h.values],
+        x=list(range(heads)), y=list(range(layers)),
+        text=[[_cell(v) for v in row] for row in h.values],
+        hovertemplate="layer %{y}, head %{x}<br>" + h.name + " %{text}<extra></extra>",
+        colorscale=HEATMAP_SCALE, meta="series", xgap=1, ygap=1,
+        colorbar={"title": {"text": h.name, "side": "right"}, "thickness": 12},
+    ))
+    if h.step is None:
+        _no_data(fig, h.name)
+    return fig
+
+
+def _cell(v: float) -> str:
+    return f"{v:.4g}" if math.isfinite(v) else str(encode_float(v))

@@ -1,0 +1,230 @@
+"""The dashboard's pure figure builders, and the route that serves them."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from logitwatch.server.app import create_app
+from logitwatch.server.figures import (
+    COLORS,
+    grad_norm_figure,
+    heatmap_figure,
+    loss_figure,
+)
+from logitwatch.server.schemas import AlertOut, HeatmapOut, SeriesOut
+from logitwatch.server.settings import Settings
+
+
+def series(name: str, steps: list[int], values: list[float]) -> SeriesOut:
+    return SeriesOut(name=name, rank=0, total=len(steps), steps=steps, values=values)
+
+
+def alert(
+    id: int = 1, *, started: int = 200, fired: int = 220, state: str = "firing",
+    layer: int | None = 1, head: int | None = 2, value: float | None = 61.2,
+) -> AlertOut:
+    return AlertOut(
+        id=id, run_id=1, run="r", project="default", rule="attn_logit_rising",
+        metric="attn.logit_max", severity="warning", state=state, rank=0, layer=layer,
+        head=head, started_step=started, fired_step=fired, fired_at=0.0, resolved_step=None,
+        value=value, baseline=7.9, threshold=31.6, message="m", evidence={}, remedies=["x"],
+    )
+
+
+def roles(fig) -> dict[str, int]:
+    return {t.meta: i for i, t in enumerate(fig.data)}
+
+
+def strict_json(fig) -> dict:
+    """The figure as the route sends it, parsed by a JSON parser that rejects NaN/Infinity."""
+    import plotly.io as pio
+
+    def reject(token: str) -> None:
+        raise AssertionError(f"non-JSON constant {token} in figure JSON")
+
+    return json.loads(pio.to_json(fig, validate=False), parse_constant=reject)
+
+
+# --- loss -----------------------------------------------------------------------------------
+
+
+def test_loss_figure_traces_and_values() -> None:
+    fig = loss_figure(series("loss", [0, 10, 20], [3.0, 2.5, 2.0]), [])
+    assert [t.meta for t in fig.data] == ["series", "nonfinite", "alerts"]
+    line = fig.data[0]
+    assert line.type == "scatter" and line.mode == "lines"
+    assert list(line.x) == [0, 10, 20]
+    assert list(line.y) == [3.0, 2.5, 2.0]
+    assert line.line.color == COLORS["loss"]
+    assert fig.layout.uirevision == "loss"
+    assert fig.layout.title.text == "loss"
+    assert not fig.layout.shapes
+    assert not fig.layout.annotations
+
+
+def test_loss_figure_nonfinite_values_are_gaps_and_markers() -> None:
+    fig = loss_figure(
+        series("loss", [0, 10, 20, 30], [3.0, math.nan, math.inf, 2.0]), []
+    )
+    r = roles(fig)
+    assert list(fig.data[r["series"]].y) == [3.0, None, None, 2.0]
+    nf = fig.data[r["nonfinite"]]
+    assert list(nf.x) == [10, 20]
+    assert list(nf.text) == ["loss = NaN at step 10", "loss = Infinity at step 20"]
+    assert nf.yaxis == "y2"
+    out = strict_json(fig)  # no NaN / Infinity tokens
+    assert out["data"][0]["y"] == [3.0, None, None, 2.0]
+
+
+def test_loss_figure_alerts_are_shaded_lines_and_hover_markers() -> None:
+    alerts = [alert(1, started=200, fired=220), alert(2, started=300, fired=320, layer=0, head=1,
+                                                      state="resolved", value=None)]
+    fig = loss_figure(series("loss", [0, 100, 200, 300], [3.0, 2.0, 1.5, 1.4]), alerts)
+    shapes = fig.layout.shapes
+    assert len(shapes) == 4
+    spans = [s for s in shapes if s.type == "rect"]
+    lines = [s for s in shapes if s.type == "line"]
+    assert [(s.x0, s.x1) for s in spans] == [(200, 220), (300, 320)]
+    assert [s.x0 for s in lines] == [220, 320] and all(s.yref == "paper" for s in lines)
+    assert lines[0].line.color == COLORS["alert_firing"]
+    assert lines[1].line.color == COLORS["alert_resolved"]
+    markers = fig.data[roles(fig)["alerts"]]
+    assert list(markers.x) == [220, 320]
+    assert list(markers.customdata) == [1, 2]
+    assert "layer 1, head 2" in markers.text[0]
+    assert "layer 0, head 1" in markers.text[1] and "non-finite" in markers.text[1]
+    strict_json(fig)
+
+
+def test_loss_figure_empty_series_says_no_data() -> None:
+    fig = loss_figure(series("loss", [], []), [])
+    assert len(fig.data) == 3
+    assert list(fig.data[0].x) == []
+    assert fig.layout.annotations[0].text == "no loss yet"
+
+
+# --- grad norm ------------------------------------------------------------------------------
+
+
+def test_grad_norm_figure_marks_clipped_steps_in_red() -> None:
+    norm = series("grad.norm", [0, 10, 20, 30], [0.5, 1.5, 0.7, 2.0])
+    clipped = series("grad.clipped", [0, 10, 20, 30], [0.0, 1.0, 0.0, 1.0])
+    fig = grad_norm_figure(norm, clipped, [alert()])
+    r = roles(fig)
+    assert set(r) == {"series", "clipped", "nonfinite", "alerts"}
+    assert list(fig.data[r["series"]].y) == [0.5, 1.5, 0.7, 2.0]
+    clip = fig.data[r["clipped"]]
+    assert list(clip.x) == [10, 30]
+    assert list(clip.y) == [1.5, 2.0]  # on the norm line
+    assert clip.marker.color == COLORS["clipped"]
+    assert fig.layout.uirevision == "grad_norm"
+    assert len(fig.layout.shapes) == 2
+
+
+def test_grad_norm_figure_clipped_between_downsampled_norm_points() -> None:
+    norm = series("grad.norm", [0, 20], [1.0, 3.0])
+    clipped = series("grad.clipped", [10], [1.0])
+    fig = grad_norm_figure(norm, clipped, [])
+    assert list(fig.data[roles(fig)["clipped"]].y) == [2.0]
+
+
+def test_grad_norm_figure_without_clipped_series_and_nonfinite_norm() -> None:
+    fig = grad_norm_figure(series("grad.norm", [0, 10], [1.0, -math.inf]), None, [])
+    r = roles(fig)
+    assert list(fig.data[r["clipped"]].x) == []
+    assert list(fig.data[r["series"]].y) == [1.0, None]
+    assert list(fig.data[r["nonfinite"]].text) == ["grad.norm = -Infinity at step 10"]
+    strict_json(fig)
+
+
+# --- heatmap --------------------------------------------------------------------------------
+
+
+def test_heatmap_figure_is_layers_by_heads() -> None:
+    m = [[1.0, 2.0, 3.0], [4.0, 5.0, 60.0]]
+    fig = heatmap_figure(HeatmapOut(name="attn.logit_max", rank=0, step=290, values=m))
+    assert len(fig.data) == 1
+    hm = fig.data[0]
+    assert hm.type == "heatmap"
+    assert [list(row) for row in hm.z] == m
+    assert list(hm.x) == [0, 1, 2]  # heads
+    assert list(hm.y) == [0, 1]  # layers
+    assert hm.colorbar.title.text == "attn.logit_max"
+    assert "step 290" in fig.layout.title.text
+    assert fig.layout.xaxis.title.text == "head" and fig.layout.yaxis.title.text == "layer"
+    assert fig.layout.meta == {"step": 290, "title": "attn.logit_max by layer × head",
+                               "metric": "attn.logit_max"}
+    assert fig.layout.uirevision == "heatmap"
+
+
+def test_heatmap_figure_nonfinite_cells() -> None:
+    m = [[1.0, math.nan], [math.inf, 2.0]]
+    fig = heatmap_figure(HeatmapOut(name="attn.logit_max", rank=0, step=5, values=m))
+    assert [list(row) for row in fig.data[0].z] == [[1.0, None], [None, 2.0]]
+    assert [list(row) for row in fig.data[0].text] == [["1", "NaN"], ["Infinity", "2"]]
+    strict_json(fig)
+
+
+def test_heatmap_figure_without_data() -> None:
+    fig = heatmap_figure(HeatmapOut(name="attn.logit_max", rank=0, step=None, values=[]))
+    assert list(fig.data[0].z) == []
+    assert fig.layout.annotations[0].text == "no attn.logit_max yet"
+    assert fig.layout.meta["step"] is None
+
+
+# --- the route ------------------------------------------------------------------------------
+
+
+def frame(seq: int, **scalars: float | str) -> dict:
+    return {"run": "fig-run", "seq": seq, "step": seq * 10, "time": 1000.0 + seq,
+            "scalars": scalars,
+            "heads": {"attn.logit_max": [[1.0, 2.0], [3.0, 4.0 + seq]]}}
+
+
+@pytest.fixture
+def client(tmp_path: Path):
+    with TestClient(create_app(Settings(db_url=f"sqlite:///{tmp_path}/f.db"))) as c:
+        yield c
+
+
+def test_figures_route(client: TestClient) -> None:
+    frames = [frame(i, loss=3.0 - 0.1 * i, **{"grad.norm": 0.5 + 0.2 * i,
+                                              "grad.clipped": float(i >= 4)})
+              for i in range(6)]
+    frames[2]["scalars"]["loss"] = "NaN"
+    assert client.post("/api/v1/ingest", json={"frames": frames}).status_code == 200
+    run_id = client.get("/api/v1/runs").json()[0]["id"]
+
+    r = client.get(f"/api/v1/runs/{run_id}/figures/loss")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    fig = json.loads(r.text, parse_constant=lambda c: pytest.fail(f"{c} in JSON"))
+    assert fig["data"][0]["x"] == [0, 10, 20, 30, 40, 50]
+    assert fig["data"][0]["y"][2] is None
+    assert fig["data"][1]["text"] == ["loss = NaN at step 20"]
+
+    fig = client.get(f"/api/v1/runs/{run_id}/figures/grad_norm",
+                     params={"start": 10, "end": 40}).json()
+    assert fig["data"][0]["x"] == [10, 20, 30, 40]
+    assert fig["data"][1]["x"] == [40]
+
+    fig = client.get(f"/api/v1/runs/{run_id}/figures/heatmap", params={"step": 25}).json()
+    assert fig["data"][0]["z"] == [[1.0, 2.0], [3.0, 6.0]]
+    assert fig["layout"]["meta"]["step"] == 20
+
+
+def test_figures_route_errors(client: TestClient) -> None:
+    r = client.get("/api/v1/runs/1/figures/loss")
+    assert r.status_code == 404 and r.json()["code"] == "run-not-found"
+    client.post("/api/v1/ingest", json={"frames": [frame(0, loss=1.0)]})
+    r = client.get("/api/v1/runs/1/figures/pie")
+    assert r.status_code == 404 and r.json()["code"] == "figure-not-found"
+    assert "loss, grad_norm, heatmap" in r.json()["message"]
+    # A metric the run has not logged yet is an empty chart, not an error.
+    fig = client.get("/api/v1/runs/1/figures/grad_norm").json()
+    assert fig["data"][0]["x"] == []
+    assert fig["layout"]["annotations"][0]["text"] == "no grad.norm yet"
