@@ -37,8 +37,9 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("run_id", sa.Integer(), nullable=False),
         sa.Column("rank", sa.Integer(), nullable=False),
-        sa.Column("seq", sa.Integer(), nullable=False),
-        sa.Column("step", sa.Integer(), nullable=False),
+        # 64-bit: clients number frames from the wall clock in microseconds.
+        sa.Column("seq", sa.BigInteger(), nullable=False),
+        sa.Column("step", sa.BigInteger(), nullable=False),
         sa.Column("time", sa.Float(), nullable=False),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name="fk_frames_run_id_runs",
                                 ondelete="CASCADE"),

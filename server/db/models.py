@@ -7,7 +7,9 @@ one row of 1,536 x 4 bytes instead of 1,536 rows, which keeps storage near 4 byt
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     JSON,
+    CheckConstraint,
     Float,
     ForeignKey,
     Index,
@@ -20,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Alert", "Base", "Frame", "Metric", "Point", "Run"]
+__all__ = ["Alert", "Base", "Frame", "Metric", "Point", "Run", "Token"]
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -59,8 +61,8 @@ class Frame(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     rank: Mapped[int] = mapped_column(Integer)
-    seq: Mapped[int] = mapped_column(Integer)
-    step: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    step: Mapped[int] = mapped_column(BigInteger)
     time: Mapped[float] = mapped_column(Float)
 
 
@@ -114,3 +116,27 @@ class Alert(Base):
     message: Mapped[str] = mapped_column(Text)
     evidence: Mapped[dict[str, object]] = mapped_column(JSON)
     remedies: Mapped[list[str]] = mapped_column(JSON)
+
+
+class Token(Base):
+    """An API token of one project and one scope (``ingest`` or ``read``).
+
+    Only the SHA-256 of the secret is stored (``token_hash``); ``prefix`` is its first
+    characters, shown by ``logitwatch token list`` so people can tell tokens apart.
+    """
+
+    __tablename__ = "tokens"
+    __table_args__ = (
+        UniqueConstraint("token_hash"),
+        CheckConstraint("scope IN ('ingest', 'read')", name="scope"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project: Mapped[str] = mapped_column(String(128))
+    scope: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(String(128))
+    token_hash: Mapped[str] = mapped_column(String(64))
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -1,0 +1,156 @@
+"""Capture of HF transformers' eager attention (``attn_implementation="eager"``).
+
+HF attention modules call the module-level ``eager_attention_forward`` of their own
+``modeling_<model>`` module (looked up by name at call time) with post-RoPE
+``query (B, H, T, D)``, ``key (B, H_kv, S, D)``, an additive float ``attention_mask
+(B, 1, T, S)`` and ``scaling``. We replace that name with a wrapper for as long as any
+monitor needs it (a reference count per patched module) and restore the original when
+the last one detaches. The wrapper only does work for attention modules registered by a
+monitor whose capture is active; otherwise it is one dict lookup and a call.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Protocol
+
+import torch
+
+__all__ = ["EagerOwner", "EagerToken", "install", "uninstall"]
+
+log = logging.getLogger("logitwatch.hooks")
+
+_NAME = "eager_attention_forward"
+
+
+class EagerOwner(Protocol):
+    """What the wrapper needs from a monitor."""
+
+    capturing: bool
+    eager_depth: int
+
+    def record_eager(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float | None,
+    ) -> None: ...
+
+
+class EagerToken:
+    """What one :func:`install` did, for :func:`uninstall`."""
+
+    def __init__(self, owner: EagerOwner) -> None:
+        self.owner = owner
+        self.module_ids: list[int] = []
+        self.patched: list[str] = []
+
+
+class _Patch:
+    def __init__(self, module: ModuleType, original: Callable[..., Any]) -> None:
+        self.module = module
+        self.original = original
+        self.wrapper = _make_wrapper(original)
+        self.users = 0
+
+
+_lock = threading.Lock()
+_patches: dict[str, _Patch] = {}
+_owners: dict[int, list[EagerOwner]] = {}
+
+
+def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def eager_attention_forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        for owner in _owners.get(id(module), ()):
+            if owner.capturing:
+                scaling = kwargs["scaling"] if "scaling" in kwargs else (args[0] if args else None)
+                owner.record_eager(module, query, key, attention_mask, scaling)
+                owner.eager_depth += 1
+                try:
+                    return original(module, query, key, value, attention_mask, *args, **kwargs)
+                finally:
+                    owner.eager_depth -= 1
+        return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return eager_attention_forward
+
+
+def _home_module(module: torch.nn.Module) -> ModuleType | None:
+    """The Python module whose ``eager_attention_forward`` ``module.forward`` calls."""
+    forward = inspect.unwrap(type(module).forward)
+    namespace = getattr(forward, "__globals__", None)
+    if not namespace or not callable(namespace.get(_NAME)):
+        return None
+    home = sys.modules.get(namespace.get("__name__", ""))
+    if home is None or vars(home) is not namespace:
+        return None
+    return home
+
+
+def install(model: torch.nn.Module, owner: EagerOwner) -> EagerToken:
+    """Patch the eager attention of every HF-style attention module found in ``model``."""
+    token = EagerToken(owner)
+    with _lock:
+        for module in model.modules():
+            home = _home_module(module)
+            if home is None:
+                continue
+            _owners.setdefault(id(module), []).append(owner)
+            token.module_ids.append(id(module))
+            name = home.__name__
+            if name in token.patched:
+                continue
+            patch = _patches.get(name)
+            if patch is None:
+                patch = _Patch(home, getattr(home, _NAME))
+                setattr(home, _NAME, patch.wrapper)
+                _patches[name] = patch
+            patch.users += 1
+            token.patched.append(name)
+    return token
+
+
+def uninstall(token: EagerToken) -> None:
+    """Undo :func:`install`; restores the original function when no monitor needs it."""
+    with _lock:
+        for module_id in token.module_ids:
+            owners = _owners.get(module_id, [])
+            if token.owner in owners:
+                owners.remove(token.owner)
+            if not owners:
+                _owners.pop(module_id, None)
+        for name in token.patched:
+            patch = _patches.get(name)
+            if patch is None:
+                continue
+            patch.users -= 1
+            if patch.users > 0:
+                continue
+            del _patches[name]
+            if getattr(patch.module, _NAME, None) is patch.wrapper:
+                setattr(patch.module, _NAME, patch.original)
+            else:  # someone patched over us: keep theirs; ours is a pass-through now
+                log.warning(
+                    "logitwatch: %s.%s was replaced by someone else; left as is",
+                    name,
+                    _NAME,
+                )
+        token.module_ids.clear()
+        token.patched.clear()

@@ -1,0 +1,540 @@
+"""logitwatch.hooks: frames from real training loops, checked against explicit attention."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import logitwatch
+import logitwatch.hooks as lwh
+from logitwatch.client import Client, ClientConfig
+from logitwatch.hooks import Monitor, _monitor, attach
+from logitwatch.hooks._attach import resolve_rank
+from logitwatch.hooks._buffer import StepBuffer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SCALARS = {"loss", "grad.norm", "grad.clipped", "lr"}
+HEADS = {"attn.logit_max", "attn.logit_p99"}
+SYNCS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
+VOCAB = 64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models: one intra-op thread is faster and immune to a busy 2-core CI box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# -- a custom model that calls SDPA itself (GQA, custom scale) ----------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_heads: int, scale: float) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.hd, self.scale = heads, kv_heads, dim // heads, scale
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.hd)
+        self.o = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, recorded: list | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.heads, self.hd).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2, self.kv_heads, self.hd).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        if recorded is not None:
+            recorded.append((q.detach().clone(), k.detach().clone(), self.scale))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.scale, enable_gqa=True
+        )
+        return self.o(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, dim: int = 32, heads: int = 4, kv_heads: int = 2, layers: int = 2) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads, kv_heads, 0.3 + i) for i in range(layers))
+        self.head = nn.Linear(dim, VOCAB)
+        self.recorded: list | None = None
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None):
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = x + block(x, self.recorded)
+        logits = self.head(x)
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        return SimpleNamespace(loss=loss, logits=logits)
+
+
+def batches(n: int, seed: int = 0, b: int = 3, t: int = 10) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (b, t), generator=gen) for _ in range(n)]
+
+
+def reference(recorded: list, mask: torch.Tensor | None = None) -> tuple[list, list]:
+    """Explicit eager attention logits from recorded (q, k, scale): per layer, per head."""
+    maxima, p99s = [], []
+    for q, k, scale in recorded:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        logits = (q.double() @ k.double().transpose(-1, -2) * scale).numpy()
+        t, s = logits.shape[-2:]
+        valid = np.broadcast_to(np.tril(np.ones((t, s), bool)), logits.shape)
+        if mask is not None:  # (B, S) padding, 1 = real token
+            valid = valid & mask.bool().numpy()[:, None, None, :]
+        maxima.append([logits[:, h][valid[:, h]].max() for h in range(q.shape[1])])
+        p99s.append([np.percentile(logits[:, h][valid[:, h]], 99) for h in range(q.shape[1])])
+    return maxima, p99s
+
+
+# -- a recording collector ----------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.frames: list[dict] = []
+        self.control: dict = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            self.frames.extend(json.loads(request.content)["frames"])
+        return httpx.Response(200, json={"alerts": [], "control": self.control})
+
+
+@pytest.fixture
+def recorder() -> Iterator[tuple[Recorder, Client]]:
+    rec = Recorder()
+    http = httpx.Client(transport=httpx.MockTransport(rec))
+    client = Client("http://collector", run="r", config=ClientConfig(interval=0.02), http=http)
+    yield rec, client
+    client.shutdown(5.0)
+
+
+def train_tiny(
+    model: TinyLM,
+    opt: torch.optim.Optimizer,
+    mon: Monitor | None,
+    data: list[torch.Tensor],
+    *,
+    clip: float | None = 1.0,
+    micro: int = 1,
+    hook: Callable[[int], None] | None = None,
+) -> list[dict]:
+    """A plain training loop; returns per step what the test needs to check frames."""
+    steps = []
+    for i in range(0, len(data), micro):
+        model.recorded = []
+        losses = []
+        for ids in data[i : i + micro]:
+            out = model(ids, ids.roll(-1, 1))
+            (out.loss / micro).backward()
+            losses.append(out.loss.detach())
+        if hook is not None:
+            hook(i // micro)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip) if clip else None
+        opt.step()
+        opt.zero_grad()
+        steps.append({"recorded": model.recorded, "losses": losses, "norm": norm})
+    model.recorded = None
+    return steps
+
+
+def assert_frame_matches(frame: dict, step: dict, layers: int = 2, heads: int = 4) -> None:
+    ref_max, ref_p99 = reference(step["recorded"])
+    got_max = np.array(frame["heads"]["attn.logit_max"])
+    got_p99 = np.array(frame["heads"]["attn.logit_p99"])
+    assert got_max.shape == got_p99.shape == (layers, heads)
+    np.testing.assert_allclose(got_max, ref_max, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_p99, ref_p99, rtol=1e-5, atol=1e-6)
+
+
+# -- tests --------------------------------------------------------------------------------
+
+
+def test_public_surface() -> None:
+    assert lwh.__all__ == ["Monitor", "attach"]
+    assert logitwatch.__all__ == ["Client", "ClientConfig", "Monitor", "attach"]
+    assert logitwatch.attach is attach
+
+
+def test_custom_sdpa_model_frames(recorder) -> None:
+    rec, client = recorder
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with attach(model, opt, run="r", client=client, sample_every=3) as mon:
+        steps = train_tiny(model, opt, mon, batches(7), clip=0.5)
+    frames = rec.frames
+    assert [f["step"] for f in frames] == [0, 3, 6]
+    for frame in frames:
+        step = steps[frame["step"]]
+        assert set(frame["scalars"]) == SCALARS and set(frame["heads"]) == HEADS
+        assert_frame_matches(frame, step)
+        assert frame["scalars"]["grad.norm"] == pytest.approx(step["norm"].item(), rel=1e-6)
+        assert frame["scalars"]["grad.clipped"] == float(step["norm"].item() > 0.5)
+        assert frame["scalars"]["loss"] == pytest.approx(step["losses"][0].item(), rel=1e-6)
+        assert frame["scalars"]["lr"] == 0.05
+        assert frame["rank"] == 0 and frame["run"] == "r"
+
+
+def test_grad_norm_without_a_clip_call(recorder) -> None:
+    rec, client = recorder
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    expected = []
+
+    def before_step(i: int) -> None:
+        grads = [p.grad for p in model.parameters()]
+        expected.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+    with attach(model, opt, run="r", client=client, sample_every=1, max_grad_norm=1e-3) as mon:
+        train_tiny(model, opt, mon, batches(2), clip=None, hook=before_step)
+    for frame, norm in zip(rec.frames, expected, strict=True):
+        assert frame["scalars"]["grad.norm"] == pytest.approx(norm, rel=1e-5)
+        assert frame["scalars"]["grad.clipped"] == 1.0
+
+
+def test_no_clip_threshold_means_no_grad_clipped(recorder) -> None:
+    rec, client = recorder
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with attach(model, opt, run="r", client=client) as mon:
+        train_tiny(model, opt, mon, batches(1), clip=None)
+    assert set(rec.frames[0]["scalars"]) == {"loss", "grad.norm", "lr"}
+
+
+@pytest.fixture(scope="module")
+def gpt2_config():
+    transformers = pytest.importorskip("transformers")
+    return transformers.GPT2Config(
+        n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=64,
+        bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+
+
+def build_gpt2(config, impl: str) -> nn.Module:
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel._from_config(config, attn_implementation=impl)
+
+
+def train_gpt2(model, client, steps: int = 3) -> tuple[list, list]:
+    """Train with a right-padded batch; record q and k from c_attn (split into heads)."""
+    recorded: list = []
+    hd = model.config.n_embd // model.config.n_head
+
+    def grab(module, args, output):
+        q, k, _ = output.split(model.config.n_embd, dim=2)
+        b, t, _ = q.shape
+        heads = lambda x: x.view(b, t, -1, hd).transpose(1, 2).detach().clone()  # noqa: E731
+        recorded.append((heads(q), heads(k), hd**-0.5))
+
+    handles = [blk.attn.c_attn.register_forward_hook(grab) for blk in model.transformer.h]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(3)
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, 8:] = 0
+    norms, per_step = [], []
+    with attach(model, opt, run="r", client=client, sample_every=2):
+        for _ in range(steps):
+            recorded.clear()
+            ids = torch.randint(1, 256, (2, 12), generator=gen)
+            labels = ids.masked_fill(mask == 0, -100)
+            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
+            opt.step()
+            opt.zero_grad()
+            per_step.append(list(recorded))
+    for handle in handles:
+        handle.remove()
+    return per_step, norms
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_gpt2_frames_match_explicit_attention(gpt2_config, impl, recorder) -> None:
+    rec, client = recorder
+    model = build_gpt2(gpt2_config, impl)
+    per_step, norms = train_gpt2(model, client)
+    assert [f["step"] for f in rec.frames] == [0, 2]
+    mask = torch.ones(2, 12)
+    mask[1, 8:] = 0
+    for frame in rec.frames:
+        assert set(frame["scalars"]) == {"loss", "grad.norm", "grad.clipped", "lr"}
+        ref_max, ref_p99 = reference(per_step[frame["step"]], mask)
+        np.testing.assert_allclose(frame["heads"]["attn.logit_max"], ref_max, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(frame["heads"]["attn.logit_p99"], ref_p99, rtol=1e-5, atol=1e-6)
+        assert frame["scalars"]["grad.norm"] == pytest.approx(norms[frame["step"]], rel=1e-6)
+
+
+def test_gpt2_eager_and_sdpa_give_identical_stats(gpt2_config) -> None:
+    got: dict[str, list] = {"eager": [], "sdpa": []}
+    for impl, frames in got.items():
+        client = Client(None, run="r")
+        client.send = lambda step, scalars, heads, time=None, out=frames: out.append(
+            (scalars, heads)
+        )
+        train_gpt2(build_gpt2(gpt2_config, impl), client, steps=1)
+    (s_eager, h_eager), (s_sdpa, h_sdpa) = got["eager"][0], got["sdpa"][0]
+    for name in HEADS:
+        np.testing.assert_allclose(h_eager[name], h_sdpa[name], rtol=1e-5, atol=1e-6)
+    assert s_eager["loss"] == pytest.approx(s_sdpa["loss"], rel=1e-5)
+
+
+def test_close_restores_the_model_and_patches(gpt2_config, recorder) -> None:
+    from transformers.models.gpt2 import modeling_gpt2
+
+    _, client = recorder
+    eager_fn, clip_fn = modeling_gpt2.eager_attention_forward, torch.nn.utils.clip_grad_norm_
+    first, second = build_gpt2(gpt2_config, "eager"), build_gpt2(gpt2_config, "eager")
+    opt = torch.optim.SGD(first.parameters(), lr=0.1)
+    mon1 = attach(first, opt, run="r", client=client)
+    mon2 = attach(second, run="r", client=client)
+    assert modeling_gpt2.eager_attention_forward is not eager_fn
+    assert torch.nn.utils.clip_grad_norm_ is not clip_fn
+    first(input_ids=torch.ones(1, 4, dtype=torch.long), labels=torch.ones(1, 4, dtype=torch.long))
+    mon1.close()
+    mon1.close()  # idempotent
+    assert modeling_gpt2.eager_attention_forward is not eager_fn  # still needed by mon2
+    mon2.detach()
+    assert modeling_gpt2.eager_attention_forward is eager_fn
+    assert torch.nn.utils.clip_grad_norm_ is clip_fn
+    for model in (first, second):
+        for module in model.modules():
+            assert len(module._forward_hooks) == 0 and len(module._forward_pre_hooks) == 0
+            assert len(module._forward_hooks_always_called) == 0
+    assert len(opt._optimizer_step_pre_hooks) == 0 and len(opt._optimizer_step_post_hooks) == 0
+    assert torch._C._len_torch_function_stack() == 0
+
+
+class CountSyncs(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in SYNCS:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_host_sync_on_non_sampled_steps(recorder) -> None:
+    rec, client = recorder
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = attach(model, opt, run="r", client=client, sample_every=3)
+    calls = []
+    for ids in batches(7):
+        with CountSyncs() as counter:
+            out = model(ids, ids.roll(-1, 1))
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            mon.log(loss=out.loss, extra=out.loss * 2)
+            opt.step()
+            opt.zero_grad()
+        calls.append(counter.calls)
+    mon.close()
+    assert [calls[i] for i in (1, 2, 4, 5)] == [[], [], [], []]
+    for i in (0, 3, 6):
+        assert calls[i] == ["tolist"]  # the one read-back (a .cpu() too on an accelerator)
+    assert [f["step"] for f in rec.frames] == [0, 3, 6]
+    assert rec.frames[0]["scalars"]["extra"] == pytest.approx(2 * rec.frames[0]["scalars"]["loss"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_non_sampled_steps_do_not_sync() -> None:
+    model = TinyLM().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    frames: list = []
+    client = Client(None, run="r")
+    client.send = lambda step, scalars, heads, time=None: frames.append(step)
+    mon = attach(model, opt, run="r", client=client, sample_every=2)
+    for i, ids in enumerate(batches(5)):
+        ids = ids.cuda()
+        torch.cuda.set_sync_debug_mode("error" if i % 2 else "default")
+        try:
+            out = model(ids, ids.roll(-1, 1))
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    mon.close()
+    assert frames == [0, 2, 4]
+
+
+def test_sampling_interval_follows_control(recorder) -> None:
+    rec, client = recorder
+    rec.control = {"sample_every": 2}
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = attach(model, opt, run="r", client=client, sample_every=5)
+    train_tiny(model, opt, mon, batches(1))
+    assert client.flush(5.0) and client.control == {"sample_every": 2}
+    train_tiny(model, opt, mon, batches(6, seed=1))
+    rec.control = {"sample_every": True}  # not an int: back to attach's 5
+    assert client.flush(5.0) and client.control == {"sample_every": True}
+    train_tiny(model, opt, mon, batches(7, seed=2))  # steps 7..13: next sample at 6 + 5
+    mon.close()
+    assert [f["step"] for f in rec.frames] == [0, 2, 4, 6, 11]
+
+
+def test_eval_and_no_grad_forwards_are_not_captured(recorder) -> None:
+    rec, client = recorder
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def evaluate(i: int) -> None:
+        huge = torch.full((2, 10), 7)
+        model.eval()
+        with torch.no_grad():
+            model(huge, huge)
+        model.train()
+        with torch.no_grad():
+            model(huge, huge)
+
+    with attach(model, opt, run="r", client=client, sample_every=1) as mon:
+        recorded_before = []
+        steps = train_tiny(model, opt, mon, batches(2),
+                           hook=lambda i: (recorded_before.append(list(model.recorded)),
+                                           evaluate(i)))
+    for frame, step, rec_train in zip(rec.frames, steps, recorded_before, strict=True):
+        step["recorded"] = rec_train
+        assert_frame_matches(frame, step)
+        assert frame["scalars"]["loss"] == pytest.approx(step["losses"][0].item(), rel=1e-6)
+
+
+def test_micro_batches_are_combined(recorder) -> None:
+    rec, client = recorder
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    kept: list[torch.Tensor] = []
+
+    def keep(i: int) -> None:  # what the monitor holds just before the optimizer step
+        buf = mon._buffer
+        kept.extend([*buf.attn_max.values(), *buf.attn_p99.values(), buf.auto_loss])
+
+    with attach(model, opt, run="r", client=client, sample_every=1) as mon:
+        steps = train_tiny(model, opt, mon, batches(4), micro=2, hook=keep)
+    assert kept and all(t.grad_fn is None and not t.requires_grad for t in kept)
+    assert len(rec.frames) == 2
+    for frame, step in zip(rec.frames, steps, strict=True):
+        first, second = step["recorded"][:2], step["recorded"][2:]
+        max_a, p99_a = reference(first)
+        max_b, p99_b = reference(second)
+        np.testing.assert_allclose(frame["heads"]["attn.logit_max"], np.maximum(max_a, max_b),
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(frame["heads"]["attn.logit_p99"], np.maximum(p99_a, p99_b),
+                                   rtol=1e-5, atol=1e-6)
+        mean_loss = torch.stack(step["losses"]).mean().item()
+        assert frame["scalars"]["loss"] == pytest.approx(mean_loss, rel=1e-6)
+
+
+def run_tiny(mon_factory, n: int = 4) -> tuple[list[torch.Tensor], Monitor | None]:
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = mon_factory(model, opt)
+    train_tiny(model, opt, mon, batches(n), clip=None)  # grad.norm from the pre-step hook
+    if mon is not None:
+        mon.close()
+    return [p.detach().clone() for p in model.parameters()], mon
+
+
+@pytest.mark.parametrize("where", ["attention", "grad", "step"])
+def test_a_failure_disables_one_part_and_training_is_unaffected(
+    recorder, monkeypatch, caplog, where
+) -> None:
+    rec, client = recorder
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    target = {"attention": (_monitor, "attention_logit_stats"),
+              "grad": (_monitor, "global_grad_norm"),
+              "step": (StepBuffer, "collect")}[where]
+    expected, _ = run_tiny(lambda model, opt: None)
+    monkeypatch.setattr(*target, boom)
+    with caplog.at_level(logging.WARNING, logger="logitwatch.hooks"):
+        params, mon = run_tiny(
+            lambda model, opt: attach(model, opt, run="r", client=client, sample_every=1)
+        )
+    assert all(torch.equal(a, b) for a, b in zip(params, expected, strict=True))
+    assert mon is not None and mon.disabled == {where}
+    assert caplog.text.count("part of the monitor failed") == 1 and f"'{where}' part" in caplog.text
+    assert torch._C._len_torch_function_stack() == 0
+    if where == "attention":
+        assert len(rec.frames) == 4 and all(f["heads"] == {} for f in rec.frames)
+        assert all("loss" in f["scalars"] for f in rec.frames)
+    if where == "step":
+        assert rec.frames == []
+
+
+def test_an_exception_in_forward_leaves_no_mode_behind(recorder) -> None:
+    rec, client = recorder
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = attach(model, opt, run="r", client=client, sample_every=1)
+    with pytest.raises(IndexError):
+        model(torch.full((1, 4), VOCAB + 5))  # out of range token: the job's own bug
+    assert torch._C._len_torch_function_stack() == 0 and not mon.capturing
+    train_tiny(model, opt, mon, batches(1))
+    mon.close()
+    assert [f["step"] for f in rec.frames] == [0] and rec.frames[0]["heads"]
+
+
+def test_without_optimizer_monitor_step_ends_steps(recorder) -> None:
+    rec, client = recorder
+    model = TinyLM()
+    mon = attach(model, run="r", client=client, sample_every=2)
+    for ids in batches(3):
+        out = model(ids, ids.roll(-1, 1))
+        out.loss.backward()
+        mon.step()
+        model.zero_grad()
+    mon.close()
+    assert [f["step"] for f in rec.frames] == [0, 2]
+    assert set(rec.frames[0]["scalars"]) == {"loss", "grad.norm"}
+
+
+def test_attach_validates_arguments(monkeypatch) -> None:
+    model = TinyLM()
+    with pytest.raises(ValueError, match="sample_every"):
+        attach(model, run="r", sample_every=0)
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        attach(model, run="r", max_grad_norm=-1.0)
+    with pytest.raises(TypeError, match="model"):
+        attach(object(), run="r")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="run"):
+        attach(model, run="r", client=Client(None, run="other"))
+    with pytest.raises(ValueError, match="run"):
+        attach(model, run="not a valid name")
+    monkeypatch.setenv("RANK", "3")
+    assert resolve_rank(None) == 3 and resolve_rank(1) == 1
+    monkeypatch.delenv("RANK")
+    assert resolve_rank(None) == 0
+    with attach(model, run="r") as mon:  # url=None: a dry run that discards
+        assert mon.client.url is None and mon.client.rank == 0
+    assert math.isfinite(mon.step_index)
