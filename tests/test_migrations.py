@@ -47,7 +47,7 @@ def test_upgrade_matches_models_then_round_trips(db_url: str) -> None:
         _downgrade(engine)
         assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
         _upgrade(engine)
-        assert {"runs", "frames", "metrics", "points", "alerts"} <= set(
+        assert {"runs", "frames", "metrics", "points", "alerts", "tokens"} <= set(
             inspect(engine).get_table_names()
         )
     finally:
