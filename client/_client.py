@@ -85,7 +85,9 @@ class Client:
         self._send_failed = False
         self._sender: Sender | None = None
         if url is not None:
-            transport = IngestTransport(url, timeout=self.config.timeout, http=http)
+            transport = IngestTransport(
+                url, timeout=self.config.timeout, http=http, token=self.config.token
+            )
             self._sender = Sender(
                 self._queue,
                 transport,

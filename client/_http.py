@@ -82,8 +82,10 @@ class IngestTransport:
     (tests, custom TLS or auth) is left open on :meth:`close`.
     """
 
-    def __init__(self, url: str, *, timeout: float, http: httpx.Client | None = None) -> None:
+    def __init__(self, url: str, *, timeout: float, http: httpx.Client | None = None,
+                 token: str | None = None) -> None:
         self.endpoint = url.rstrip("/") + INGEST_PATH
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._owned = http is None
         self._http = http if http is not None else httpx.Client(timeout=timeout)
         self._timeout = timeout
@@ -91,7 +93,10 @@ class IngestTransport:
     def post(self, frames: list[dict[str, Any]]) -> Outcome:
         """Send one batch; never raises for network or HTTP failures."""
         try:
-            resp = self._http.post(self.endpoint, json={"frames": frames}, timeout=self._timeout)
+            resp = self._http.post(
+                self.endpoint, json={"frames": frames}, headers=self._headers,
+                timeout=self._timeout,
+            )
         except httpx.TransportError as exc:
             return Outcome("retry", message=f"{type(exc).__name__}: {exc}")
         status = resp.status_code

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = ["ClientConfig"]
@@ -34,6 +34,9 @@ class ClientConfig:
             server's ``Retry-After``).
         exit_timeout: Seconds the interpreter-exit (atexit) shutdown waits for the
             queue to drain before giving up and reporting what was not delivered.
+        token: API token with the ``ingest`` scope for the run's project, sent as
+            ``Authorization: Bearer <token>``; needed once the collector has tokens
+            (``logitwatch token create``). Read from ``LOGITWATCH_TOKEN`` if not given.
     """
 
     max_queue: int = 10_000
@@ -42,6 +45,7 @@ class ClientConfig:
     timeout: float = 10.0
     max_backoff: float = 30.0
     exit_timeout: float = 5.0
+    token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("max_queue", "max_batch"):
@@ -53,6 +57,8 @@ class ClientConfig:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not ok or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"ClientConfig.{name} must be a finite number > 0, got {value!r}")
+        if self.token is not None and (not isinstance(self.token, str) or not self.token.strip()):
+            raise ValueError("ClientConfig.token must be a non-empty string or None")
 
     @classmethod
     def from_env(
@@ -77,6 +83,9 @@ class ClientConfig:
             var = _ENV_PREFIX + f.name.upper()
             raw = env.get(var)
             if raw is None or raw.strip() == "":
+                continue
+            if f.name == "token":
+                values[f.name] = raw.strip()
                 continue
             kind = int if isinstance(f.default, int) else float
             try:

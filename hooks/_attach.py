@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from logitwatch.client import Client
+from logitwatch.client import Client, ClientConfig
 
 from ._monitor import Monitor
 
@@ -39,6 +39,7 @@ def attach(
     sample_every: int = 10,
     max_grad_norm: float | None = None,
     client: Client | None = None,
+    token: str | None = None,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
 
@@ -67,6 +68,8 @@ def attach(
         client: A :class:`~logitwatch.client.Client` to send with, instead of one built
             from ``url``/``project``/``rank``; its run must equal ``run``. It is flushed,
             not shut down, by ``Monitor.close()``.
+        token: Ingest token for ``project`` when the collector requires one
+            (default: the ``LOGITWATCH_TOKEN`` environment variable).
 
     Raises:
         TypeError, ValueError: An argument is invalid (checked here, never later).
@@ -88,7 +91,8 @@ def attach(
         raise ValueError(f"attach: max_grad_norm must be a number > 0, got {max_grad_norm!r}")
     owns_client = client is None
     if client is None:
-        client = Client(url, run=run, project=project, rank=resolve_rank(rank))
+        config = ClientConfig.from_env(**({"token": token} if token else {}))
+        client = Client(url, run=run, project=project, rank=resolve_rank(rank), config=config)
     elif client.run != run:
         raise ValueError(f"attach: run={run!r} but the given client sends as {client.run!r}")
     return Monitor(

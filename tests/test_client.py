@@ -318,3 +318,24 @@ def test_config_validation_and_env() -> None:
         Client(None, run="bad name!")
     with pytest.raises(ValueError, match="rank"):
         Client(None, run="r", rank=-1)
+
+
+def test_token_is_sent_as_bearer_header_and_read_from_env() -> None:
+    seen: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("Authorization"))
+        return httpx.Response(200, json={"accepted": 1, "duplicates": 0, "alerts": [],
+                                         "control": {}})
+
+    config = ClientConfig.from_env(env={"LOGITWATCH_TOKEN": "lw_secret"})
+    assert config.token == "lw_secret" and "lw_secret" not in repr(config)
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    client = Client("http://collector", run="r1", config=config, http=http)
+    client.send(0, {"loss": 1.0}, {})
+    assert client.flush(5.0)
+    client.shutdown(5.0)
+    http.close()
+    assert seen == ["Bearer lw_secret"]
+    with pytest.raises(ValueError, match="token"):
+        ClientConfig(token="  ")
