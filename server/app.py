@@ -11,19 +11,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import sessionmaker
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.alerts.rules import LogitRisingRule
-from logitwatch.server.api.routes import figures, ingest, pages, runs, stream
+from logitwatch.server.api.routes import figures, ingest, pages, runs, session, stream
 from logitwatch.server.api.routes.pages import WEB
+from logitwatch.server.auth import Authenticator, bind_refusal
 from logitwatch.server.db.session import make_engine, migrate
 from logitwatch.server.errors import ApiError
+from logitwatch.server.limits import BodyLimit
 from logitwatch.server.notify import WebhookNotifier
 from logitwatch.server.settings import Settings
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("logitwatch.server")
+
+HTTP_CODES = {404: "not-found", 405: "method-not-allowed", 400: "bad-request"}
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -36,6 +41,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate(engine)
         app.state.db = engine
         app.state.sessions = sessionmaker(engine, expire_on_commit=False)
+        app.state.auth = Authenticator(app.state.sessions, settings)
+        refusal = bind_refusal(settings, app.state.auth.tokens())
+        if refusal is not None:
+            engine.dispose()
+            raise RuntimeError(refusal)
         app.state.notifier = (
             WebhookNotifier(settings.webhook_url, timeout=settings.webhook_timeout,
                             retries=settings.webhook_retries)
@@ -65,8 +75,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"Retry-After": "5"} if exc.status == 503 else None
+        headers = dict(exc.headers)
+        if exc.status == 503:
+            headers.setdefault("Retry-After", "5")
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown paths, wrong methods: the same {"code", "message"} shape as the rest.
+        code = HTTP_CODES.get(exc.status_code, f"http-{exc.status_code}")
+        message = str(exc.detail)
+        if exc.status_code == 400:  # FastAPI's "There was an error parsing the body"
+            message = f"body: {message} (nothing was stored)"
+        return JSONResponse({"code": code, "message": message},
+                            status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -82,8 +104,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             status_code=422,
         )
 
-    for r in (ingest.router, runs.router, stream.router, figures.router):
+    for r in (ingest.router, runs.router, stream.router, figures.router, session.router):
         app.include_router(r, prefix="/api/v1")
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=WEB), name="static")
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     return app

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ApiError", "BadRequest", "Conflict", "NotFound", "ServiceUnavailable"]
+__all__ = [
+    "ApiError",
+    "BadRequest",
+    "Conflict",
+    "Forbidden",
+    "NotFound",
+    "PayloadTooLarge",
+    "RateLimited",
+    "ServiceUnavailable",
+    "Unauthorized",
+]
 
 
 class ApiError(Exception):
@@ -17,6 +27,8 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.extra = extra
+        #: Response headers (``WWW-Authenticate``, ``Retry-After``, ...).
+        self.headers: dict[str, str] = {}
 
     def body(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, **self.extra}
@@ -36,3 +48,33 @@ class Conflict(ApiError):
 
 class ServiceUnavailable(ApiError):
     status = 503
+
+
+class Unauthorized(ApiError):
+    """No credentials, or credentials that name no active token."""
+
+    status = 401
+
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
+        super().__init__(code, message, **extra)
+        self.headers["WWW-Authenticate"] = 'Bearer realm="logitwatch"'
+
+
+class Forbidden(ApiError):
+    """A valid token that may not do this (wrong scope, another project's frames)."""
+
+    status = 403
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+
+
+class RateLimited(ApiError):
+    """Too many requests for one token; ``Retry-After`` says when to come back."""
+
+    status = 429
+
+    def __init__(self, code: str, message: str, *, retry_after: int, **extra: Any) -> None:
+        super().__init__(code, message, **extra)
+        self.headers["Retry-After"] = str(retry_after)

@@ -25,6 +25,7 @@ __all__ = [
     "grad_norm_figure",
     "heatmap_figure",
     "loss_figure",
+    "plain",
 ]
 
 #: The figure kinds served by ``GET /runs/{run}/figures/{kind}``.
@@ -49,6 +50,18 @@ FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12,
 ALERT_SHADE_OPACITY = 0.12
 MARKER_ROW = 0.96  # where event markers sit, as a fraction of the plot height
 HEIGHT = 300
+
+
+def plain(text: str) -> str:
+    """``text`` made literal for Plotly, which renders a subset of HTML (``<br>``, ``<a>``,
+    ``<b>``...) in titles, names and hover texts, and ``%{...}`` in hover templates.
+
+    Every string a user can name (run, project, metric, alert text) goes through here, so
+    ``<img src=x onerror=...>`` shows as those characters. Plotly decodes ``&lt;``,
+    ``&gt;``, ``&amp;`` and numeric entities, but not ``&quot;``, hence the short list.
+    """
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("%", "&#37;"))
 
 
 def _finite(values: Sequence[float]) -> list[float | None]:
@@ -86,7 +99,7 @@ def _base_layout(title: str, revision: str, *, y_title: str, overlay: bool = Tru
 def _nonfinite_trace(series: SeriesOut) -> go.Scatter:
     steps = [s for s, v in zip(series.steps, series.values, strict=True) if not math.isfinite(v)]
     text = [
-        f"{series.name} = {encode_float(v)} at step {s}"
+        f"{plain(series.name)} = {encode_float(v)} at step {s}"
         for s, v in zip(series.steps, series.values, strict=True)
         if not math.isfinite(v)
     ]
@@ -102,8 +115,8 @@ def _alert_label(a: AlertOut) -> str:
     value = "non-finite" if a.value is None else f"{a.value:.4g}"
     limit = "" if a.threshold is None else f" (limit {a.threshold:.3g})"
     return (
-        f"{a.rule} ({a.state}): rank {a.rank}, {where}<br>"
-        f"{a.metric} = {value}{limit}<br>"
+        f"{plain(a.rule)} ({plain(a.state)}): rank {a.rank}, {where}<br>"
+        f"{plain(a.metric)} = {value}{limit}<br>"
         f"started step {a.started_step}, fired step {a.fired_step}"
     )
 
@@ -134,17 +147,18 @@ def _add_alerts(fig: go.Figure, alerts: Sequence[AlertOut]) -> None:
 
 
 def _no_data(fig: go.Figure, what: str) -> None:
-    fig.add_annotation(text=f"no {what} yet", xref="paper", yref="paper", x=0.5, y=0.5,
+    fig.add_annotation(text=f"no {plain(what)} yet", xref="paper", yref="paper", x=0.5, y=0.5,
                        showarrow=False, font={"color": COLORS["axis"], "size": 13})
 
 
 def loss_figure(series: SeriesOut, alerts: Sequence[AlertOut] = ()) -> go.Figure:
     """Loss over steps; traces: ``series``, ``nonfinite``, ``alerts``."""
-    fig = go.Figure(layout=_base_layout("loss", "loss", y_title=series.name))
+    name = plain(series.name)
+    fig = go.Figure(layout=_base_layout("loss", "loss", y_title=name))
     fig.add_trace(go.Scatter(
-        x=list(series.steps), y=_finite(series.values), mode="lines", name=series.name,
+        x=list(series.steps), y=_finite(series.values), mode="lines", name=name,
         meta="series", line={"color": COLORS["loss"], "width": 1.5},
-        hovertemplate="step %{x}<br>" + series.name + " %{y:.4g}<extra></extra>",
+        hovertemplate="step %{x}<br>" + name + " %{y:.4g}<extra></extra>",
     ))
     fig.add_trace(_nonfinite_trace(series))
     _add_alerts(fig, alerts)
@@ -161,11 +175,12 @@ def grad_norm_figure(
     Traces: ``series``, ``clipped``, ``nonfinite``, ``alerts``. ``clipped`` is the
     ``grad.clipped`` series (1 where the norm exceeded ``max_grad_norm``), or None.
     """
-    fig = go.Figure(layout=_base_layout("gradient norm", "grad_norm", y_title=norm.name))
+    name = plain(norm.name)
+    fig = go.Figure(layout=_base_layout("gradient norm", "grad_norm", y_title=name))
     fig.add_trace(go.Scatter(
-        x=list(norm.steps), y=_finite(norm.values), mode="lines", name=norm.name,
+        x=list(norm.steps), y=_finite(norm.values), mode="lines", name=name,
         meta="series", line={"color": COLORS["grad_norm"], "width": 1.5},
-        hovertemplate="step %{x}<br>" + norm.name + " %{y:.4g}<extra></extra>",
+        hovertemplate="step %{x}<br>" + name + " %{y:.4g}<extra></extra>",
     ))
     clip_steps: list[int] = []
     if clipped is not None:
@@ -197,7 +212,8 @@ def heatmap_figure(h: HeatmapOut) -> go.Figure:
     """
     layers = len(h.values)
     heads = len(h.values[0]) if layers else 0
-    base_title = f"{h.name} by layer × head"
+    name = plain(h.name)
+    base_title = f"{name} by layer × head"
     title = f"{base_title}, step {h.step}" if h.step is not None else base_title
     layout = _base_layout(title, "heatmap", y_title="layer", overlay=False)
     layout.update(
@@ -214,9 +230,9 @@ def heatmap_figure(h: HeatmapOut) -> go.Figure:
         z=[_finite(row) for row in h.values],
         x=list(range(heads)), y=list(range(layers)),
         text=[[_cell(v) for v in row] for row in h.values],
-        hovertemplate="layer %{y}, head %{x}<br>" + h.name + " %{text}<extra></extra>",
+        hovertemplate="layer %{y}, head %{x}<br>" + name + " %{text}<extra></extra>",
         colorscale=HEATMAP_SCALE, meta="series", xgap=1, ygap=1,
-        colorbar={"title": {"text": h.name, "side": "right"}, "thickness": 12},
+        colorbar={"title": {"text": name, "side": "right"}, "thickness": 12},
     ))
     if h.step is None:
         _no_data(fig, h.name)

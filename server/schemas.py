@@ -26,6 +26,9 @@ WireFloat = Annotated[
     float, BeforeValidator(decode_float), PlainSerializer(encode_float, return_type=Any)
 ]
 Name = Annotated[str, Field(pattern=NAME_RE.pattern, max_length=128)]
+#: Bounds of integers the store keeps (64-bit columns; ranks fit 32 bits).
+MAX_STEP = 2**62
+MAX_RANK = 1_000_000
 
 
 class FrameIn(BaseModel):
@@ -35,9 +38,9 @@ class FrameIn(BaseModel):
 
     run: Name
     project: Name = "default"
-    rank: int = Field(0, ge=0, le=1_000_000)
-    seq: int = Field(ge=0, le=2**62)
-    step: int = Field(ge=0, le=2**62)
+    rank: int = Field(0, ge=0, le=MAX_RANK)
+    seq: int = Field(ge=0, le=MAX_STEP)
+    step: int = Field(ge=0, le=MAX_STEP)
     time: float = Field(allow_inf_nan=False, ge=0)
     scalars: dict[Name, WireFloat] = Field(default_factory=dict, max_length=256)
     heads: dict[Name, list[list[WireFloat]]] = Field(default_factory=dict, max_length=64)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "default_db_url"]
@@ -42,7 +42,53 @@ class Settings(BaseSettings):
     stream_interval: float = Field(
         1.0, gt=0, description="Seconds between polls of the store by each live stream."
     )
-    max_frames_per_request: int = Field(10_000, ge=1, description="Frames per ingest batch.")
+    # --- limits: each is answered with a 4xx that names it, and nothing is stored ---------
+    max_request_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024,
+        description="Largest request body in bytes; larger ones get 413 request-too-large "
+        "(counted while reading, whatever Content-Length says).",
+    )
+    max_frames_per_request: int = Field(
+        10_000, ge=1, le=10_000, description="Frames per ingest batch (422 too-many-frames)."
+    )
+    max_values_per_matrix: int = Field(
+        65_536, ge=1, le=65_536,
+        description="Values (layers x heads) in one per-head matrix (422 matrix-too-large).",
+    )
+    max_metrics_per_run: int = Field(
+        1000, ge=1,
+        description="Distinct metric names a run may have: a label-cardinality guard "
+        "(422 too-many-metrics).",
+    )
+    rate_limit_per_second: float = Field(
+        50.0, ge=0,
+        description="Requests per second each API token may make, on average (token bucket; "
+        "429 rate-limited with Retry-After). 0 turns the limit off.",
+    )
+    rate_limit_burst: int = Field(
+        200, ge=1, description="Requests a token may make at once before the rate applies."
+    )
+    # --- authentication (see README, SECURITY) -------------------------------------------
+    require_tokens: bool = Field(
+        False,
+        description="Refuse every API request without a valid token, even while no token "
+        "exists. Set it when the collector sits behind a proxy on the same host.",
+    )
+    insecure_no_auth: bool = Field(
+        False,
+        description="Allow a non-loopback bind without any API token: anyone who can reach "
+        "the port reads and writes every run. Only for a trusted, isolated network.",
+    )
+    auth_cache_seconds: float = Field(
+        2.0, ge=0,
+        description="How long token lookups are cached; a token created or revoked with the "
+        "CLI takes effect within this many seconds.",
+    )
+    secure_cookies: bool = Field(
+        False,
+        description="Mark the dashboard's session cookie Secure even when the request did "
+        "not arrive over https (it is Secure on https requests anyway).",
+    )
     # Alert rule defaults (see server/alerts/rules.py for their meaning).
     alert_logit_threshold: float = Field(
         1000.0, gt=0, description="A head's max logit above this is alarming on any model."
@@ -56,6 +102,14 @@ class Settings(BaseSettings):
     alert_for_samples: int = Field(
         3, ge=1, description="Consecutive sampled steps a condition must hold before firing."
     )
+
+    @model_validator(mode="after")
+    def _check_auth(self) -> Settings:
+        if self.require_tokens and self.insecure_no_auth:
+            raise ValueError(
+                "require_tokens and insecure_no_auth contradict each other: choose one"
+            )
+        return self
 
     @field_validator("db_url")
     @classmethod

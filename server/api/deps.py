@@ -5,13 +5,31 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from logitwatch.server.auth import Principal
+from logitwatch.server.db.models import Run
 from logitwatch.server.db.session import session_scope
+from logitwatch.server.errors import NotFound, Unauthorized
 from logitwatch.server.settings import Settings
 
-__all__ = ["SessionDep", "SettingsDep", "get_session"]
+__all__ = [
+    "COOKIE",
+    "AnyPrincipalDep",
+    "IngestDep",
+    "ReadDep",
+    "RunIdDep",
+    "SessionDep",
+    "SettingsDep",
+    "credentials",
+    "get_session",
+]
+
+#: The dashboard's session cookie: a read token, HttpOnly and SameSite=Strict.
+COOKIE = "logitwatch_token"
+INT32_MAX = 2**31 - 1
 
 
 def get_session(request: Request) -> Iterator[Session]:
@@ -24,5 +42,53 @@ def get_settings(request: Request) -> Settings:
     return settings
 
 
+def credentials(request: Request) -> str | None:
+    """The token of a request: ``Authorization: Bearer <token>``, else the session cookie."""
+    header = request.headers.get("authorization")
+    if header is not None:
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            raise Unauthorized("bad-authorization",
+                               "Authorization: expected 'Bearer <token>'")
+        return value.strip()
+    return request.cookies.get(COOKIE) or None
+
+
+def read_principal(request: Request) -> Principal:
+    p: Principal = request.app.state.auth.authorize(credentials(request), scope="read")
+    return p
+
+
+def ingest_principal(request: Request) -> Principal:
+    p: Principal = request.app.state.auth.authorize(credentials(request), scope="ingest")
+    return p
+
+
+def any_principal(request: Request) -> Principal:
+    p: Principal = request.app.state.auth.authorize(credentials(request), scope=None)
+    return p
+
+
+ReadDep = Annotated[Principal, Depends(read_principal)]
+IngestDep = Annotated[Principal, Depends(ingest_principal)]
+AnyPrincipalDep = Annotated[Principal, Depends(any_principal)]
+
+
+def visible_run(
+    run_id: Annotated[int, Path(ge=1, le=INT32_MAX, description="run id")],
+    principal: ReadDep,
+    request: Request,
+) -> int:
+    """The path's run id, once the caller may read it. Another project's run answers the
+    same 404 as a missing one, so ids do not reveal what other projects hold."""
+    if principal.project is not None:
+        with session_scope(request.app.state.sessions) as s:
+            project = s.scalar(select(Run.project).where(Run.id == run_id))
+        if project is None or not principal.sees(project):
+            raise NotFound("run-not-found", f"no run with id {run_id}")
+    return run_id
+
+
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+RunIdDep = Annotated[int, Depends(visible_run)]

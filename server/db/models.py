@@ -7,8 +7,8 @@ one row of 1,536 x 4 bytes instead of 1,536 rows, which keeps storage near 4 byt
 from __future__ import annotations
 
 from sqlalchemy import (
-    BigInteger,
     JSON,
+    BigInteger,
     CheckConstraint,
     Float,
     ForeignKey,

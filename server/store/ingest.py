@@ -6,7 +6,7 @@ import time as _time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from logitwatch.server.db.models import Frame, Metric, Point, Run
@@ -51,7 +51,7 @@ def _run_id(session: Session, project: str, name: str) -> int:
 
 
 def _metric_ids(
-    session: Session, run_id: int, shapes: dict[str, tuple[int, int]]
+    session: Session, run_id: int, shapes: dict[str, tuple[int, int]], limit: int | None
 ) -> dict[str, int]:
     rows = session.execute(
         select(Metric.name, Metric.id, Metric.layers, Metric.heads).where(
@@ -66,6 +66,17 @@ def _metric_ids(
                 f"metric {r.name!r} of this run has shape {r.layers}x{r.heads}, "
                 f"this batch sends {shapes[r.name][0]}x{shapes[r.name][1]}",
             )
+    new = [name for name in shapes if name not in ids]
+    if limit is not None and new:
+        have = session.scalar(select(func.count()).where(Metric.run_id == run_id)) or 0
+        if have + len(new) > limit:
+            raise BadRequest(
+                "too-many-metrics",
+                f"frames: this batch would give the run {have + len(new)} metric names "
+                f"({have} stored, {len(new)} new, e.g. {new[0]!r}); at most {limit} per run "
+                "(max_metrics_per_run). Nothing was stored.",
+                field="frames",
+            )
     for name, (layers, heads) in shapes.items():
         if name not in ids:
             ids[name] = session.execute(
@@ -76,8 +87,14 @@ def _metric_ids(
     return ids
 
 
-def ingest_frames(session: Session, frames: list[FrameIn]) -> IngestResult:
-    """Store ``frames``; frames already stored (same run, rank and seq) are counted, skipped."""
+def ingest_frames(
+    session: Session, frames: list[FrameIn], *, max_metrics_per_run: int | None = None
+) -> IngestResult:
+    """Store ``frames``; frames already stored (same run, rank and seq) are counted, skipped.
+
+    A batch that would give a run more than ``max_metrics_per_run`` metric names raises
+    :class:`BadRequest` (``too-many-metrics``); the caller's transaction then stores nothing.
+    """
     result = IngestResult()
     by_run: dict[tuple[str, str], list[FrameIn]] = defaultdict(list)
     for f in frames:
@@ -110,7 +127,7 @@ def ingest_frames(session: Session, frames: list[FrameIn]) -> IngestResult:
                 shapes[k] = (0, 0)
             for k, m in f.heads.items():
                 shapes[k] = (len(m), len(m[0]))
-        metric_ids = _metric_ids(session, run_id, shapes)
+        metric_ids = _metric_ids(session, run_id, shapes, max_metrics_per_run)
         frame_ids = session.execute(
             insert(Frame).returning(Frame.id, sort_by_parameter_order=True),
             [

@@ -28,16 +28,18 @@ def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0) -> RunOut:
     )
 
 
-def list_runs(session: Session) -> list[RunOut]:
-    """All runs, most recently active first, with their count of firing alerts."""
+def list_runs(session: Session, *, project: str | None = None) -> list[RunOut]:
+    """All runs (of ``project``, when given), most recently active first, with their count
+    of firing alerts."""
     counts = dict(
         session.execute(
             select(Alert.run_id, func.count()).where(Alert.state == "firing").group_by(Alert.run_id)
         ).all()
     )
-    runs = session.scalars(
-        select(Run).order_by(Run.last_time.desc().nulls_last(), Run.id.desc())
-    ).all()
+    q = select(Run).order_by(Run.last_time.desc().nulls_last(), Run.id.desc())
+    if project is not None:
+        q = q.where(Run.project == project)
+    runs = session.scalars(q).all()
     return [_run_out(r, counts.get(r.id, 0)) for r in runs]
 
 

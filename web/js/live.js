@@ -4,8 +4,9 @@
 // `after` query parameter, not the Last-Event-ID header a browser would send on its own.
 
 export class LiveStream {
-  constructor(url, { onFrame, onAlert, indicator }) {
+  constructor(url, { onFrame, onAlert, onEnd, indicator }) {
     this.url = url;
+    this.onEnd = onEnd;
     this.onFrame = onFrame;
     this.onAlert = onAlert;
     this.indicator = indicator;
@@ -36,6 +37,14 @@ export class LiveStream {
     es.addEventListener("alert", (e) => {
       const data = parse(e.data);
       if (data) this.onAlert(data);
+    });
+    es.addEventListener("end", (e) => {
+      // The collector ended the stream for good (token revoked, run gone): no reconnect.
+      const data = parse(e.data);
+      this.source = null;
+      es.close();
+      this.setState("offline");
+      if (data && this.onEnd) this.onEnd(data);
     });
     es.addEventListener("error", () => {
       es.close();

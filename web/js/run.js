@@ -4,6 +4,7 @@ import { AlertsPanel } from "./alerts.js";
 import { API, ApiError, ago, getJSON } from "./api.js";
 import { HeatmapChart, LineChart, gradNormPoints, scalarPoints } from "./charts.js";
 import { LiveStream } from "./live.js";
+import { needsLogin, showLogin } from "./login.js";
 
 const runId = decodeURIComponent(location.pathname.split("/").filter(Boolean)[1] || "");
 const base = `${API}/runs/${encodeURIComponent(runId)}`;
@@ -62,6 +63,14 @@ async function main() {
   try {
     run = await getJSON(base);
   } catch (err) {
+    if (needsLogin(err)) {
+      $("run-name").textContent = "log in to see this run";
+      $("conn").textContent = "offline";
+      $("conn").dataset.state = "offline";
+      showLogin(err.message);
+      document.body.dataset.ready = "1";
+      return;
+    }
     if (err instanceof ApiError && err.status === 404) {
       $("run-name").textContent = `run ${runId} not found`;
       $("conn").textContent = "offline";
@@ -89,7 +98,8 @@ async function main() {
   document.body.dataset.livePoints = "0";
   document.body.dataset.ready = "1";
   // The stream replays frames after `after`; the charts skip the steps already drawn.
-  new LiveStream(`${base}/stream`, { onFrame, onAlert, indicator: $("conn") }).start(
+  const onEnd = (body) => report(new ApiError(0, body.code, body.message));
+  new LiveStream(`${base}/stream`, { onFrame, onAlert, onEnd, indicator: $("conn") }).start(
     Number(run.last_frame_id) || 0,
   );
 }

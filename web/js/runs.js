@@ -1,6 +1,7 @@
 // The runs page: every run with its last step and open alerts, refreshed every few seconds.
 
 import { API, ago, el, getJSON } from "./api.js";
+import { needsLogin, showLogin } from "./login.js";
 
 const REFRESH_MS = 3000;
 
@@ -31,6 +32,7 @@ function row(run) {
 }
 
 async function refresh() {
+  let again = true;
   try {
     const runs = await getJSON(`${API}/runs`);
     body.replaceChildren(...runs.map(row));
@@ -39,12 +41,19 @@ async function refresh() {
     status.textContent = `updated ${new Date().toLocaleTimeString()}`;
     status.dataset.state = "ok";
   } catch (err) {
+    if (needsLogin(err)) {
+      again = false; // the page reloads after a login
+      status.textContent = "log in to see runs";
+      status.dataset.state = "error";
+      showLogin(err.message);
+      return;
+    }
     status.textContent = `collector unreachable (${err.message}); retrying`;
     status.dataset.state = "error";
     console.warn("runs refresh failed", err);
   } finally {
     document.body.dataset.ready = "1";
-    setTimeout(refresh, REFRESH_MS);
+    if (again) setTimeout(refresh, REFRESH_MS);
   }
 }
 

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Query, Response
 from sqlalchemy.orm import Session
 
 from logitwatch.server import figures
-from logitwatch.server.api.deps import SessionDep
+from logitwatch.server.api.deps import RunIdDep, SessionDep
 from logitwatch.server.errors import NotFound
-from logitwatch.server.schemas import AlertOut, HeatmapOut, SeriesOut
+from logitwatch.server.schemas import MAX_RANK, MAX_STEP, AlertOut, HeatmapOut, SeriesOut
 from logitwatch.server.store import queries
 from logitwatch.server.store.alerts import list_alerts
 
@@ -27,14 +27,16 @@ HEATMAP_METRIC = "attn.logit_max"
                      "description": "A Plotly figure: {data, layout}"}},
 )
 def figure(
-    run_id: int,
+    run_id: RunIdDep,
     kind: str,
     session: SessionDep,
-    rank: Annotated[int, Query(ge=0)] = 0,
-    start: Annotated[int | None, Query(ge=0, description="first step")] = None,
-    end: Annotated[int | None, Query(ge=0, description="last step")] = None,
+    rank: Annotated[int, Query(ge=0, le=MAX_RANK)] = 0,
+    start: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="first step")] = None,
+    end: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="last step")] = None,
     max_points: Annotated[int, Query(ge=4, le=100_000)] = 2000,
-    step: Annotated[int | None, Query(ge=0, description="heatmap: latest at or before")] = None,
+    step: Annotated[
+        int | None, Query(ge=0, le=MAX_STEP, description="heatmap: latest at or before")
+    ] = None,
 ) -> Response:
     """``kind`` is one of ``loss``, ``grad_norm``, ``heatmap``. Non-finite values are
     ``null`` in the data and named in the hover text."""

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from logitwatch.server.api.deps import IngestDep
+from logitwatch.server.auth import Principal
 from logitwatch.server.db.models import Run
 from logitwatch.server.db.session import session_scope
+from logitwatch.server.errors import Forbidden
+from logitwatch.server.limits import check_batch
 from logitwatch.server.schemas import AlertOut, IngestIn, IngestOut
 from logitwatch.server.store.alerts import alert_out, firing_alerts
 from logitwatch.server.store.ingest import ingest_frames
@@ -13,17 +17,33 @@ from logitwatch.server.store.ingest import ingest_frames
 router = APIRouter(tags=["ingest"])
 
 
-@router.post("/ingest", response_model=IngestOut)
-def ingest(body: IngestIn, request: Request) -> IngestOut:
+@router.post(
+    "/ingest",
+    response_model=IngestOut,
+    responses={
+        401: {"description": "no or an unknown token (`auth-required`, `invalid-token`)"},
+        403: {"description": "a read token, or a frame of another project"},
+        413: {"description": "body over max_request_bytes (`request-too-large`)"},
+        422: {"description": "bad input; the message names the field; nothing stored"},
+        429: {"description": "the token's rate is spent (`rate-limited`, Retry-After)"},
+    },
+)
+def ingest(body: IngestIn, request: Request, principal: IngestDep) -> IngestOut:
     """Store a batch of frames, all or nothing. Frames already stored (same run, rank and
     seq) are skipped and counted as duplicates, so a client may resend a batch safely.
+
+    With an ingest token, a frame that names no ``project`` belongs to the token's project,
+    and a frame of any other project refuses the whole batch (403 ``project-forbidden``).
 
     The transaction commits *before* the answer is sent: a 200 means stored.
     """
     state = request.app.state
+    check_batch(body, state.settings)
+    _own_project(body, principal)
     changed: list[AlertOut] = []
     with session_scope(state.sessions) as session:
-        result = ingest_frames(session, body.frames)
+        result = ingest_frames(session, body.frames,
+                               max_metrics_per_run=state.settings.max_metrics_per_run)
         for a in state.alert_engine.process(session, result.new_frames):
             run = session.get(Run, a.run_id)
             assert run is not None
@@ -35,3 +55,19 @@ def ingest(body: IngestIn, request: Request) -> IngestOut:
     return IngestOut(
         accepted=result.accepted, duplicates=result.duplicates, alerts=firing, control={}
     )
+
+
+def _own_project(body: IngestIn, principal: Principal) -> None:
+    """Every frame must belong to the token's project (open mode: any project)."""
+    if principal.project is None:
+        return
+    for i, f in enumerate(body.frames):
+        if "project" not in f.model_fields_set:
+            f.project = principal.project
+        elif f.project != principal.project:
+            raise Forbidden(
+                "project-forbidden",
+                f"frames.{i}.project: this token writes to project {principal.project!r} "
+                f"only, not {f.project!r}; nothing was stored",
+                field=f"frames.{i}.project",
+            )

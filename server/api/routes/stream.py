@@ -14,7 +14,10 @@ import anyio
 from fastapi import APIRouter, Query, Request
 from sse_starlette import EventSourceResponse
 
+from logitwatch.server.api.deps import RunIdDep, credentials
 from logitwatch.server.db.session import session_scope
+from logitwatch.server.errors import ApiError
+from logitwatch.server.schemas import MAX_RANK, MAX_STEP
 from logitwatch.server.store import queries
 from logitwatch.server.store.alerts import list_alerts
 from logitwatch.server.store.live import frames_since
@@ -24,15 +27,21 @@ router = APIRouter(tags=["stream"])
 
 @router.get("/runs/{run_id}/stream")
 async def stream(
-    run_id: int,
+    run_id: RunIdDep,
     request: Request,
-    rank: Annotated[int, Query(ge=0)] = 0,
-    after: Annotated[int, Query(ge=0, description="last frame id already shown")] = 0,
+    rank: Annotated[int, Query(ge=0, le=MAX_RANK)] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_STEP, description="last frame id already shown")] = 0,
 ) -> EventSourceResponse:
-    """Events: ``frame`` (new steps' scalars + the latest per-head matrices), ``alert``."""
+    """Events: ``frame`` (new steps' scalars + the latest per-head matrices), ``alert``, and
+    ``end`` (``{"code", "message"}``) when the stream stops for good.
+
+    The caller's token is checked again at every poll: a revoked token ends the stream.
+    """
     state = request.app.state
+    secret = credentials(request)
 
     def poll(after_id: int, alerts_seen: dict[int, str]) -> tuple[int, list[Any], Any, list[Any]]:
+        state.auth.authorize(secret, scope="read", charge=False)
         with session_scope(state.sessions) as s:
             queries.get_run(s, run_id)
             last, frames, latest = frames_since(s, run_id=run_id, after_id=after_id, rank=rank)
@@ -50,9 +59,13 @@ async def stream(
         after_id = after
         seen: dict[int, str] = {}
         while not await request.is_disconnected():
-            after_id, frames, latest, alerts = await anyio.to_thread.run_sync(
-                poll, after_id, seen
-            )
+            try:
+                after_id, frames, latest, alerts = await anyio.to_thread.run_sync(
+                    poll, after_id, seen
+                )
+            except ApiError as e:  # revoked token, run gone: say why, then end
+                yield {"event": "end", "data": json.dumps(e.body())}
+                return
             if frames:
                 yield {"event": "frame", "id": str(after_id),
                        "data": json.dumps({"frames": frames, "latest": latest})}

@@ -1,0 +1,120 @@
+"""Size limits: the request body (413, counted while reading) and the arrays in a batch.
+
+Each limit is a documented :class:`~logitwatch.server.settings.Settings` field, and each
+refusal names the field or setting it hit. The metric-cardinality limit needs the store and
+lives in ``store/ingest.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from logitwatch.server.errors import BadRequest
+from logitwatch.server.schemas import IngestIn
+from logitwatch.server.settings import Settings
+
+__all__ = ["BodyLimit", "check_batch"]
+
+
+class BodyLimit:
+    """ASGI middleware: answer 413 ``request-too-large`` to a body over ``max_bytes``.
+
+    Content-Length is checked first; the body is then counted while it is read (a chunked
+    body, or a Content-Length that lies, cannot get past), and handed to the app only once
+    it is known to fit, so the app never sees a partial body.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                declared = -1
+            if declared < 0:
+                await _refuse(send, 400, "bad-content-length",
+                              "Content-Length: not a non-negative integer")
+                return
+            if declared > self.max_bytes:
+                await self._too_large(send)
+                return
+        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE") and length is None:
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Send) -> None:
+        await _refuse(
+            send, 413, "request-too-large",
+            f"request body: larger than {self.max_bytes} bytes (max_request_bytes); send "
+            "fewer frames per batch (nothing was stored)",
+        )
+
+
+async def _refuse(send: Send, status: int, code: str, message: str) -> None:
+    body = json.dumps({"code": code, "message": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def check_batch(batch: IngestIn, settings: Settings) -> None:
+    """Refuse a batch whose arrays exceed the configured limits (422, the field named).
+
+    The schema holds hard ceilings (in the OpenAPI document); these are the deployment's
+    own, possibly lower, limits.
+    """
+    if len(batch.frames) > settings.max_frames_per_request:
+        raise BadRequest(
+            "too-many-frames",
+            f"frames: {len(batch.frames)} frames in one batch, at most "
+            f"{settings.max_frames_per_request} (max_frames_per_request); nothing was stored",
+            field="frames",
+        )
+    for i, f in enumerate(batch.frames):
+        for name, rows in f.heads.items():
+            n = len(rows) * len(rows[0])
+            if n > settings.max_values_per_matrix:
+                field = f"frames.{i}.heads.{name}"
+                raise BadRequest(
+                    "matrix-too-large",
+                    f"{field}: {n} values, at most {settings.max_values_per_matrix} "
+                    "(max_values_per_matrix); nothing was stored",
+                    field=field,
+                )
+
