@@ -94,10 +94,13 @@ class Settings(BaseSettings):
         1000.0, gt=0, description="A head's max logit above this is alarming on any model."
     )
     alert_logit_factor: float = Field(
-        3.0, gt=1, description="Max logit above factor x its own baseline is alarming."
+        4.0, gt=1, description="Max logit above factor x its own baseline is alarming."
     )
     alert_logit_floor: float = Field(
-        10.0, ge=0, description="Relative alarms only above this absolute level."
+        30.0,
+        ge=0,
+        description="Relative alarms only above this level: healthy heads sit around 5-20 "
+        "(see README), so a head growing 4x from 2 to 8 is not news; from 10 to 40 it is.",
     )
     alert_for_samples: int = Field(
         3, ge=1, description="Consecutive sampled steps a condition must hold before firing."

@@ -125,12 +125,12 @@ def test_alert_fires_on_rising_head_and_comes_back_in_ingest_answer(client: Test
     fired = [i for i, a in enumerate(answers) if a["alerts"]]
     assert fired, "the rising head never alerted"
     first = fired[0]
-    # 3x its baseline of 5.2 is crossed at seq 24 (5*1.3^5=18.6 > 15.6); held for 3 samples,
-    # it fires at seq 26.
-    assert first == 26
+    # The limit is max(floor 30, 4 x baseline 5.2) = 30, crossed at seq 26 (5*1.3^7 = 31.4);
+    # held for 3 samples, it fires at seq 28.
+    assert first == 28
     a = answers[first]["alerts"][0]
     assert (a["layer"], a["head"], a["rank"], a["state"]) == (1, 2, 0, "firing")
-    assert a["started_step"] == 240 and a["fired_step"] == 260
+    assert a["started_step"] == 260 and a["fired_step"] == 280
     assert "layer 1, head 2" in a["message"] and a["remedies"]
     assert len(answers[-1]["alerts"]) == 1  # deduplicated: still one alert
     assert client.get("/api/v1/runs").json()[0]["open_alerts"] == 1
@@ -146,12 +146,12 @@ def test_healthy_flat_heads_do_not_alert(client: TestClient) -> None:
 def test_alert_state_resumes_after_restart(db_url: str) -> None:
     settings = Settings(db_url=db_url)
     with TestClient(create_app(settings)) as c:
-        for i in range(26):  # pending since seq 24, not yet firing
+        for i in range(28):  # pending since seq 26, not yet firing
             assert c.post("/api/v1/ingest",
                           json={"frames": [frame(i, heads=growing(i))]}).json()["alerts"] == []
     with TestClient(create_app(settings)) as c:  # a new process: state rebuilt from the store
-        r26 = c.post("/api/v1/ingest", json={"frames": [frame(26, heads=growing(26))]}).json()
-    assert r26["alerts"][0]["fired_step"] == 260 and r26["alerts"][0]["started_step"] == 240
+        r28 = c.post("/api/v1/ingest", json={"frames": [frame(28, heads=growing(28))]}).json()
+    assert r28["alerts"][0]["fired_step"] == 280 and r28["alerts"][0]["started_step"] == 260
 
 
 class _Hook(BaseHTTPRequestHandler):
@@ -181,7 +181,7 @@ def test_webhook_receives_alert_json(sqlite_url: str) -> None:
             assert _Hook.got.wait(10), "no webhook call arrived"
         body = _Hook.received[0]
         assert body["kind"] == "logitwatch.alert" and "layer 1, head 2" in body["text"]
-        assert body["alert"]["fired_step"] == 260 and not math.isnan(body["alert"]["value"])
+        assert body["alert"]["fired_step"] == 280 and not math.isnan(body["alert"]["value"])
     finally:
         srv.shutdown()
         srv.server_close()

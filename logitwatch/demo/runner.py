@@ -88,6 +88,8 @@ def run_jobs(url: str, *, settings: list[str], steps: int | None, seed: int, sta
     for name, proc, t in procs:
         rc = proc.wait()
         t.join(5)
+        if proc.stdout is not None:
+            proc.stdout.close()
         f = out_dir / f"{name}.json"
         if rc != 0 or not f.exists():
             raise RuntimeError(f"the {name} demo job failed (exit code {rc}); see its output above")

@@ -64,8 +64,8 @@ class LogitRisingRule:
     name: str = "attn_logit_rising"
     metric: str = "attn.logit_max"
     threshold: float = 1000.0
-    factor: float = 3.0
-    floor: float = 10.0
+    factor: float = 4.0
+    floor: float = 30.0
     for_samples: int = 3
     window: int = 20
     lag: int = 5
