@@ -236,6 +236,12 @@ def heatmap_figure(h: HeatmapOut) -> go.Figure:
     ))
     if h.step is None:
         _no_data(fig, h.name)
+    elif not any(math.isfinite(v) for row in h.values for v in row):
+        fig.add_annotation(
+            text=f"every value at step {h.step} is non-finite (NaN/Inf): the run has diverged",
+            xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+            font={"color": COLORS["axis"], "size": 13},
+        )
     return fig
 
 

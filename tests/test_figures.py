@@ -228,3 +228,14 @@ def test_figures_route_errors(client: TestClient) -> None:
     fig = client.get("/api/v1/runs/1/figures/grad_norm").json()
     assert fig["data"][0]["x"] == []
     assert fig["layout"]["annotations"][0]["text"] == "no grad.norm yet"
+
+
+def test_heatmap_of_a_diverged_step_says_so() -> None:
+    nan = float("nan")
+    fig = heatmap_figure(HeatmapOut(name="attn.logit_max", rank=0, step=980,
+                                    values=[[nan, nan], [nan, float("inf")]]))
+    texts = [a.text for a in fig.layout.annotations]
+    assert any("step 980 is non-finite" in t for t in texts)
+    fine = heatmap_figure(HeatmapOut(name="attn.logit_max", rank=0, step=1,
+                                     values=[[1.0, nan]]))
+    assert not fine.layout.annotations

@@ -54,8 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         mon.client.on_alert(on_alert)
         state["monitor"] = mon
 
+    def on_loss(loss: Any) -> None:
+        state["monitor"].log(loss=loss)  # the one extra line a non-HF training loop needs
+
     t0 = time.time()
-    result = train(setting, steps=a.steps, on_model=on_model, log=log)
+    result = train(setting, steps=a.steps, on_model=on_model, on_loss=on_loss, log=log)
     mon = state["monitor"]
     if mon is not None:
         mon.close(timeout=30)

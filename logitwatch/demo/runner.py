@@ -7,6 +7,7 @@ job would: they only know the collector's URL.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -111,6 +112,8 @@ def first_alerts(url: str, run_name: str) -> dict[str, Any] | None:
 def run_demo(*, port: int, db_url: str, steps: int | None, settings: list[str] | None,
              seed: int, keep_serving: bool, echo: Callable[[str], None] = print) -> int:
     settings = settings or ["unstable", "healthy"]
+    # The jobs print the alerts they receive; the collector's own alert log would repeat them.
+    logging.getLogger("logitwatch.alerts").setLevel(logging.ERROR)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with Collector(db_url, port) as col:
         echo(f"collector: {col.url}  (database: {db_url})")

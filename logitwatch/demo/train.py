@@ -144,6 +144,7 @@ def train(
     steps: int | None = None,
     on_model: Callable[[nn.Module, torch.optim.Optimizer], Any] | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    on_loss: Callable[[torch.Tensor], None] | None = None,
     log: Callable[[str], None] = print,
     num_threads: int | None = None,
     stop_after_divergence: int = 30,
@@ -154,7 +155,9 @@ def train(
     ``num_threads`` calls ``torch.set_num_threads`` first (1 lets two demo jobs share
     two cores). Training stops ``stop_after_divergence`` steps after
     :func:`divergence_step` first reports a divergence. ``log`` receives a progress line
-    every ``log_every`` steps.
+    every ``log_every`` steps. Callbacks: ``on_model(model, optimizer)`` once after they
+    are built (a monitor attaches there), ``on_loss(loss)`` after each forward, before
+    backward, and ``on_step(step, loss)`` after each optimizer step.
     """
     if num_threads is not None:
         torch.set_num_threads(num_threads)
@@ -182,6 +185,8 @@ def train(
         x, y = data.batch()
         _, loss = model(x, y)
         assert loss is not None
+        if on_loss is not None:
+            on_loss(loss)  # before backward and step: where a job calls mon.log(loss=loss)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), setting.max_norm)
         optimizer.step()
