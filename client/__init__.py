@@ -1,7 +1,15 @@
 """Transport from the training job to the collector (stdlib + httpx; never imports torch).
 
-``Client`` queues one frame per sampled step and ships batches from a background thread;
-``ClientConfig`` holds its validated settings. See ``logitwatch/wire.py`` for the frame.
+``Client`` queues one frame per sampled step and ships gzip-compressed batches from a
+background thread; frames the collector cannot take yet (down, slow, answering errors)
+wait in a crash-safe disk spool (``_spool.py``) and are replayed in order, and what a job
+leaves behind is sent with ``logitwatch push SPOOL``. ``ClientConfig`` holds the validated
+settings. See ``logitwatch/wire.py`` for the frame.
+
+Modules: ``_codec`` (pack on the training thread, encode off it), ``_queue`` (the backlog:
+memory, spool index, batch in flight, counters), ``_spool`` (segment files), ``_worker``
+(sender and spooler threads), ``_http`` (one request, retry schedule), ``_push`` (the CLI's
+replay), ``_client`` (the public class, lifecycle, fork).
 """
 
 from ._client import AlertCallback, Client

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import atexit
-import itertools
+import functools
 import logging
 import math
+import os
+import shlex
 import threading
 import time as _time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
 
-from logitwatch.wire import NAME_RE, encode_float
+from logitwatch.wire import NAME_RE
 
+from ._codec import encode, pack
 from ._http import IngestTransport
-from ._queue import FrameQueue
-from ._worker import Sender
+from ._queue import Backlog
+from ._spool import WriterDir
+from ._worker import Sender, Spooler
 from .config import ClientConfig
 
 __all__ = ["AlertCallback", "Client"]
@@ -26,14 +31,42 @@ log = logging.getLogger("logitwatch.client")
 
 AlertCallback = Callable[[dict[str, Any]], None]
 
+_LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_LIVE):
+        try:
+            client._after_fork()
+        except Exception:  # pragma: no cover - never break the child
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class Client:
     """Queues frames (one per sampled step) and ships them to a collector in the background.
 
-    :meth:`send` is safe on the training thread: it costs microseconds, never blocks on
-    the network and never raises. A daemon thread posts batches to
-    ``{url}/api/v1/ingest``; connection errors, 429 and 5xx are retried with backoff
-    without losing frames; a full queue drops its oldest frame (counted).
+    :meth:`send` is safe on the training thread: it costs microseconds, never touches the
+    network or the disk, never waits and never raises. A daemon thread posts batches
+    (``max_batch`` frames or every ``interval`` s, gzip-compressed) to
+    ``{url}/api/v1/ingest``; another writes frames to a crash-safe disk spool when memory
+    is half full or the collector is unreachable, slow or answering errors. Spooled frames
+    are replayed in order once it answers again, and the collector's (run, rank, seq)
+    deduplication makes every resend harmless: no frame is lost or counted twice. Drops
+    happen only at a configured bound, counted by reason in :attr:`stats`.
+
+    Shutdown (:meth:`shutdown`, ``with``, or interpreter exit) sends what it can within
+    its timeout and leaves the rest in the spool, with one log line that says how to send
+    it later (``logitwatch push DIR``).
+
+    Thread-safe (any thread may call :meth:`send`) and fork-safe: a forked child
+    (DataLoader worker, ``torch.multiprocessing``) starts with an empty queue, new threads
+    and locks, and a spool directory of its own, so nothing the parent queued is sent
+    twice. Each rank of a multi-process job creates its own client with its ``rank``; the
+    collector merges the ranks of a run.
 
     With ``url=None`` the client counts and discards frames (nothing is started).
 
@@ -42,9 +75,9 @@ class Client:
         run: Run name, 1-128 characters of ``[A-Za-z0-9._:-]``.
         project: Project name, same alphabet.
         rank: Data-parallel rank of this process (int >= 0).
-        config: Queue, batch, timing settings; default ``ClientConfig.from_env()``.
+        config: Queue, batch, spool, timing settings; default ``ClientConfig.from_env()``.
         http: An ``httpx.Client`` to post with (tests, custom TLS/auth). The caller keeps
-            ownership: it is not closed by :meth:`shutdown`.
+            ownership: it is not closed by :meth:`shutdown`. A forked child builds its own.
 
     Raises:
         ValueError: ``run``, ``project`` or ``rank`` is invalid.
@@ -72,32 +105,68 @@ class Client:
         self.project = project
         self.rank = rank
         self.config = config if config is not None else ClientConfig.from_env()
-        self._queue = FrameQueue(self.config.max_queue)
-        # seq starts from the wall clock in microseconds, so a job restarted (or resumed from
-        # a checkpoint) under the same run name never reuses a (run, rank, seq) key that the
-        # collector would drop as a duplicate.
-        self._seq = itertools.count(_time.time_ns() // 1000)
+        self._http = http
+        self._http_pid = os.getpid()
         self._callbacks: list[AlertCallback] = []
         self._seen_alerts: set[Any] = set()
         self._control: dict[str, Any] = {}
         self._closed = False
-        self._close_lock = threading.Lock()
-        self._send_failed = False
-        self._sender: Sender | None = None
+        self._warned: set[str] = set()
+        self._build()
         if url is not None:
-            transport = IngestTransport(
-                url, timeout=self.config.timeout, http=http, token=self.config.token
-            )
-            self._sender = Sender(
-                self._queue,
-                transport,
-                max_batch=self.config.max_batch,
-                interval=self.config.interval,
-                max_backoff=self.config.max_backoff,
-                on_answer=self._handle_answer,
-            )
-            self._sender.start()
+            self._start()
             atexit.register(self._atexit)
+            _LIVE.add(self)
+
+    def _build(self) -> None:
+        """Fresh queue, locks and (unstarted) threads: at construction and after a fork."""
+        cfg = self.config
+        self._close_lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._started = self.url is None
+        self._spool = WriterDir(cfg.spool_root(), project=self.project, run=self.run,
+                                rank=self.rank, url=self.url)
+        self._backlog = Backlog(
+            max_frames=cfg.max_queue, max_bytes=cfg.max_queue_bytes, max_batch=cfg.max_batch,
+            encode=functools.partial(encode, run=self.run, project=self.project,
+                                     rank=self.rank),
+            spool=self._spool, spool_max_bytes=cfg.spool_max_bytes,
+        )
+        self._sender: Sender | None = None
+        self._spooler: Spooler | None = None
+        if self.url is not None:
+            self._spooler = Spooler(self._backlog, interval=cfg.spool_interval)
+            self._sender = Sender(
+                self._backlog, self._transport, max_batch=cfg.max_batch,
+                interval=cfg.interval, max_backoff=cfg.max_backoff,
+                on_answer=self._handle_answer, on_down=self._spooler.wake,
+            )
+            self._high_frames = self._spooler.high_frames
+            self._high_bytes = self._spooler.high_bytes
+
+    def _transport(self) -> IngestTransport:
+        """Built on the sender thread (an SSL context costs milliseconds)."""
+        assert self.url is not None
+        http = self._http if self._http_pid == os.getpid() else None
+        return IngestTransport(
+            self.url, timeout=self.config.timeout, http=http, token=self.config.token,
+            gzip_level=self.config.gzip_level,
+            user_agent=f"logitwatch-client (rank {self.rank}; pid {os.getpid()})",
+        )
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._started:
+                return
+            assert self._sender is not None and self._spooler is not None
+            self._sender.start()
+            self._spooler.start()
+            self._started = True
+
+    def _after_fork(self) -> None:
+        """In a forked child: drop everything inherited; threads start on the first send."""
+        self._spool.forget()
+        self._build()
 
     # -- training thread -----------------------------------------------------------------
 
@@ -108,45 +177,49 @@ class Client:
         heads: Mapping[str, Sequence[Sequence[float]]],
         time: float | None = None,
     ) -> None:
-        """Queue one frame. Never blocks, never raises (failures are logged once).
+        """Queue one frame. Never blocks, never raises (problems are logged once).
 
         Args:
-            step: Optimizer step of the frame.
-            scalars: ``{"loss": 3.1, ...}``; NaN and infinities are allowed.
-            heads: ``{"attn.logit_max": [[per head] per layer], ...}``.
+            step: Optimizer step of the frame (int in [0, 2**62]).
+            scalars: ``{"loss": 3.1, ...}``; NaN and infinities are kept as they are.
+            heads: ``{"attn.logit_max": [[per head] per layer], ...}``; the numbers are
+                copied, so the caller may reuse its lists.
             time: Unix seconds when the step ended (default: now).
         """
         try:
             if self._closed:
-                self._queue.count("dropped_after_shutdown")
+                self._backlog.count("dropped_after_shutdown")
                 return
-            if self._sender is None:
-                self._queue.count("queued")
-                self._queue.count("discarded")
+            sender = self._sender
+            if sender is None:
+                self._backlog.count("queued")
+                self._backlog.count("discarded")
                 return
-            seq = next(self._seq)
-            frame = {
-                "run": self.run,
-                "project": self.project,
-                "rank": self.rank,
-                "seq": seq,
-                "step": int(step),
-                "time": encode_float(float(_time.time() if time is None else time)),
-                "scalars": {str(k): encode_float(float(v)) for k, v in scalars.items()},
-                "heads": {
-                    str(k): [[encode_float(float(x)) for x in row] for row in rows]
-                    for k, rows in heads.items()
-                },
-            }
-            if self._queue.put(seq, frame) >= self.config.max_batch:
-                self._sender.wake()
+            if not self._started:
+                self._start()
+            try:
+                frame, problems = pack(step, scalars, heads, time)
+            except (ValueError, TypeError, OverflowError) as e:
+                self._backlog.count("invalid")
+                self._warn_once("invalid", "logitwatch: Client.send dropped a frame: %s", e)
+                return
+            if problems:
+                self._warn_once("problems:" + problems[0],
+                                "logitwatch: Client.send left out %s", "; ".join(problems))
+            backlog = self._backlog
+            n = backlog.put(frame, _time.time_ns() // 1000)
+            if n >= self.config.max_batch and not sender.woken:
+                sender.wake()
+            if n > self._high_frames or backlog.mem_bytes > self._high_bytes:
+                assert self._spooler is not None
+                self._spooler.wake()
         except Exception:
-            if not self._send_failed:
-                self._send_failed = True
-                log.warning("logitwatch: Client.send failed; frame dropped", exc_info=True)
+            self._warn_once("send", "logitwatch: Client.send failed; frame dropped",
+                            exc_info=True)
 
     def on_alert(self, callback: AlertCallback) -> AlertCallback:
-        """Call ``callback(alert)`` once per new alert id the collector reports.
+        """Call ``callback(alert)`` once per new alert id the collector reports for this
+        run (the alert as in ``GET /api/v1/runs/{id}/alerts``).
 
         Runs on the sender thread; exceptions are logged and swallowed. Returns the
         callback, so this works as a decorator.
@@ -156,19 +229,31 @@ class Client:
 
     @property
     def control(self) -> dict[str, Any]:
-        """The latest ``control`` object from the collector (``{}`` until the first answer)."""
+        """The latest ``control`` object from the collector (``{}`` until the first answer).
+
+        ``{"sample_every": N}`` while the run has a firing alert (the hooks then sample
+        every N steps); ``{}`` otherwise.
+        """
         return self._control
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: queued, sent, batches, retries, dropped_queue_full, rejected, ...
+        """Counters, plus ``pending`` (frames not yet delivered: memory, in flight and
+        spool), ``spooled`` (frames in the spool) and ``spool_bytes``.
 
-        See ``logitwatch.client._queue.COUNTERS`` for the full list and meanings; counts
-        are frames except ``batches`` and ``retries``.
+        See ``logitwatch.client._queue.COUNTERS`` for the counters and their meanings;
+        counts are frames except ``batches`` and ``retries``.
         """
-        counts = self._queue.counts()
-        counts["pending"] = self._queue.pending()
+        counts = self._backlog.counts()
+        counts["pending"] = self._backlog.pending()
+        counts["spooled"], counts["spool_bytes"] = self._backlog.spooled()
         return counts
+
+    @property
+    def spool_path(self) -> str | None:
+        """This process's spool directory, once something was written to it."""
+        path = self._spool.path
+        return None if path is None else str(path)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -177,19 +262,19 @@ class Client:
         if self._sender is None:
             return True
         if self._closed:
-            return self._queue.pending() == 0 and not self._queue.counts()[
-                "undelivered_at_shutdown"
-            ]
-        target = self._queue.last_seq
-        if self._queue.pending():
+            counts = self._backlog.counts()
+            return self._backlog.pending() == 0 and not counts["undelivered_at_shutdown"]
+        target = self._backlog.last_seq
+        if self._backlog.pending():
             self._sender.wake(urgent=True)
-        return self._queue.wait_handled(target, timeout)
+        return self._backlog.wait_handled(target, timeout)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Send what remains, within ``timeout`` s, and stop. Idempotent; never raises.
+        """Send what remains within ``timeout`` s, keep the rest in the spool, and stop.
 
-        Frames still undelivered at the deadline are counted in
-        ``stats["undelivered_at_shutdown"]`` and reported in one log line.
+        Idempotent; never raises. Frames left in the spool are reported in one log line
+        with the command that sends them (``logitwatch push DIR``); frames that could not
+        even be spooled are counted in ``stats["undelivered_at_shutdown"]``.
         """
         with self._close_lock:
             if self._closed:
@@ -197,22 +282,42 @@ class Client:
             self._closed = True
         try:
             atexit.unregister(self._atexit)
-            if self._sender is None:
+            if self._sender is None or not self._started:
                 return
             timeout = timeout if math.isfinite(timeout) else 3600.0
-            self._sender.stop(_time.monotonic() + max(0.0, timeout))
-            lost = self._queue.abandon("undelivered_at_shutdown")
-            if lost:
-                log.warning(
-                    "logitwatch: %d frame(s) of run %r were NOT delivered to %s "
-                    "(collector unreachable or too slow within the %.1f s shutdown timeout)",
-                    lost,
-                    self.run,
-                    self.url,
-                    timeout,
-                )
+            deadline = _time.monotonic() + max(0.0, timeout)
+            self._sender.stop(deadline)
+            assert self._spooler is not None
+            self._spooler.stop(max(0.5, deadline - _time.monotonic()))
+            spooled, lost = self._backlog.close()
+            self._report(spooled, lost, timeout)
+            self._spool.release()
         except Exception:
             log.warning("logitwatch: Client.shutdown failed", exc_info=True)
+
+    def _report(self, spooled: int, lost: int, timeout: float) -> None:
+        counts = self._backlog.counts()
+        drops = {k: counts[k] for k in ("dropped_queue_full", "dropped_spool_full",
+                                        "dropped_spool_corrupt", "rejected") if counts[k]}
+        where = f"run {self.run!r} rank {self.rank}"
+        if spooled:
+            path = str(self._spool.path)
+            log.warning(
+                "logitwatch: %d frame(s) of %s were not delivered to %s within the %.1f s "
+                "shutdown timeout; they are kept in the spool %s. Send them when the "
+                "collector is up with:  logitwatch push %s --url %s",
+                spooled, where, self.url, timeout, path, shlex.quote(path),
+                shlex.quote(self.url or ""),
+            )
+        if lost:
+            log.warning(
+                "logitwatch: %d frame(s) of %s were NOT delivered to %s and could not be "
+                "spooled (spool off or disk failing); they are lost",
+                lost, where, self.url,
+            )
+        if drops:
+            log.warning("logitwatch: frames of %s dropped during the run, by reason: %s",
+                        where, ", ".join(f"{k}={v}" for k, v in drops.items()))
 
     def __enter__(self) -> Client:
         return self
@@ -221,13 +326,12 @@ class Client:
         self.shutdown(self.config.exit_timeout)
 
     def _atexit(self) -> None:
-        pending = self._queue.pending()
+        pending = self._backlog.pending()
         if pending:
             log.info(
-                "logitwatch: delivering %d queued frame(s) to %s before exit (up to %.1f s)",
-                pending,
-                self.url,
-                self.config.exit_timeout,
+                "logitwatch: delivering %d frame(s) to %s before exit (up to %.1f s; what "
+                "is left stays in the disk spool)",
+                pending, self.url, self.config.exit_timeout,
             )
         self.shutdown(self.config.exit_timeout)
 
@@ -243,6 +347,8 @@ class Client:
         for alert in alerts:
             if not isinstance(alert, dict) or "id" not in alert:
                 continue
+            if alert.get("run", self.run) != self.run:
+                continue
             key = alert["id"]
             if not isinstance(key, (int, str)) or key in self._seen_alerts:
                 continue
@@ -254,3 +360,10 @@ class Client:
                     log.warning(
                         "logitwatch: on_alert callback %r failed", callback, exc_info=True
                     )
+
+    def _warn_once(self, key: str, msg: str, *args: Any, exc_info: bool = False) -> None:
+        if key in self._warned:
+            return
+        if len(self._warned) < 100:
+            self._warned.add(key)
+        log.warning(msg, *args, exc_info=exc_info)

@@ -2,16 +2,22 @@
 
 :class:`IngestTransport` turns ``POST {url}/api/v1/ingest`` into an :class:`Outcome`:
 
-* ``"ok"``: a 2xx answer; the frames are delivered (``answer`` holds the decoded body,
-  ``{}`` if it was not a JSON object).
-* ``"retry"``: a connection error or timeout, 429, or any 5xx; keep the batch.
-* ``"reject"``: any other status (4xx but 429, unexpected 3xx); the collector refused
-  the batch and sending it again would not help.
+* ``"ok"``: a 2xx answer that is a JSON object; the frames are stored.
+* ``"retry"``: the frames are kept (in the spool) and sent again later: a connection
+  error or timeout, 408, 409, 425, 429, any 5xx, a 2xx whose body is not a JSON object
+  (a proxy or another service answered, not the collector), and 401, 403 and 404 (a
+  token or URL to fix: the frames wait for it instead of being thrown away).
+* ``"reject"``: any other 4xx (400, 413, 422, ...): the collector refused the batch as
+  invalid, and sending it again would not help.
+
+The body is built from frames already encoded as JSON lines (``_codec.encode``), and
+compressed with gzip from 1 KiB on when ``gzip_level`` > 0.
 """
 
 from __future__ import annotations
 
 import email.utils
+import gzip
 import math
 import random
 import time
@@ -20,7 +26,9 @@ from typing import Any, Literal
 
 import httpx
 
-__all__ = ["INGEST_PATH", "IngestTransport", "Outcome", "backoff_delay", "parse_retry_after"]
+__all__ = [
+    "INGEST_PATH", "KEEP_4XX", "IngestTransport", "Outcome", "backoff_delay", "parse_retry_after",
+]
 
 INGEST_PATH = "/api/v1/ingest"
 
@@ -75,6 +83,11 @@ def backoff_delay(
     return min(base * jitter, max_backoff)
 
 
+#: 4xx statuses after which the frames are kept and sent again (see the module docstring).
+KEEP_4XX = frozenset({401, 403, 404, 408, 409, 425, 429})
+_GZIP_MIN = 1024
+
+
 class IngestTransport:
     """Posts batches to one collector over an ``httpx.Client``.
 
@@ -83,33 +96,43 @@ class IngestTransport:
     """
 
     def __init__(self, url: str, *, timeout: float, http: httpx.Client | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, gzip_level: int = 1,
+                 user_agent: str = "logitwatch-client") -> None:
         self.endpoint = url.rstrip("/") + INGEST_PATH
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {"Content-Type": "application/json", "User-Agent": user_agent}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
         self._owned = http is None
         self._http = http if http is not None else httpx.Client(timeout=timeout)
         self._timeout = timeout
+        self._gzip_level = gzip_level
 
-    def post(self, frames: list[dict[str, Any]]) -> Outcome:
-        """Send one batch; never raises for network or HTTP failures."""
+    def post(self, lines: list[bytes], timeout: float | None = None) -> Outcome:
+        """Send one batch of encoded frames; never raises for network or HTTP failures."""
+        body = b'{"frames":[' + b",".join(lines) + b"]}"
+        headers = self._headers
+        if self._gzip_level and len(body) >= _GZIP_MIN:
+            body = gzip.compress(body, compresslevel=self._gzip_level, mtime=0)
+            headers = {**headers, "Content-Encoding": "gzip"}
         try:
             resp = self._http.post(
-                self.endpoint, json={"frames": frames}, headers=self._headers,
-                timeout=self._timeout,
+                self.endpoint, content=body, headers=headers,
+                timeout=self._timeout if timeout is None else max(0.1, timeout),
             )
         except httpx.TransportError as exc:
             return Outcome("retry", message=f"{type(exc).__name__}: {exc}")
         status = resp.status_code
         if 200 <= status < 300:
             try:
-                body = resp.json()
+                answer = resp.json()
             except ValueError:
-                body = None
-            if not isinstance(body, dict):
-                return Outcome("ok", message="the ingest answer was not a JSON object")
-            return Outcome("ok", answer=body)
+                answer = None
+            if not isinstance(answer, dict):
+                return Outcome("retry", message=f"HTTP {status} with a body that is not a "
+                               "logitwatch ingest answer (is the URL a logitwatch collector?)")
+            return Outcome("ok", answer=answer)
         message = _server_message(resp)
-        if status == 429 or status >= 500:
+        if status >= 500 or status in KEEP_4XX:
             after = parse_retry_after(resp.headers.get("Retry-After"))
             return Outcome("retry", retry_after=after, message=message)
         return Outcome("reject", message=message)

@@ -1,41 +1,77 @@
-"""The bounded in-memory frame queue, its drop policy and its counters.
+"""Everything not yet delivered, in order: the disk spool, the batch in flight, memory.
 
-Frames wait here between :meth:`Client.send` (training thread) and the sender thread.
-Policy when full: **drop the oldest** frame, so the latest health state always gets
-through, and count it in ``dropped_queue_full``. :meth:`FrameQueue._overflow` is the one
-place that decides what happens to an evicted frame; the disk spool plugs in there.
+Frames wait in a bounded in-memory deque between :meth:`Client.send` (training thread)
+and the sender thread. The *spooler* thread moves the oldest of them to the disk spool
+(``_spool.py``) when memory is half full or the collector is unreachable; the sender
+sends the spool first, then memory, so the collector gets frames in ``seq`` order. A
+batch that fails (connection error, timeout, 5xx, ...) is written to the spool too, so
+after a failure nothing waits only in memory for longer than ``spool_interval``.
 
-The sender takes a batch out of the queue (it is then *in flight*) and reports back with
-:meth:`FrameQueue.done`. A batch that must be retried stays in flight, so memory is
-bounded by ``max_queue + max_batch`` frames. Frames leave the queue in ``seq`` order,
-which is what lets :meth:`FrameQueue.wait_handled` answer "was everything up to ``seq``
-delivered?" exactly.
+Drops, each counted by reason (``COUNTERS``), happen only when a bound is hit: memory full
+while the spool is off or failing (``dropped_queue_full``, oldest first), the spool's disk
+budget (``dropped_spool_full``, oldest segment first), a damaged segment
+(``dropped_spool_corrupt``), or a batch the collector refused as invalid (``rejected``).
+
+``seq`` is assigned here, under the lock, as ``max(previous + 1, now in µs)``: strictly
+increasing, in queue order whatever thread calls ``send``, and, because it follows the
+clock, a restarted job (or a forked child) numbers its frames after the ones sent
+before: the collector's (run, rank, seq) deduplication then never mistakes new frames for
+old ones.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import logging
 import threading
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Literal
 
-__all__ = ["COUNTERS", "FrameQueue"]
+from ._codec import Packed
+from ._spool import Segment, SpoolCorrupt, WriterDir, read_segment, write_segment
 
-Frame = dict[str, Any]
+__all__ = ["COUNTERS", "Backlog", "Batch"]
+
+log = logging.getLogger("logitwatch.client")
 
 #: Counter names exposed by ``Client.stats`` (all frame counts except ``batches`` and
 #: ``retries``).
 COUNTERS = (
     "queued",  # frames accepted by send()
-    "sent",  # frames delivered (2xx answer)
+    "sent",  # frames delivered (a 2xx answer)
     "batches",  # batches delivered
-    "retries",  # failed attempts that were retried (connection error, 429, 5xx)
-    "dropped_queue_full",  # oldest frames evicted because the queue was full
-    "rejected",  # frames in batches the collector refused with a 4xx other than 429
+    "retries",  # failed attempts that were retried (connection error, timeout, 5xx, ...)
+    "duplicates",  # delivered frames the collector already had (resends it ignored)
+    "spilled",  # frames written to the disk spool
+    "replayed",  # frames delivered from the disk spool
+    "invalid",  # frames send() could not use (e.g. a negative step); see the log
+    "dropped_queue_full",  # oldest frames dropped because memory was full
+    "dropped_spool_full",  # oldest spooled frames dropped to stay within spool_max_bytes
+    "dropped_spool_corrupt",  # frames of spool segments found damaged
+    "rejected",  # frames in batches the collector refused as invalid (400, 413, 422, ...)
     "dropped_after_shutdown",  # frames sent after shutdown()
-    "undelivered_at_shutdown",  # frames still waiting when shutdown() gave up
+    "undelivered_at_shutdown",  # frames neither delivered nor spooled at shutdown
     "discarded",  # frames given to a client without a URL
 )
+
+StoreResult = Literal["stored", "dropped", "failed"]
+
+
+class Batch:
+    """Frames on their way to the collector: from memory (``frames``) or from the spool."""
+
+    __slots__ = ("first", "frames", "lines", "segments", "settled")
+
+    def __init__(self, first: int, frames: list[Packed] | None = None,
+                 segments: list[Segment] | None = None) -> None:
+        self.first = first
+        self.frames = frames or []
+        self.segments = segments or []
+        self.lines: list[bytes] = []
+        self.settled: str | None = None
 
 
 class _Waiter:
@@ -46,83 +82,307 @@ class _Waiter:
         self.ok = True
 
 
-class FrameQueue:
-    """A thread-safe bounded FIFO of ``(seq, frame)`` pairs with counted drops."""
+class Backlog:
+    """The thread-safe state of undelivered frames (memory, spool index, in flight)."""
 
-    def __init__(self, max_queue: int) -> None:
-        self._max = max_queue
-        self._items: deque[tuple[int, Frame]] = deque()
-        self._inflight: list[tuple[int, Frame]] = []
+    def __init__(self, *, max_frames: int, max_bytes: int, max_batch: int,
+                 encode: Callable[[Packed], bytes], spool: WriterDir | None,
+                 spool_max_bytes: int) -> None:
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self._max_batch = max_batch
+        self._encode = encode
+        self.spool = spool if spool_max_bytes > 0 else None
+        self._budget = spool_max_bytes
         self._cond = threading.Condition(threading.Lock())
+        self._mem: deque[Packed] = deque()
+        self.mem_bytes = 0
+        self._segments: list[Segment] = []  # sorted by first seq
+        self._spool_bytes = 0
+        self._spool_frames = 0
+        self._reserved = 0
+        self._inflight: Batch | None = None
+        self._spilling: int | None = None  # first seq of frames being written by spill()
         self._last_seq = -1
         self._waiters: list[_Waiter] = []
         self._counts = dict.fromkeys(COUNTERS, 0)
+        self._warned: set[str] = set()
+        #: True after a failed attempt, False after a delivery (read without the lock).
+        self.link_down = False
 
-    # -- producer side (training thread): O(1), never blocks beyond a short lock ----------
+    # -- training thread: O(1), never blocks beyond a short lock --------------------------
 
-    def put(self, seq: int, frame: Frame) -> int:
-        """Append a frame; evict the oldest if full. Returns the number now waiting."""
+    def put(self, frame: Packed, now_us: int) -> int:
+        """Number and append a frame; drop the oldest if memory is full. Returns how many
+        frames are now waiting in memory."""
         with self._cond:
-            if len(self._items) >= self._max:
-                old_seq, old_frame = self._items.popleft()
-                self._overflow(old_seq, old_frame)
-            self._items.append((seq, frame))
-            self._last_seq = seq
+            seq = self._last_seq + 1
+            frame.seq = seq if seq > now_us else now_us
+            self._last_seq = frame.seq
+            self._mem.append(frame)
+            self.mem_bytes += frame.nbytes
             self._counts["queued"] += 1
-            return len(self._items)
+            mem = self._mem
+            while len(mem) > self.max_frames or (self.mem_bytes > self.max_bytes
+                                                 and len(mem) > 1):
+                old = mem.popleft()
+                self.mem_bytes -= old.nbytes
+                self._counts["dropped_queue_full"] += 1
+                self._lost(old.seq)
+            return len(mem)
 
-    def _overflow(self, seq: int, frame: Frame) -> None:
-        """Decide the fate of a frame evicted from a full queue (lock held).
+    # -- spooler thread (and shutdown) ---------------------------------------------------
 
-        Today: drop and count. The disk spool replaces this with "spill to disk", dropping
-        only when its own budget is exhausted.
+    def spill(self, keep_frames: int, keep_bytes: int) -> int:
+        """Write the oldest frames in memory to the spool until at most ``keep_frames``
+        frames and ``keep_bytes`` bytes remain there. Returns the frames written."""
+        if self.spool is None:
+            return 0
+        written = 0
+        while True:
+            with self._cond:
+                mem = self._mem
+                if self._spilling is not None or not mem or (
+                    len(mem) <= keep_frames and self.mem_bytes <= keep_bytes
+                ):
+                    return written
+                frames = [mem.popleft() for _ in range(min(len(mem), self._max_batch))]
+                self.mem_bytes -= sum(f.nbytes for f in frames)
+                self._spilling = frames[0].seq
+            result: StoreResult = "failed"
+            try:
+                lines = self._encode_all(frames)
+                result, _ = self._store([f.seq for f in frames], lines)
+            except Exception:  # a bug: keep the frames, say so once
+                self._warn_once("spill-bug", "logitwatch: writing to the spool failed",
+                                exc_info=True)
+            with self._cond:
+                self._spilling = None
+                if result == "failed":  # back to the front of memory, in order
+                    mem.extendleft(reversed(frames))
+                    self.mem_bytes += sum(f.nbytes for f in frames)
+                elif result == "stored":
+                    self._counts["spilled"] += len(frames)
+                self._cond.notify_all()
+            if result == "failed":
+                return written
+            written += len(frames)
+
+    def _encode_all(self, frames: list[Packed]) -> list[bytes]:
+        """Encode frames, letting the training thread have the GIL between two: encoding
+        holds it, and without this a send() could wait out a whole switch interval."""
+        lines = []
+        for f in frames:
+            lines.append(self._encode(f))
+            time.sleep(0)
+        return lines
+
+    def _store(self, seqs: list[int], lines: list[bytes]) -> tuple[StoreResult, Segment | None]:
+        """Write one segment within the disk budget, evicting the oldest segments first.
+
+        ``"dropped"``: the frames could not fit the budget (counted); ``"failed"``: the
+        disk refused (no spool, full disk, permissions): the caller keeps the frames.
         """
-        del frame
-        self._counts["dropped_queue_full"] += 1
-        self._lost(seq)
-
-    # -- consumer side (sender thread) ---------------------------------------------------
-
-    def take(self, n: int) -> list[Frame]:
-        """Return the batch in flight, or move up to ``n`` oldest frames in flight first.
-
-        Empty if nothing is waiting.
-        """
+        if self.spool is None:
+            return "failed", None
+        size = sum(len(line) + 1 for line in lines) + 160
+        evicted: list[Segment] = []
         with self._cond:
-            if not self._inflight:
-                while self._items and len(self._inflight) < n:
-                    self._inflight.append(self._items.popleft())
-            return [frame for _, frame in self._inflight]
-
-    def done(self, *, delivered: bool) -> None:
-        """Settle the in-flight batch: delivered, or rejected by the collector."""
-        with self._cond:
-            batch, self._inflight = self._inflight, []
-            if not batch:  # already abandoned by shutdown
-                return
-            if delivered:
-                self._counts["sent"] += len(batch)
-                self._counts["batches"] += 1
+            while self._spool_bytes + self._reserved + size > self._budget:
+                victim = next((s for s in self._segments if not s.busy), None)
+                if victim is None:
+                    break
+                self._unindex(victim)
+                self._counts["dropped_spool_full"] += victim.frames
+                self._lost(victim.first)
+                evicted.append(victim)
+            if self._spool_bytes + self._reserved + size > self._budget:
+                self._counts["dropped_spool_full"] += len(lines)
+                self._lost(seqs[0])
+                dropped = True
             else:
-                self._counts["rejected"] += len(batch)
-                for seq, _ in batch:
-                    self._lost(seq)
-            self._cond.notify_all()
-
-    def abandon(self, counter: str) -> int:
-        """Drop everything waiting or in flight, counted under ``counter``."""
+                self._reserved += size
+                dropped = False
+        for victim in evicted:
+            with contextlib.suppress(OSError):
+                victim.path.unlink()
+        if evicted or dropped:
+            self._warn_once(
+                "budget", "logitwatch: the spool reached its disk budget (spool_max_bytes=%d); "
+                "the oldest spooled frames are dropped (counted in dropped_spool_full)",
+                self._budget)
+        if dropped:
+            return "dropped", None
+        try:
+            seg = write_segment(self.spool.ensure(), seqs, lines)
+        except OSError as e:
+            with self._cond:
+                self._reserved -= size
+            self._warn_once("disk", "logitwatch: cannot write the spool under %s (%s); frames "
+                            "stay in memory while it fails", self.spool.base, e)
+            return "failed", None
         with self._cond:
-            lost = self._inflight + list(self._items)
-            self._inflight, self._items = [], deque()
-            self._counts[counter] += len(lost)
-            for seq, _ in lost:
-                self._lost(seq)
+            self._reserved -= size
+            bisect.insort(self._segments, seg, key=lambda s: s.first)
+            self._spool_bytes += seg.size
+            self._spool_frames += seg.frames
+        return "stored", seg
+
+    def _unindex(self, seg: Segment) -> None:
+        """Forget a segment (lock held)."""
+        with contextlib.suppress(ValueError):
+            self._segments.remove(seg)
+            self._spool_bytes -= seg.size
+            self._spool_frames -= seg.frames
+
+    # -- sender thread -------------------------------------------------------------------
+
+    def take(self, max_frames: int) -> Batch | None:
+        """The next batch to send, oldest first (spool, then memory), encoded; None if
+        nothing waits. A batch kept after a failed attempt comes back first."""
+        while True:
+            with self._cond:
+                while self._spilling is not None:  # those frames are older than memory's
+                    self._cond.wait(1.0)
+                if self._inflight is not None:
+                    return self._inflight
+                if self._segments:
+                    segs: list[Segment] = []
+                    n = 0
+                    for s in self._segments:
+                        if segs and n + s.frames > max_frames:
+                            break
+                        s.busy = True
+                        segs.append(s)
+                        n += s.frames
+                    batch = Batch(segs[0].first, segments=segs)
+                elif self._mem:
+                    mem = self._mem
+                    frames = [mem.popleft() for _ in range(min(len(mem), max_frames))]
+                    self.mem_bytes -= sum(f.nbytes for f in frames)
+                    batch = Batch(frames[0].seq, frames=frames)
+                else:
+                    return None
+                self._inflight = batch
+            if batch.frames:
+                batch.lines = self._encode_all(batch.frames)
+                return batch
+            if self._read(batch):
+                return batch
+
+    def _read(self, batch: Batch) -> bool:
+        """Load a spool batch's frames; damaged segments are dropped (counted)."""
+        good: list[Segment] = []
+        for s in batch.segments:
+            try:
+                batch.lines.extend(read_segment(s.path))
+                good.append(s)
+            except (SpoolCorrupt, OSError) as e:
+                self._warn_once("corrupt", "logitwatch: dropping spool segment: %s", e)
+                with self._cond:
+                    self._unindex(s)
+                    self._counts["dropped_spool_corrupt"] += s.frames
+                    self._lost(s.first)
+                with contextlib.suppress(OSError):
+                    s.path.rename(s.path.with_suffix(".corrupt"))
+        with self._cond:
+            batch.segments = good
+            if good:
+                batch.first = good[0].first
+                return True
+            self._inflight = None
             self._cond.notify_all()
-            return len(lost)
+            return False
+
+    def settle(self, batch: Batch, kind: Literal["delivered", "rejected", "failed"],
+               duplicates: int = 0) -> None:
+        """Record the outcome of one attempt to send ``batch``.
+
+        A failed batch from memory is written to the spool (or, if that is impossible,
+        kept in flight and sent again first); one from the spool stays there.
+        """
+        if kind == "failed" and not batch.segments:
+            result, seg = self._store([f.seq for f in batch.frames], batch.lines)
+            with self._cond:
+                self.link_down = True
+                if result == "stored":
+                    self._counts["spilled"] += len(batch.lines)
+                if result != "failed" and self._inflight is batch:
+                    self._inflight = None
+                self._cond.notify_all()
+            return
+        unlink: list[Segment] = []
+        with self._cond:
+            batch.settled = kind
+            n = len(batch.lines)
+            if self._inflight is batch:
+                self._inflight = None
+            if kind == "delivered":
+                self.link_down = False
+                self._counts["sent"] += n
+                self._counts["batches"] += 1
+                self._counts["duplicates"] += duplicates
+                if batch.segments:
+                    self._counts["replayed"] += n
+            elif kind == "rejected":
+                self._counts["rejected"] += n
+                self._lost(batch.first)
+            else:
+                self.link_down = True
+            for s in batch.segments:
+                if kind == "failed":
+                    s.busy = False
+                else:
+                    self._unindex(s)
+                    unlink.append(s)
+            self._cond.notify_all()
+        for s in unlink:
+            with contextlib.suppress(OSError):
+                s.path.unlink()
 
     def count(self, counter: str, n: int = 1) -> None:
         with self._cond:
             self._counts[counter] += n
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def close(self) -> tuple[int, int]:
+        """Write what is left in memory, and a batch still stuck in flight, to the spool.
+
+        Returns ``(frames now in the spool, frames lost)``; lost frames (no spool, or the
+        disk refused) are counted in ``undelivered_at_shutdown``.
+        """
+        self.spill(0, 0)
+        with self._cond:
+            batch = self._inflight
+        if batch is not None and batch.frames and not batch.segments:
+            lines = batch.lines or self._encode_all(batch.frames)
+            result, seg = self._store([f.seq for f in batch.frames], lines)
+            with self._cond:
+                if seg is not None:
+                    if batch.settled == "delivered":  # the sender got there first
+                        self._unindex(seg)
+                        with contextlib.suppress(OSError):
+                            seg.path.unlink()
+                    elif self._inflight is batch:
+                        seg.busy = True
+                        batch.segments = [seg]
+                        self._counts["spilled"] += seg.frames
+                if result != "failed" and self._inflight is batch and not batch.segments:
+                    self._inflight = None
+        with self._cond:
+            lost = len(self._mem)
+            if self._inflight is not None and not self._inflight.segments:
+                lost += len(self._inflight.lines or self._inflight.frames)
+                self._lost(self._inflight.first)
+                self._inflight = None
+            for f in self._mem:
+                self._lost(f.seq)
+            self._mem.clear()
+            self.mem_bytes = 0
+            self._counts["undelivered_at_shutdown"] += lost
+            self._cond.notify_all()
+            return self._spool_frames, lost
 
     # -- observers -----------------------------------------------------------------------
 
@@ -130,21 +390,30 @@ class FrameQueue:
     def last_seq(self) -> int:
         return self._last_seq
 
-    def pending(self) -> int:
-        """Frames not yet settled (waiting plus in flight)."""
-        with self._cond:
-            return len(self._items) + len(self._inflight)
-
     def waiting(self) -> int:
+        """Frames waiting in memory."""
+        return len(self._mem)
+
+    def pending(self) -> int:
+        """Frames not yet delivered or dropped: in memory, in flight, or in the spool."""
         with self._cond:
-            return len(self._items)
+            inflight = self._inflight
+            n = len(self._mem) + self._spool_frames
+            if inflight is not None and not inflight.segments:
+                n += len(inflight.frames)
+            return n
+
+    def spooled(self) -> tuple[int, int]:
+        """``(frames, bytes)`` in the spool."""
+        with self._cond:
+            return self._spool_frames, self._spool_bytes
 
     def counts(self) -> dict[str, int]:
         with self._cond:
             return dict(self._counts)
 
     def wait_handled(self, target: int, timeout: float) -> bool:
-        """Wait until every frame with ``seq <= target`` is settled.
+        """Wait until every frame with ``seq <= target`` is delivered or dropped.
 
         Returns True iff that happened within ``timeout`` and none of the frames that
         were pending when the call started was lost (dropped or rejected).
@@ -164,13 +433,23 @@ class FrameQueue:
                 self._waiters.remove(waiter)
 
     def _lowest_pending(self) -> int:
-        if self._inflight:
-            return self._inflight[0][0]
-        if self._items:
-            return self._items[0][0]
-        return self._last_seq + 1
+        low = self._last_seq + 1
+        if self._inflight is not None:
+            low = min(low, self._inflight.first)
+        if self._spilling is not None:
+            low = min(low, self._spilling)
+        if self._segments:
+            low = min(low, self._segments[0].first)
+        if self._mem:
+            low = min(low, self._mem[0].seq)
+        return low
 
     def _lost(self, seq: int) -> None:
         for waiter in self._waiters:
             if seq <= waiter.target:
                 waiter.ok = False
+
+    def _warn_once(self, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
+        level = logging.DEBUG if key in self._warned else logging.WARNING
+        self._warned.add(key)
+        log.log(level, msg, *args, exc_info=exc_info)

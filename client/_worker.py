@@ -1,11 +1,19 @@
-"""The background sender thread: batching, retries with backoff, bounded shutdown.
+"""The two background threads of a client: the sender (network) and the spooler (disk).
 
-Loop: wait ``interval`` (or until woken because a batch is full or a flush was asked
-for), then send everything waiting in batches of ``max_batch``. A batch that fails with a
-connection error, 429 or 5xx stays in flight and is retried after
-``backoff_delay(attempt)``; that wait is cut short by ``flush()`` and ``shutdown()`` but
-not by new frames, so a down collector is not hammered. After shutdown each remaining
-batch gets one last attempt, within the deadline.
+Sender loop (the ``while not stop: wait(interval)`` idiom): wait ``interval``, or until
+woken because a batch is full or a flush was asked for, then send batches of up to
+``max_batch`` frames, oldest first, until nothing waits. A batch that fails is handed to
+the backlog (which spools it) and the next attempt waits ``backoff_delay(attempt)``; that
+wait is cut short by ``flush()`` and ``shutdown()`` but not by new frames, so a down
+collector is not hammered. While stopping, a failure ends the loop at once.
+
+Spooler loop: keeps the disk spool fed so that the sender, which may sit for seconds in
+one slow request, never makes the training thread wait or drop: when memory passes half
+of its bounds it writes the oldest frames down to a quarter; while the collector is
+unreachable it writes everything in memory every ``spool_interval``.
+
+Neither thread ever lets an exception out: a bug is logged, and the client degrades
+instead of breaking the training job.
 """
 
 from __future__ import annotations
@@ -17,37 +25,41 @@ from collections.abc import Callable
 from typing import Any
 
 from ._http import IngestTransport, Outcome, backoff_delay
-from ._queue import FrameQueue
+from ._queue import Backlog
 
-__all__ = ["Sender"]
+__all__ = ["Sender", "Spooler"]
 
 log = logging.getLogger("logitwatch.client")
 
 
 class Sender:
-    """Owns the daemon thread that moves frames from a :class:`FrameQueue` to the collector."""
+    """Owns the daemon thread that moves frames from a :class:`Backlog` to the collector."""
 
     def __init__(
         self,
-        queue: FrameQueue,
-        transport: IngestTransport,
+        backlog: Backlog,
+        transport: Callable[[], IngestTransport],
         *,
         max_batch: int,
         interval: float,
         max_backoff: float,
         on_answer: Callable[[dict[str, Any]], None],
+        on_down: Callable[[], None],
     ) -> None:
-        self._queue = queue
-        self._transport = transport
+        self._backlog = backlog
+        self._make_transport = transport
+        self._transport: IngestTransport | None = None
         self._max_batch = max_batch
         self._interval = interval
         self._max_backoff = max_backoff
         self._on_answer = on_answer
+        self._on_down = on_down
         self._wake = threading.Event()  # a batch is full, a flush or shutdown
         self._urgent = threading.Event()  # cut a backoff wait short (flush, shutdown)
         self._stopping = False
         self._deadline = float("inf")
         self._warned: set[str] = set()
+        self.endpoint = ""
         self._thread = threading.Thread(target=self._run, name="logitwatch-sender", daemon=True)
 
     def start(self) -> None:
@@ -58,6 +70,10 @@ class Sender:
         if urgent:
             self._urgent.set()
         self._wake.set()
+
+    @property
+    def woken(self) -> bool:
+        return self._wake.is_set()
 
     def stop(self, deadline: float) -> bool:
         """Ask the thread to send what remains and exit; wait until ``deadline``.
@@ -75,66 +91,76 @@ class Sender:
 
     def _run(self) -> None:
         try:
+            self._transport = self._make_transport()
+            self.endpoint = self._transport.endpoint
             while not self._stopping:
                 self._wake.wait(self._interval)
                 self._wake.clear()
                 self._drain()
             self._drain()
         except Exception:  # a bug here must never reach the training job
-            log.exception("logitwatch: the sender thread failed; frames are no longer sent")
+            log.exception("logitwatch: the sender thread failed; frames are no longer sent "
+                          "(they stay in memory and the spool; see `logitwatch push`)")
         finally:
-            try:
-                self._transport.close()
-            except Exception:
-                log.debug("closing the HTTP client failed", exc_info=True)
+            if self._transport is not None:
+                try:
+                    self._transport.close()
+                except Exception:
+                    log.debug("closing the HTTP client failed", exc_info=True)
 
     def _drain(self) -> None:
-        """Send batches until the queue is empty, or until giving up at shutdown."""
+        """Send batches until nothing waits, or until giving up (failure while stopping)."""
+        assert self._transport is not None
+        attempt = 0
         while True:
             if self._stopping and time.monotonic() >= self._deadline:
                 return
-            batch = self._queue.take(self._max_batch)
-            if not batch or not self._deliver(batch):
+            batch = self._backlog.take(self._max_batch)
+            if batch is None:
                 return
-
-    def _deliver(self, batch: list[dict[str, Any]]) -> bool:
-        """Deliver or reject one batch, retrying as needed. False: gave up (shutdown)."""
-        attempt = 0
-        while True:
             self._urgent.clear()
-            outcome = self._transport.post(batch)
+            timeout = self._deadline - time.monotonic() if self._stopping else None
+            outcome = self._transport.post(batch.lines, timeout=timeout)
             if outcome.kind == "ok":
-                self._queue.done(delivered=True)
+                dup = outcome.answer.get("duplicates")
+                self._backlog.settle(batch, "delivered",
+                                     duplicates=dup if isinstance(dup, int) else 0)
+                if attempt:
+                    log.info("logitwatch: the collector at %s is reachable again; sending "
+                             "what was kept", self._transport.endpoint)
+                    self._warned.discard("retry")
+                attempt = 0
                 self._answer(outcome)
-                return True
+                continue
             if outcome.kind == "reject":
                 self._warn_once(
                     "reject:" + outcome.message,
-                    "logitwatch: the collector rejected a batch of %d frames, dropped: %s",
-                    len(batch),
+                    "logitwatch: the collector rejected a batch of %d frames as invalid, "
+                    "dropped: %s",
+                    len(batch.lines),
                     outcome.message,
                 )
-                self._queue.done(delivered=False)
-                return True
-            self._queue.count("retries")
+                self._backlog.settle(batch, "rejected")
+                continue
+            self._backlog.count("retries")
+            self._backlog.settle(batch, "failed")
+            self._on_down()
             if self._stopping:
-                return False
+                return
             delay = backoff_delay(
                 attempt, max_backoff=self._max_backoff, retry_after=outcome.retry_after
             )
             attempt += 1
             self._warn_once(
                 "retry",
-                "logitwatch: cannot deliver to %s (%s); frames are kept and retried "
-                "with backoff (this message is shown once)",
+                "logitwatch: cannot deliver to %s (%s); frames are kept (disk spool) and "
+                "retried with backoff; training is not affected (shown once per outage)",
                 self._transport.endpoint,
                 outcome.message,
             )
             self._urgent.wait(delay)
 
     def _answer(self, outcome: Outcome) -> None:
-        if outcome.message:
-            self._warn_once("answer", "logitwatch: %s", outcome.message)
         try:
             self._on_answer(outcome.answer)
         except Exception:
@@ -144,3 +170,47 @@ class Sender:
         level = logging.DEBUG if key in self._warned else logging.WARNING
         self._warned.add(key)
         log.log(level, msg, *args)
+
+
+class Spooler:
+    """Owns the daemon thread that writes frames from memory to the disk spool."""
+
+    def __init__(self, backlog: Backlog, *, interval: float) -> None:
+        self._backlog = backlog
+        self._interval = interval
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="logitwatch-spooler",
+                                        daemon=True)
+        self.high_frames = max(1, backlog.max_frames // 2)
+        self.high_bytes = max(1, backlog.max_bytes // 2)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def stop(self, timeout: float) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, timeout))
+
+    def _run(self) -> None:
+        backlog = self._backlog
+        try:
+            while not self._stopping:
+                self._wake.wait(self._interval)
+                self._wake.clear()
+                if self._stopping:
+                    return
+                if backlog.link_down:
+                    backlog.spill(0, 0)
+                elif (backlog.waiting() > self.high_frames
+                      or backlog.mem_bytes > self.high_bytes):
+                    backlog.spill(self.high_frames // 2, self.high_bytes // 2)
+        except Exception:
+            log.exception("logitwatch: the spooler thread failed; frames are no longer "
+                          "written to disk")

@@ -23,8 +23,12 @@ class ClientConfig:
     """How the client buffers and ships frames.
 
     Attributes:
-        max_queue: Frames held in memory while waiting to be sent. When full, the
-            oldest frame is dropped and counted in ``stats["dropped_queue_full"]``.
+        max_queue: Frames held in memory while waiting to be sent. From half of it on, the
+            oldest frames are written to the disk spool; if memory is full all the same
+            (spool disabled, disk too slow) the oldest frame is dropped and counted in
+            ``stats["dropped_queue_full"]``.
+        max_queue_bytes: The same bound in bytes (8 per value plus a small overhead per
+            frame and metric), whichever is reached first.
         max_batch: Most frames in one ``POST /api/v1/ingest``. The sender thread is
             woken as soon as this many frames are waiting.
         interval: Seconds between two sends of whatever is waiting.
@@ -37,6 +41,18 @@ class ClientConfig:
         token: API token with the ``ingest`` scope for the run's project, sent as
             ``Authorization: Bearer <token>``; needed once the collector has tokens
             (``logitwatch token create``). Read from ``LOGITWATCH_TOKEN`` if not given.
+        spool_dir: Root of the crash-safe disk spool (default
+            ``$XDG_CACHE_HOME/logitwatch/spool``, else ``~/.cache/logitwatch/spool``). Each
+            process writes under ``<root>/<project>/<run>/rank-<rank>/<pid>-<start>``, and
+            only when it must: the collector is unreachable or memory is half full.
+        spool_max_bytes: Disk budget of one process's spool. Past it, the oldest spooled
+            frames are dropped, counted in ``stats["dropped_spool_full"]``. 0 turns the
+            spool off (frames then wait in memory only).
+        spool_interval: While the collector is unreachable, frames in memory are written to
+            the spool at least this often (seconds): the most a crash of the training
+            process itself can lose.
+        gzip_level: zlib level (1-9) used to compress request bodies of 1 KiB and more
+            (``Content-Encoding: gzip``); 0 sends them uncompressed.
     """
 
     max_queue: int = 10_000
@@ -46,13 +62,28 @@ class ClientConfig:
     max_backoff: float = 30.0
     exit_timeout: float = 5.0
     token: str | None = field(default=None, repr=False)
+    max_queue_bytes: int = 128 * 1024 * 1024
+    spool_dir: str | None = None
+    spool_max_bytes: int = 1024**3
+    spool_interval: float = 2.0
+    gzip_level: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_queue", "max_batch"):
+        for name in ("max_queue", "max_batch", "max_queue_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ClientConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("interval", "timeout", "max_backoff", "exit_timeout"):
+        for name, low, high in (("spool_max_bytes", 0, None), ("gzip_level", 0, 9)):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, int) or value < low
+                    or (high is not None and value > high)):
+                bounds = f"between {low} and {high}" if high is not None else f">= {low}"
+                raise ValueError(f"ClientConfig.{name} must be an int {bounds}, got {value!r}")
+        if self.spool_dir is not None and (
+            not isinstance(self.spool_dir, str) or not self.spool_dir.strip()
+        ):
+            raise ValueError("ClientConfig.spool_dir must be a non-empty path or None")
+        for name in ("interval", "timeout", "max_backoff", "exit_timeout", "spool_interval"):
             value = getattr(self, name)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not ok or not math.isfinite(value) or value <= 0:
@@ -84,10 +115,12 @@ class ClientConfig:
             raw = env.get(var)
             if raw is None or raw.strip() == "":
                 continue
-            if f.name == "token":
+            if f.name in ("token", "spool_dir"):
                 values[f.name] = raw.strip()
                 continue
             kind = int if isinstance(f.default, int) else float
+            if kind is int:
+                raw = raw.strip().replace("_", "")
             try:
                 values[f.name] = kind(raw)
             except ValueError:
@@ -97,3 +130,11 @@ class ClientConfig:
         if overrides:
             raise TypeError(f"ClientConfig has no field(s) {sorted(overrides)}")
         return cls(**values)
+
+    def spool_root(self, env: Mapping[str, str] | None = None) -> str:
+        """The spool root: ``spool_dir``, else the per-user cache directory."""
+        if self.spool_dir is not None:
+            return os.path.expanduser(self.spool_dir)
+        env = os.environ if env is None else env
+        cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(cache, "logitwatch", "spool")

@@ -9,9 +9,20 @@ import torch
 
 from logitwatch.client import Client, ClientConfig
 
+from ._logits import DEFAULT_BUDGET
 from ._monitor import Monitor
 
 __all__ = ["attach", "resolve_rank"]
+
+
+class _Default:
+    """Marker for "not given" where None has a meaning of its own."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT = _Default()
 
 
 def resolve_rank(rank: int | None) -> int:
@@ -36,10 +47,13 @@ def attach(
     url: str | None = None,
     project: str = "default",
     rank: int | None = None,
-    sample_every: int = 10,
+    sample_every: int | None = None,
     max_grad_norm: float | None = None,
     client: Client | None = None,
     token: str | None = None,
+    memory_budget: int = DEFAULT_BUDGET,
+    overhead_budget: float | None | _Default = DEFAULT,
+    lm_head: torch.nn.Module | bool | None = None,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
 
@@ -49,10 +63,14 @@ def attach(
         ...  # train as usual: forward, backward, opt.step()
         mon.close()
 
-    Attach before ``torch.compile``. Signals per sampled step: ``attn.logit_max`` and
-    ``attn.logit_p99`` (layer x head), ``loss`` (HF outputs' ``.loss``, or
-    ``Monitor.log(loss=...)``), ``grad.norm`` (global L2 before clipping),
-    ``grad.clipped`` (when a ``max_norm`` is known), ``lr``.
+    Attach before ``torch.compile``. Signals per sampled step (``docs/HOOKS.md`` defines
+    each): per layer x head ``attn.logit_max/p99/mean/std``, ``attn.entropy_mean/min``
+    (``attn.capped_logit_max/p99`` with a soft-cap), ``qk.q_weight_norm``,
+    ``qk.k_weight_norm`` (and ``qk.*_bias_norm``); scalars ``final.hidden_rms``,
+    ``final.logz``, ``final.logit_max``, ``loss`` (HF outputs' ``.loss``, or
+    ``Monitor.log(loss=...)``), ``loss.first_over_ln_vocab`` (first frame), ``grad.norm``
+    (global L2 before clipping), ``grad.clipped`` and ``grad.clip_rate`` (when a
+    ``max_norm`` is known), ``lr``, and the monitor's own cost ``hooks.*``.
 
     Args:
         model: The module whose forward is one training forward.
@@ -62,7 +80,9 @@ def attach(
         url: Collector base URL; None discards frames (a dry run).
         project: Project name.
         rank: Data-parallel rank; default from ``torch.distributed``, ``RANK`` or 0.
-        sample_every: Measure one step in this many (step 0 is always measured).
+        sample_every: Measure one step in this many (step 0 is always measured); default
+            10, widened as the overhead budget needs. An explicit value is kept fixed
+            unless ``overhead_budget`` is given too.
         max_grad_norm: Threshold for ``grad.clipped`` when the job does not call
             ``torch.nn.utils.clip_grad_norm_`` (whose ``max_norm`` wins when it does).
         client: A :class:`~logitwatch.client.Client` to send with, instead of one built
@@ -70,6 +90,13 @@ def attach(
             not shut down, by ``Monitor.close()``.
         token: Ingest token for ``project`` when the collector requires one
             (default: the ``LOGITWATCH_TOKEN`` environment variable).
+        memory_budget: Bytes one sampled attention call (or LM-head call) may use for its
+            statistics; logits are computed in blocks within it (default 256 MiB).
+        overhead_budget: Fraction of training time the monitor may cost; the sampling
+            interval is widened to stay under it. Default: 0.01 with the default
+            ``sample_every``, None (never widen) when ``sample_every`` is given.
+        lm_head: The module producing vocabulary logits (for ``final.*``); None finds it
+            (``get_output_embeddings()``, then a ``Linear`` named like a head); False: off.
 
     Raises:
         TypeError, ValueError: An argument is invalid (checked here, never later).
@@ -80,6 +107,10 @@ def attach(
         raise TypeError(
             f"attach: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
+    if overhead_budget is DEFAULT:
+        overhead_budget = 0.01 if sample_every is None else None
+    if sample_every is None:
+        sample_every = 10
     if isinstance(sample_every, bool) or not isinstance(sample_every, int) or sample_every < 1:
         raise ValueError(f"attach: sample_every must be an int >= 1, got {sample_every!r}")
     if max_grad_norm is not None and not (
@@ -89,6 +120,18 @@ def attach(
         and not math.isnan(max_grad_norm)
     ):
         raise ValueError(f"attach: max_grad_norm must be a number > 0, got {max_grad_norm!r}")
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or (
+        memory_budget < 1 << 20
+    ):
+        raise ValueError(f"attach: memory_budget must be an int >= 1 MiB, got {memory_budget!r}")
+    if overhead_budget is not None and not (
+        isinstance(overhead_budget, (int, float)) and not isinstance(overhead_budget, bool)
+        and 0 < overhead_budget <= 1
+    ):
+        raise ValueError(
+            f"attach: overhead_budget must be in (0, 1] or None, got {overhead_budget!r}")
+    if lm_head is not None and not isinstance(lm_head, (bool, torch.nn.Module)):
+        raise TypeError(f"attach: lm_head must be a Module, a bool or None, got {lm_head!r}")
     owns_client = client is None
     if client is None:
         config = ClientConfig.from_env(**({"token": token} if token else {}))
@@ -102,4 +145,7 @@ def attach(
         owns_client=owns_client,
         sample_every=sample_every,
         max_grad_norm=None if max_grad_norm is None else float(max_grad_norm),
+        memory_budget=memory_budget,
+        overhead_budget=None if overhead_budget is None else float(overhead_budget),
+        lm_head=lm_head,
     )

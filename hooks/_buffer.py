@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+
+from ._final import FinalStats
+from ._logits import HeadStats, merge_head_stats
 
 __all__ = ["StepBuffer", "to_host"]
 
@@ -37,32 +41,42 @@ def to_host(tensors: list[torch.Tensor]) -> list[list[float]]:
     return out
 
 
+def _rectangular(rows: list[list[float]]) -> list[list[float]]:
+    """Pad rows with NaN to the longest (a layer with fewer heads)."""
+    width = max((len(r) for r in rows), default=0)
+    return [r + [math.nan] * (width - len(r)) for r in rows]
+
+
 class StepBuffer:
     """Statistics of the current sampled step, kept as detached device tensors.
 
-    Several forwards in one step (gradient accumulation) are combined: attention max and
-    p99 take the elementwise **maximum** over the forwards (so the max is exact and the
-    p99 is the largest of the forwards' exact p99s: exact with one forward per step, an
-    upper bound of the pooled p99 otherwise, never under-reporting a heating head); the
-    automatic loss is the **mean** over the forwards.
+    Several forwards in one step (gradient accumulation) are pooled per layer with
+    :func:`~logitwatch.hooks._logits.merge_head_stats` (max, mean, std, entropy exact;
+    p99 the largest per-forward exact p99, an upper bound of the pooled one) and the final
+    statistics with :meth:`FinalStats.merge`; the automatic loss is the **mean** over the
+    forwards.
     """
 
     def __init__(self) -> None:
-        self.attn_max: dict[int, torch.Tensor] = {}
-        self.attn_p99: dict[int, torch.Tensor] = {}
+        self.attn: dict[int, HeadStats] = {}
+        self.final: FinalStats | None = None
         self.auto_loss: torch.Tensor | None = None
         self.auto_loss_count = 0
         self.logged: dict[str, Scalar] = {}
         self.grad_norm: torch.Tensor | None = None
         self.max_norm: Any = None
 
-    def add_attention(self, layer: int, maximum: torch.Tensor, p99: torch.Tensor) -> None:
-        old_max, old_p99 = self.attn_max.get(layer), self.attn_p99.get(layer)
-        if old_max is not None and old_p99 is not None and old_max.shape == maximum.shape:
-            maximum = torch.maximum(old_max, maximum)
-            p99 = torch.maximum(old_p99, p99)
-        self.attn_max[layer] = maximum
-        self.attn_p99[layer] = p99
+    def add_attention(self, layer: int, stats: HeadStats) -> None:
+        old = self.attn.get(layer)
+        if old is not None and old.maximum.shape == stats.maximum.shape:
+            stats = merge_head_stats(old, stats)
+        self.attn[layer] = stats
+
+    def add_final(self, stats: FinalStats) -> None:
+        if self.final is None:
+            self.final = stats
+        else:
+            self.final.merge(stats)
 
     def add_auto_loss(self, loss: torch.Tensor) -> None:
         loss = loss.detach().float().mean()
@@ -75,10 +89,11 @@ class StepBuffer:
         else:
             self.logged[name] = float(value)
 
-    def collect(
-        self, *, lr: Any = None, default_max_norm: float | None = None
-    ) -> tuple[dict[str, float], dict[str, list[list[float]]]]:
-        """Build the frame's ``(scalars, heads)`` with one host transfer."""
+    def scalars(
+        self, *, lr: Any = None, default_max_norm: float | None = None,
+        ln_vocab: float | None = None,
+    ) -> dict[str, Scalar]:
+        """The frame's scalars, still on the device where they were computed."""
         scalars: dict[str, Scalar] = {}
         if self.auto_loss is not None:
             scalars["loss"] = self.auto_loss / self.auto_loss_count
@@ -91,26 +106,57 @@ class StepBuffer:
                 scalars["grad.clipped"] = (self.grad_norm > max_norm).float()
         if lr is not None:
             scalars["lr"] = lr.detach() if isinstance(lr, torch.Tensor) else float(lr)
+        if self.final is not None:
+            scalars.update(self.final.metrics())
         scalars.update(self.logged)  # Monitor.log() wins, including over the auto loss
+        if ln_vocab is not None and "loss" in scalars:
+            loss = scalars["loss"]
+            scalars["loss.first_over_ln_vocab"] = (
+                loss.float() / ln_vocab if isinstance(loss, torch.Tensor) else loss / ln_vocab
+            )
+        return scalars
 
-        names: list[str] = []
-        tensors: list[torch.Tensor] = []
-        host: dict[str, float] = {}
-        for name, value in scalars.items():
-            if isinstance(value, torch.Tensor):
-                names.append(name)
-                tensors.append(value.float().mean().reshape(1))
-            else:
-                host[name] = value
-        layers = sorted(self.attn_max)
-        tensors.extend(self.attn_max[i] for i in layers)
-        tensors.extend(self.attn_p99[i] for i in layers)
-        values = to_host(tensors)
-        out_scalars = {name: values[j][0] for j, name in enumerate(names)}
+    def heads(self) -> dict[str, list[torch.Tensor]]:
+        """Per-head metrics: name -> one ``(H,)`` tensor per layer, layers in order."""
+        out: dict[str, list[torch.Tensor]] = {}
+        for layer in sorted(self.attn):
+            for name, value in self.attn[layer].metrics().items():
+                out.setdefault(name, []).append(value)
+        n = len(self.attn)
+        return {name: rows for name, rows in out.items() if len(rows) == n}
+
+
+def collect(
+    scalars: dict[str, Scalar], heads: dict[str, list[torch.Tensor]],
+    host: dict[str, float] | None = None,
+) -> tuple[dict[str, float], dict[str, list[list[float]]], int, int]:
+    """Read everything back with one transfer: ``(scalars, heads, syncs, bytes)``.
+
+    ``syncs`` is 1 when a tensor lived on an accelerator (the one ``.cpu()``), else 0;
+    ``bytes`` counts the float32 values read back from tensors.
+    """
+    names: list[str] = []
+    tensors: list[torch.Tensor] = []
+    out_scalars: dict[str, float] = {}
+    for name, value in scalars.items():
+        if isinstance(value, torch.Tensor):
+            names.append(name)
+            tensors.append(value.float().mean().reshape(1))
+        else:
+            out_scalars[name] = value
+    head_names = list(heads)
+    for name in head_names:
+        tensors.extend(heads[name])
+    syncs = int(any(t.device.type != "cpu" for t in tensors))
+    nbytes = 4 * sum(t.numel() for t in tensors)
+    values = to_host(tensors)
+    out_scalars.update({name: values[j][0] for j, name in enumerate(names)})
+    if host:
         out_scalars.update(host)
-        heads: dict[str, list[list[float]]] = {}
-        if layers:
-            n = len(names)
-            heads["attn.logit_max"] = values[n : n + len(layers)]
-            heads["attn.logit_p99"] = values[n + len(layers) :]
-        return out_scalars, heads
+    out_heads: dict[str, list[list[float]]] = {}
+    pos = len(names)
+    for name in head_names:
+        n = len(heads[name])
+        out_heads[name] = _rectangular(values[pos : pos + n])
+        pos += n
+    return out_scalars, out_heads, syncs, nbytes

@@ -3,7 +3,8 @@
 HF attention modules call the module-level ``eager_attention_forward`` of their own
 ``modeling_<model>`` module (looked up by name at call time) with post-RoPE
 ``query (B, H, T, D)``, ``key (B, H_kv, S, D)``, an additive float ``attention_mask
-(B, 1, T, S)`` and ``scaling``. We replace that name with a wrapper for as long as any
+(B, 1, T, S)`` (causal, padding and sliding window already in it), ``scaling`` and, for
+Gemma 2, ``softcap``. We replace that name with a wrapper for as long as any
 monitor needs it (a reference count per patched module) and restore the original when
 the last one detaches. The wrapper only does work for attention modules registered by a
 monitor whose capture is active; otherwise it is one dict lookup and a call.
@@ -42,6 +43,7 @@ class EagerOwner(Protocol):
         key: torch.Tensor,
         attention_mask: torch.Tensor | None,
         scaling: float | None,
+        softcap: float | None = None,
     ) -> None: ...
 
 
@@ -81,7 +83,8 @@ def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         for owner in _owners.get(id(module), ()):
             if owner.capturing:
                 scaling = kwargs["scaling"] if "scaling" in kwargs else (args[0] if args else None)
-                owner.record_eager(module, query, key, attention_mask, scaling)
+                owner.record_eager(module, query, key, attention_mask, scaling,
+                                   kwargs.get("softcap"))
                 owner.eager_depth += 1
                 try:
                     return original(module, query, key, value, attention_mask, *args, **kwargs)

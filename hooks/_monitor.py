@@ -3,50 +3,61 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import deque
 from typing import Any
 
 import torch
 
 from logitwatch.client import Client
 
-from . import _clip, _eager
-from ._buffer import StepBuffer
-from ._sdpa import SdpaCall, SdpaCapture
-from ._stats import attention_logit_stats, global_grad_norm
+from . import _adapter, _clip, _eager
+from ._buffer import StepBuffer, collect
+from ._cost import CostMeter
+from ._final import final_stats, find_output_head, vocab_size
+from ._logits import DEFAULT_BUDGET, attention_head_stats
+from ._qk import find_qk, qk_norms
+from ._sdpa import SdpaCapture, parse_call
+from ._stats import global_grad_norm
 
 __all__ = ["Monitor"]
 
 log = logging.getLogger("logitwatch.hooks")
 
 #: The parts of a monitor that a failure disables independently.
-PARTS = ("attention", "loss", "grad", "step")
+PARTS = ("attention", "final", "qk", "loss", "grad", "step")
+#: Sampled frames over which ``grad.clip_rate`` is taken when the job never clips itself.
+CLIP_WINDOW = 20
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
 
 
 class Monitor:
     """Watches one model (and optimizer) while training; built by :func:`attach`.
 
     A *step* ends with the optimizer's ``step()`` (or :meth:`step` without optimizer).
-    Step 0 is sampled, then one step every ``sample_every`` (the collector may change
-    the interval through ``client.control["sample_every"]``). Statistics are computed on
+    Step 0 is sampled, then one step every :attr:`sample_every` (changeable at run time,
+    by the collector through ``client.control["sample_every"]``, and widened by the
+    overhead budget, see :class:`~logitwatch.hooks._cost.CostMeter`);
+    :meth:`request_sample` samples the next step on demand. Statistics are computed on
     sampled steps only, kept on the device, and read back once at the end of the step,
     where one frame is handed to the client. Non-sampled steps cost a few Python
-    comparisons and never touch tensor values.
+    comparisons, a ``perf_counter()`` and (when the job clips) one on-device comparison
+    for the clip rate; they never read a tensor value.
 
     Capture rule: a forward is measured only when the step is sampled, the model is in
-    training mode (``model.training``) and autograd is enabled; evaluation forwards
-    (``model.eval()`` or ``torch.no_grad()``) never mix into the training statistics.
+    training mode (``model.training``), autograd is enabled and it is not being traced
+    by ``torch.compile``; evaluation forwards never mix into the training statistics.
 
-    Several forwards per step (gradient accumulation): attention max and p99 are the
-    maximum over the forwards (the max is exact; the p99 is the largest per-forward exact
-    p99, an upper bound of the pooled one), the automatic loss is their mean. Layers are
-    numbered by ``module.layer_idx`` (HF eager) or by SDPA call order in the forward.
-
-    Memory: a sampled forward materialises each layer's float32 logits ``B x H x T x S``
-    in chunks of heads (at least one head at a time) to compute the exact p99.
+    Several forwards per step (gradient accumulation) are pooled (see
+    :class:`~logitwatch.hooks._buffer.StepBuffer`). Layers are numbered by
+    ``module.layer_idx`` (HF eager), ``record_attention(layer=)``, or call order.
 
     Any exception inside the monitor is logged once with its traceback, disables that
-    part (``attention``, ``loss``, ``grad`` or ``step``), and training goes on unchanged.
+    part (see :data:`PARTS`), and training goes on unchanged.
 
     Use as a context manager or call :meth:`close`; closing removes every hook and patch.
     """
@@ -60,6 +71,9 @@ class Monitor:
         owns_client: bool,
         sample_every: int,
         max_grad_norm: float | None,
+        memory_budget: int = DEFAULT_BUDGET,
+        overhead_budget: float | None = 0.01,
+        lm_head: torch.nn.Module | bool | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -67,27 +81,50 @@ class Monitor:
         self._owns_client = owns_client
         self._sample_every = sample_every
         self._max_grad_norm = max_grad_norm
+        self.memory_budget = memory_budget
+        self._cost = CostMeter(overhead_budget)
         self._step = 0
         self._last_sampled: int | None = None
         self._sampled = True
+        self._force_next = False
+        self._effective_every = sample_every
         self._buffer = StepBuffer()
         self._depth = 0
         self._mode: SdpaCapture | None = None
         self._calls = 0
         self._clip_seen = False
+        self._clip_hits: torch.Tensor | None = None
+        self._clip_steps = 0
+        self._clipped_window: deque[float] = deque(maxlen=CLIP_WINDOW)
+        self._frames = 0
         self.capturing = False  # read by the eager wrapper
         self.eager_depth = 0  # > 0 while inside a wrapped eager attention call
         self.disabled: set[str] = set()
         self._closed = False
         self._warned_step = False
         self._param_ids = {id(p) for p in model.parameters()}
+        if lm_head is None or lm_head is True:
+            head = find_output_head(model)
+        else:
+            head = lm_head or None
+        self.lm_head: torch.nn.Module | None = head
+        vocab = vocab_size(head, model)
+        self._ln_vocab = math.log(vocab) if vocab else None
+        self._qk = find_qk(model)
         self._handles = [
             model.register_forward_pre_hook(self._pre_forward),
             model.register_forward_hook(self._post_forward, always_call=True),
         ]
-        if optimizer is not None:
-            self._handles.append(optimizer.register_step_pre_hook(self._pre_optimizer_step))
-            self._handles.append(optimizer.register_step_post_hook(self._post_optimizer_step))
+        if head is not None:
+            self._handles.append(head.register_forward_hook(self._head_forward))
+        inner = optimizer
+        while inner is not None and isinstance(getattr(inner, "optimizer", None),
+                                               torch.optim.Optimizer):
+            inner = inner.optimizer  # accelerate's AcceleratedOptimizer and the like
+        self._step_optimizer = inner
+        if inner is not None:
+            self._handles.append(inner.register_step_pre_hook(self._pre_optimizer_step))
+            self._handles.append(inner.register_step_post_hook(self._post_optimizer_step))
         self._eager_token = _eager.install(model, self)
         _clip.add_listener(self._on_clip)
 
@@ -103,6 +140,44 @@ class Monitor:
         """Whether the current step is sampled."""
         return self._sampled and "step" not in self.disabled
 
+    @property
+    def sample_every(self) -> int:
+        """The requested interval: the collector's ``control["sample_every"]`` if set,
+        else the last value assigned here or given to ``attach``. The interval in effect
+        (:attr:`effective_sample_every`) may be wider to respect the overhead budget."""
+        value = self.client.control.get("sample_every")
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        return self._sample_every
+
+    @sample_every.setter
+    def sample_every(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"sample_every must be an int >= 1, got {value!r}")
+        self._sample_every = value
+        self._reschedule()
+
+    @property
+    def effective_sample_every(self) -> int:
+        """The interval in effect: :attr:`sample_every`, widened by the overhead budget."""
+        return self._effective_every
+
+    @property
+    def overhead_budget(self) -> float | None:
+        """Fraction of training time the monitor may use (None: no limit)."""
+        return self._cost.budget
+
+    @overhead_budget.setter
+    def overhead_budget(self, value: float | None) -> None:
+        if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
+            raise ValueError(f"overhead_budget must be in (0, 1] or None, got {value!r}")
+        self._cost.budget = None if value is None else float(value)
+        self._reschedule()
+
+    def request_sample(self) -> None:
+        """Sample the next step to start, whatever the interval (e.g. after an alert)."""
+        self._force_next = True
+
     def log(self, **scalars: torch.Tensor | float) -> None:
         """Add scalars to the current step's frame (call before ``optimizer.step()``).
 
@@ -117,6 +192,32 @@ class Monitor:
         except Exception:
             self._fail("step")
 
+    def record(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+        softcap: float | None = None,
+        layer: int | None = None,
+    ) -> None:
+        """Measure one attention call while capturing (see ``record_attention``)."""
+        if not self.capturing or "attention" in self.disabled:
+            return
+        self._record(layer, query, key, attn_mask, is_causal, scale, softcap)
+
+    def begin_capture(self) -> None:
+        """Start measuring a training forward by hand (framework integrations whose
+        training step does not go through ``model.forward``). Nested model forwards are
+        then part of it. Pair with :meth:`end_capture`."""
+        self._pre_forward(self.model, ())
+
+    def end_capture(self, loss: torch.Tensor | None = None) -> None:
+        """End what :meth:`begin_capture` started; ``loss`` is added like an HF loss."""
+        self._post_forward(self.model, (), {"loss": loss} if loss is not None else None)
+
     def step(self) -> None:
         """End the current step; only for monitors attached without an optimizer."""
         if self._closed:
@@ -127,10 +228,12 @@ class Monitor:
                 log.warning("logitwatch: Monitor.step() ignored: the optimizer ends steps")
             return
         if self.sampled and "grad" not in self.disabled and not self._clip_seen:
+            t0 = time.perf_counter()
             try:
                 self._buffer.grad_norm = global_grad_norm(self.model.parameters())
             except Exception:
                 self._fail("grad")
+            self._cost.add_host(time.perf_counter() - t0)
         self._end_step()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -164,6 +267,9 @@ class Monitor:
     # -- forward -------------------------------------------------------------------------
 
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if _compiling():
+            return
+        t0 = time.perf_counter()
         try:
             self._depth += 1
             if self._depth > 1 or not self.sampled:
@@ -171,27 +277,49 @@ class Monitor:
             if not (module.training and torch.is_grad_enabled()):
                 return
             self.capturing = True
+            _adapter.push(self)
             self._calls = 0
             if "attention" not in self.disabled:
-                self._mode = SdpaCapture(self._record_sdpa)
+                self._mode = SdpaCapture(self._record_call)
                 self._mode.__enter__()
         except Exception:
             self._fail("attention")
+        finally:
+            if self.capturing:
+                self._cost.add_host(time.perf_counter() - t0)
 
     def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if _compiling():
+            return
         try:
             self._depth = max(0, self._depth - 1)
             if self._depth or not self.capturing:
                 return
+            t0 = time.perf_counter()
             self._stop_capture()
             loss = getattr(output, "loss", None)
+            if loss is None and isinstance(output, dict):
+                loss = output.get("loss")
             if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
                 self._buffer.add_auto_loss(loss)
+            self._cost.add_host(time.perf_counter() - t0)
         except Exception:
             self._fail("loss")
 
+    def _head_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self.capturing or "final" in self.disabled or _compiling():
+            return
+        t0 = time.perf_counter()
+        try:
+            if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
+                self._buffer.add_final(final_stats(args[0], output, self.memory_budget))
+        except Exception:
+            self._fail("final")
+        self._cost.add_host(time.perf_counter() - t0)
+
     def _stop_capture(self) -> None:
         self.capturing = False
+        _adapter.pop(self)
         mode, self._mode = self._mode, None
         if mode is None:
             return
@@ -201,10 +329,19 @@ class Monitor:
             mode.retire()
             self._fail("attention", RuntimeError("the SDPA capture mode is not innermost"))
 
-    def _record_sdpa(self, call: SdpaCall) -> None:
+    def _record_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.eager_depth or "attention" in self.disabled:
             return
-        self._record(None, call.query, call.key, call.attn_mask, call.is_causal, call.scale)
+        try:
+            call = parse_call(func, args, kwargs)
+        except Exception:
+            self._fail("attention")
+            return
+        if call is None:
+            self._calls += 1  # a layer we cannot model keeps its row number
+            return
+        self._record(None, call.query, call.key, call.attn_mask, call.is_causal, call.scale,
+                     None)
 
     def record_eager(
         self,
@@ -213,13 +350,14 @@ class Monitor:
         key: torch.Tensor,
         attention_mask: torch.Tensor | None,
         scaling: float | None,
+        softcap: float | None = None,
     ) -> None:
         """Called by the eager-attention wrapper while :attr:`capturing`."""
         if "attention" in self.disabled:
             return
         layer = getattr(module, "layer_idx", None)
         layer = layer if isinstance(layer, int) and not isinstance(layer, bool) else None
-        self._record(layer, query, key, attention_mask, False, scaling)
+        self._record(layer, query, key, attention_mask, False, scaling, softcap)
 
     def _record(
         self,
@@ -229,27 +367,35 @@ class Monitor:
         mask: torch.Tensor | None,
         is_causal: bool,
         scale: float | None,
+        softcap: float | None,
     ) -> None:
+        t0 = time.perf_counter()
         try:
             index = self._calls if layer is None else layer
             self._calls += 1
             if getattr(query, "is_nested", False):
                 return
-            maximum, p99 = attention_logit_stats(
-                query, key, attn_mask=mask, is_causal=is_causal, scale=scale
-            )
-            self._buffer.add_attention(index, maximum, p99)
+            cap = float(softcap) if isinstance(softcap, (int, float)) and softcap else None
+            stats = attention_head_stats(query, key, attn_mask=mask, is_causal=is_causal,
+                                         scale=scale, softcap=cap, budget=self.memory_budget)
+            self._buffer.add_attention(index, stats)
         except Exception:
             self._fail("attention")
+        self._cost.add_host(time.perf_counter() - t0)
 
     # -- optimizer -----------------------------------------------------------------------
 
     def _on_clip(self, total: torch.Tensor, params: list[torch.Tensor], max_norm: Any) -> None:
         try:
-            if not self.sampled or "grad" in self.disabled or not params:
+            if "grad" in self.disabled or not params or id(params[0]) not in self._param_ids:
                 return
-            if id(params[0]) not in self._param_ids:
-                return  # another model's clip call
+            if isinstance(max_norm, (int, float, torch.Tensor)) and not self._clip_seen:
+                # every step, sampled or not: one on-device comparison, never read here
+                hit = (total.detach() > max_norm).to(torch.int32)
+                self._clip_hits = hit if self._clip_hits is None else self._clip_hits + hit
+                self._clip_steps += 1
+            if not self.sampled:
+                return
             self._clip_seen = True
             self._buffer.grad_norm = total.detach().float()
             self._buffer.max_norm = max_norm
@@ -260,8 +406,10 @@ class Monitor:
         try:
             if not self.sampled or "grad" in self.disabled or self._clip_seen:
                 return
+            t0 = time.perf_counter()
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self._buffer.grad_norm = global_grad_norm(params)
+            self._cost.add_host(time.perf_counter() - t0)
         except Exception:
             self._fail("grad")
 
@@ -285,23 +433,55 @@ class Monitor:
             self._clip_seen = False
             self._step = step + 1
         try:
-            every = self._current_every()
-            self._sampled = self._last_sampled is None or self._step >= self._last_sampled + every
+            self._cost.step_end(sampled)
+            self._reschedule()
         except Exception:
             self._fail("step")
 
-    def _current_every(self) -> int:
-        value = self.client.control.get("sample_every")
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-            return value
-        return self._sample_every
+    def _reschedule(self) -> None:
+        self._effective_every = self._cost.interval(self.sample_every)
+        force, self._force_next = self._force_next, False
+        self._sampled = (
+            force
+            or self._last_sampled is None
+            or self._step >= self._last_sampled + self._effective_every
+        )
 
     def _emit(self, step: int) -> None:
+        t0 = time.perf_counter()
         lr = None
         if self.optimizer is not None and self.optimizer.param_groups:
             lr = self.optimizer.param_groups[0].get("lr")
-        scalars, heads = self._buffer.collect(lr=lr, default_max_norm=self._max_grad_norm)
-        self.client.send(step, scalars, heads, time=time.time())
+        first = self._frames == 0
+        scalars = self._buffer.scalars(lr=lr, default_max_norm=self._max_grad_norm,
+                                       ln_vocab=self._ln_vocab if first else None)
+        clip_from_device = self._clip_hits is not None and self._clip_steps > 0
+        if clip_from_device:
+            scalars["grad.clip_rate"] = self._clip_hits.float() / self._clip_steps
+        self._clip_hits, self._clip_steps = None, 0
+        heads = self._buffer.heads()
+        if self._qk and "qk" not in self.disabled:
+            try:
+                heads.update(qk_norms(self._qk))
+            except Exception:
+                self._fail("qk")
+        host_ms = 1e3 * (self._cost.host_seconds + time.perf_counter() - t0)
+        out_scalars, out_heads, syncs, nbytes = collect(scalars, heads)
+        if "grad.clipped" in out_scalars and not clip_from_device:
+            self._clipped_window.append(out_scalars["grad.clipped"])
+            out_scalars["grad.clip_rate"] = sum(self._clipped_window) / len(
+                self._clipped_window)
+        out_scalars["hooks.host_ms"] = host_ms
+        out_scalars["hooks.syncs"] = float(syncs)
+        out_scalars["hooks.bytes"] = float(nbytes)
+        out_scalars["hooks.sample_every"] = float(self._effective_every)
+        if self._cost.last_extra is not None:
+            out_scalars["hooks.cost_ms"] = 1e3 * self._cost.last_extra
+        overhead = self._cost.overhead(self._effective_every)
+        if overhead is not None:
+            out_scalars["hooks.overhead"] = overhead
+        self._frames += 1
+        self.client.send(step, out_scalars, out_heads, time=time.time())
 
     # -- failures ------------------------------------------------------------------------
 

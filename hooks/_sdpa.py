@@ -1,11 +1,14 @@
-"""Capture of ``F.scaled_dot_product_attention`` calls with a ``TorchFunctionMode``.
+"""Capture of attention calls with a ``TorchFunctionMode``: SDPA and ``nn.MultiheadAttention``.
 
 The mode is entered by the model's forward pre-hook on sampled steps only and exited by
-its forward post-hook, so non-sampled steps pay nothing. While active it sees every torch
-call of the forward on this thread; for SDPA calls it hands ``(q, k, mask, is_causal,
-scale)`` to a recorder, then calls SDPA unchanged. This covers HF ``sdpa`` models and
-any model that calls SDPA itself, but not ``nn.MultiheadAttention`` (which dispatches as
-``F.multi_head_attention_forward``).
+its forward post-hook, so non-sampled steps pay nothing. While active it sees every
+top-level torch call of the forward on this thread. For
+``F.scaled_dot_product_attention`` it hands ``(q, k, mask, is_causal, scale)`` to a
+recorder; for ``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` and
+``nn.TransformerEncoder/Decoder`` layers dispatch to; the SDPA call inside it is not
+top-level and is not seen twice) it rebuilds ``q`` and ``k`` from the fused
+``in_proj_weight`` (or the separate projections), and the mask from ``attn_mask`` and
+``key_padding_mask``. Then the original function runs unchanged.
 """
 
 from __future__ import annotations
@@ -14,39 +17,133 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["SdpaCall", "SdpaCapture"]
+__all__ = ["AttentionCall", "Recorder", "SdpaCapture", "mha_call", "parse_call", "sdpa_call"]
 
-_SDPA = torch.nn.functional.scaled_dot_product_attention
-_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_SDPA = F.scaled_dot_product_attention
+_MHA = F.multi_head_attention_forward
+_SDPA_PARAMS = (
+    "query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa",
+)
+_MHA_PARAMS = (
+    "query", "key", "value", "embed_dim_to_check", "num_heads", "in_proj_weight",
+    "in_proj_bias", "bias_k", "bias_v", "add_zero_attn", "dropout_p", "out_proj_weight",
+    "out_proj_bias", "training", "key_padding_mask", "need_weights", "attn_mask",
+    "use_separate_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+    "static_k", "static_v", "average_attn_weights", "is_causal",
+)
 
 
-class SdpaCall:
-    """The arguments of one SDPA call that the statistics need."""
+class AttentionCall:
+    """What the statistics need from one attention call (SDPA conventions)."""
 
     __slots__ = ("attn_mask", "is_causal", "key", "query", "scale")
 
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        bound = dict(zip(_PARAMS, args, strict=False))
-        bound.update(kwargs)
-        self.query: torch.Tensor = bound["query"]
-        self.key: torch.Tensor = bound["key"]
-        self.attn_mask: torch.Tensor | None = bound.get("attn_mask")
-        self.is_causal = bool(bound.get("is_causal", False))
-        self.scale: float | None = bound.get("scale")
+    def __init__(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool,
+        scale: float | None,
+    ) -> None:
+        self.query = query
+        self.key = key
+        self.attn_mask = attn_mask
+        self.is_causal = is_causal
+        self.scale = scale
+
+
+def sdpa_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AttentionCall:
+    bound = dict(zip(_SDPA_PARAMS, args, strict=False))
+    bound.update(kwargs)
+    return AttentionCall(bound["query"], bound["key"], bound.get("attn_mask"),
+                         bool(bound.get("is_causal", False)), bound.get("scale"))
+
+
+def mha_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AttentionCall | None:
+    """Rebuild per-head ``q``/``k`` and a bool "attend" mask from MHA's arguments.
+
+    Returns None for what we do not model (``bias_k``, ``add_zero_attn``, static keys).
+    """
+    a = dict(zip(_MHA_PARAMS, args, strict=False))
+    a.update(kwargs)
+    if a.get("bias_k") is not None or a.get("add_zero_attn") or a.get("static_k") is not None:
+        return None
+    query, key = a["query"], a["key"]
+    batched = query.dim() == 3
+    if not batched:  # (L, E): one sequence
+        query, key = query.unsqueeze(1), key.unsqueeze(1)
+    tgt, bsz, embed = query.shape
+    src = key.shape[0]
+    heads = int(a["num_heads"])
+    hd = embed // heads
+    bias = a.get("in_proj_bias")
+    with torch.no_grad():
+        if a.get("use_separate_proj_weight"):
+            wq, wk = a["q_proj_weight"], a["k_proj_weight"]
+        else:
+            wq, wk = a["in_proj_weight"][:embed], a["in_proj_weight"][embed : 2 * embed]
+        bq = bk = None
+        if bias is not None:
+            bq, bk = bias[:embed], bias[embed : 2 * embed]
+        q = F.linear(query.detach(), wq.detach(), None if bq is None else bq.detach())
+        k = F.linear(key.detach(), wk.detach(), None if bk is None else bk.detach())
+        q = q.view(tgt, bsz, heads, hd).permute(1, 2, 0, 3)
+        k = k.view(src, bsz, heads, hd).permute(1, 2, 0, 3)
+        valid = _mha_valid(a.get("attn_mask"), a.get("key_padding_mask"), bsz, heads, tgt, src)
+    return AttentionCall(q, k, valid, False, None)
+
+
+def _as_valid(mask: torch.Tensor) -> torch.Tensor:
+    """MHA masks: bool True = *not* allowed; float = additive."""
+    from ._stats import MASKED_BELOW
+
+    mask = mask.detach()
+    return ~mask if mask.dtype == torch.bool else mask > MASKED_BELOW
+
+
+def _mha_valid(
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    bsz: int, heads: int, tgt: int, src: int,
+) -> torch.Tensor | None:
+    valid: torch.Tensor | None = None
+    if attn_mask is not None:
+        v = _as_valid(attn_mask)
+        v = v.view(1, 1, tgt, src) if v.dim() == 2 else v.view(bsz, heads, tgt, src)
+        valid = v
+    if key_padding_mask is not None:
+        kp = _as_valid(key_padding_mask).view(bsz, 1, 1, src)
+        valid = kp if valid is None else valid & kp
+    return valid
+
+
+#: ``record(func, args, kwargs)`` for the attention functions above; must not raise.
+Recorder = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], None]
+ATTENTION_FUNCTIONS = (_SDPA, _MHA)
+
+
+def parse_call(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> AttentionCall | None:
+    """The :class:`AttentionCall` of an SDPA or MHA call (None: not modelled)."""
+    return sdpa_call(args, kwargs) if func is _SDPA else mha_call(args, kwargs)
 
 
 class SdpaCapture(TorchFunctionMode):
-    """Calls ``record(call)`` for each SDPA call while active, then runs SDPA as is.
+    """Calls ``record(func, args, kwargs)`` for each SDPA / MHA call while active, then
+    runs it as is.
 
     ``record`` must not raise (the monitor guards it). After :meth:`retire` the mode is a
     pure pass-through, for the rare case it cannot be popped from the mode stack.
     """
 
-    def __init__(self, record: Callable[[SdpaCall], None]) -> None:
+    def __init__(self, record: Recorder) -> None:
         super().__init__()
-        self._record: Callable[[SdpaCall], None] | None = record
+        self._record: Recorder | None = record
 
     def retire(self) -> None:
         self._record = None
@@ -64,6 +161,6 @@ class SdpaCapture(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if func is _SDPA and self._record is not None:
-            self._record(SdpaCall(args, kwargs))
+        if self._record is not None and (func is _SDPA or func is _MHA):
+            self._record(func, args, kwargs)
         return func(*args, **kwargs)

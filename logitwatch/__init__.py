@@ -1,8 +1,8 @@
 """logitwatch: a training-health monitor for PyTorch transformer training.
 
-``import logitwatch`` stays light (no torch, no httpx): ``logitwatch.attach`` and
-``logitwatch.Monitor`` load ``logitwatch.hooks`` (torch) on first use, ``Client`` and
-``ClientConfig`` load ``logitwatch.client``.
+``import logitwatch`` stays light (no torch, no httpx): ``logitwatch.attach``,
+``logitwatch.Monitor`` and ``logitwatch.record_attention`` load ``logitwatch.hooks``
+(torch) on first use, ``Client`` and ``ClientConfig`` load ``logitwatch.client``.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from logitwatch.client import Client, ClientConfig
-    from logitwatch.hooks import Monitor, attach
+    from logitwatch.hooks import Monitor, attach, record_attention
 
-__all__ = ["Client", "ClientConfig", "Monitor", "attach"]
+__all__ = ["Client", "ClientConfig", "Monitor", "attach", "record_attention"]
 
 _LAZY = {
     "attach": "logitwatch.hooks",
     "Monitor": "logitwatch.hooks",
+    "record_attention": "logitwatch.hooks",
     "Client": "logitwatch.client",
     "ClientConfig": "logitwatch.client",
 }

@@ -1,4 +1,5 @@
-"""The ``logitwatch`` command line: ``serve`` the collector, run the ``demo``."""
+"""The ``logitwatch`` command line: ``serve`` the collector, ``push`` a spool, run the
+``demo``."""
 
 from __future__ import annotations
 
@@ -190,6 +191,156 @@ def token_revoke(token_id: int, db_url: str | None) -> None:
     click.echo(f"revoked token {info.id} ({info.name}, {info.scope} for {info.project!r})")
 
 
+@main.group()
+def runs() -> None:
+    """List, tag and delete runs (directly in the database: no collector needed)."""
+
+
+def _find_run(s: Session, run: str, project: str | None) -> int:
+    """A run id from an id or a name (``--project`` disambiguates names)."""
+    from sqlalchemy import select
+
+    from logitwatch.server.db.models import Run
+
+    if run.isdigit():
+        return int(run)
+    q = select(Run.id, Run.project).where(Run.name == run)
+    if project is not None:
+        q = q.where(Run.project == project)
+    rows = s.execute(q).all()
+    if not rows:
+        raise click.ClickException(f"no run named {run!r}" + (
+            f" in project {project!r}" if project else "") + " (see `logitwatch runs list`)")
+    if len(rows) > 1:
+        raise click.ClickException(
+            f"{len(rows)} runs are named {run!r} (projects "
+            f"{', '.join(sorted(r.project for r in rows))}): pass --project or the run id")
+    return int(rows[0].id)
+
+
+@runs.command("list")
+@click.option("--project", default=None, help="Only this project's runs.")
+@click.option("--tag", default=None, help="Only runs with this tag.")
+@_DB
+def runs_list(project: str | None, tag: str | None, db_url: str | None) -> None:
+    """List runs, most recently active first."""
+    with _store(db_url) as s:
+        from logitwatch.server.store.queries import list_runs
+
+        found = list_runs(s, project=project, tag=tag)
+    if not found:
+        click.echo("no runs")
+        return
+    click.echo(f"{'id':>5}  {'project':<20} {'name':<32} {'last step':>10} {'alerts':>6}  tags")
+    for r in found:
+        click.echo(f"{r.id:>5}  {r.project:<20} {r.name:<32} {r.last_step or 0:>10} "
+                   f"{r.open_alerts:>6}  {','.join(r.tags)}")
+
+
+@runs.command("delete")
+@click.argument("run")
+@click.option("--project", default=None, help="The run's project, when names repeat.")
+@click.option("--yes", is_flag=True, default=False, help="Do not ask for confirmation.")
+@_DB
+def runs_delete(run: str, project: str | None, yes: bool, db_url: str | None) -> None:
+    """Delete RUN (an id or a name) with all its frames, values, alerts and tags."""
+    with _store(db_url) as s:
+        from logitwatch.server.store.queries import delete_run, get_run
+
+        rid = _find_run(s, run, project)
+        info = get_run(s, rid)
+        if not yes:
+            click.confirm(f"delete run {rid} ({info.project}/{info.name}, last step "
+                          f"{info.last_step}) and all its data?", abort=True)
+        out = delete_run(s, rid)
+    click.echo(f"deleted run {out.run_id} ({out.project}/{out.name}): {out.frames} frames, "
+               f"{out.points} stored rows")
+
+
+@runs.command("tag")
+@click.argument("run")
+@click.argument("tags", nargs=-1)
+@click.option("--remove", "remove", multiple=True, help="A tag to take off (repeatable).")
+@click.option("--project", default=None, help="The run's project, when names repeat.")
+@_DB
+def runs_tag(run: str, tags: tuple[str, ...], remove: tuple[str, ...], project: str | None,
+             db_url: str | None) -> None:
+    """Add TAGS to RUN (an id or a name); find them with GET /api/v1/runs?tag=."""
+    with _store(db_url) as s:
+        from logitwatch.server.store.queries import set_tags
+
+        now = set_tags(s, _find_run(s, run, project), add=list(tags), remove=list(remove))
+    click.echo(f"tags: {', '.join(now) or '(none)'}")
+
+
+@main.command()
+@click.option("--older-than", "days", required=True, type=click.FloatRange(min=0),
+              help="Thin frames older than this many days.")
+@click.option("--bucket-steps", default=100, show_default=True, type=click.IntRange(1),
+              help="Keep one frame's per-head matrices per this many steps (the peak).")
+@click.option("--run", "run", default=None, help="Only this run (id or name).")
+@click.option("--project", default=None, help="The run's project, when names repeat.")
+@_DB
+def retention(days: float, bucket_steps: int, run: str | None, project: str | None,
+              db_url: str | None) -> None:
+    """Downsample old data now: per-head matrices of frames older than --older-than days
+    are kept for one frame per --bucket-steps steps, the one with the bucket's largest
+    value, so spikes survive; scalars are kept whole. A running collector does the same on
+    a schedule with LOGITWATCH_RETENTION_DAYS."""
+    with _store(db_url) as s:
+        from logitwatch.server.store.retention import thin_old_frames, vacuum
+
+        rid = _find_run(s, run, project) if run else None
+        out = thin_old_frames(s, older_than=days * 86400, bucket_steps=bucket_steps,
+                              run_id=rid, progress=lambda m: click.echo(m, err=True))
+    with _store(db_url) as s:
+        vacuum(s)
+    click.echo(f"retention: {out.matrices_deleted} matrices ({out.values_deleted} values) "
+               f"deleted, {out.matrices_kept} kept in {out.metrics} series")
+
+
+@main.command()
+@click.argument("spool", type=click.Path(exists=True, file_okay=False))
+@click.option("--url", default=None, metavar="URL",
+              help="Collector base URL (default: the one the job was sending to).")
+@click.option("--token", default=None, envvar="LOGITWATCH_TOKEN", show_envvar=True,
+              help="Ingest token of the run's project, if the collector requires tokens.")
+@click.option("--batch", "max_batch", default=256, show_default=True,
+              type=click.IntRange(1, 10_000), help="Frames per request.")
+def push(spool: str, url: str | None, token: str | None, max_batch: int) -> None:
+    """Send the frames a training job left in its disk spool (SPOOL: the directory named
+    in the job's shutdown message, or any spool directory above it), then delete them.
+
+    Safe to run again after an interruption: the collector ignores frames it already has.
+    Directories of jobs that are still running are skipped (they send their own).
+    """
+    from pathlib import Path
+
+    from logitwatch.client._push import PushError, push_spool, spool_frames
+
+    total, ready, locked = spool_frames(Path(spool))
+    for d in locked:
+        click.echo(f"skipped {d}: its job is still running and sends it itself", err=True)
+    if not ready:
+        click.echo(f"nothing to push under {spool}")
+        return
+    click.echo(f"pushing {total} frame(s) from {len(ready)} spool director"
+               f"{'y' if len(ready) == 1 else 'ies'}" + (f" to {url}" if url else ""))
+    try:
+        with click.progressbar(length=total, label="frames", file=sys.stderr) as bar:
+            result = push_spool(spool, url=url, token=token, max_batch=max_batch,
+                                progress=bar.update)
+    except PushError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"sent {result.sent} frame(s): {result.accepted} stored, {result.duplicates} "
+               "already there")
+    if result.rejected or result.corrupt:
+        raise click.ClickException(
+            f"{result.rejected} frame(s) refused by the collector as invalid (kept as "
+            f"*.rejected) and {result.corrupt} in damaged segments (kept as *.corrupt)"
+        )
+
+
 @main.command()
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
               help="Collector port (0: any free port).")
@@ -212,6 +363,77 @@ def demo(port: int, db_url: str, steps: int | None, settings: tuple[str, ...], s
     code = run_demo(port=port, db_url=db_url, steps=steps, settings=list(settings) or None,
                     seed=seed, keep_serving=keep_serving, echo=click.echo)
     sys.exit(code)
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--db", "db_url", default=None, metavar="URL",
+              help="Store the replayed run here (default: a temporary SQLite database).")
+@click.option("--rules", "rules_file", default=None, type=click.Path(exists=True),
+              help="A YAML rules file (merged over the defaults, like "
+              "$LOGITWATCH_ALERT_RULES).")
+@click.option("--json", "as_json", is_flag=True, help="Print the alerts as JSON.")
+def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool) -> None:
+    """Feed the frames of FILE (one JSON frame a line, the wire format; an optional header
+    line without `seq`) through the collector's ingest path and alert engine, and print the
+    alerts they fire."""
+    _need_server()
+    import json
+
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES, load_rules_file, merge_rules
+    from logitwatch.server.alerts.replay import read_frames
+    from logitwatch.server.alerts.replay import replay as run_replay
+    from logitwatch.server.alerts.rules import RuleError
+
+    try:
+        header, frames = read_frames(file)
+        rules = merge_rules(DEFAULT_RULES, load_rules_file(rules_file)) if rules_file else None
+    except (ValueError, RuleError) as e:
+        raise click.ClickException(str(e)) from e
+    if not frames:
+        raise click.ClickException(f"{file}: no frames")
+    click.echo(f"replaying {len(frames)} frames of {file}", err=True)
+    try:
+        result = run_replay(frames, db_url=db_url, rules=rules, progress=lambda n: click.echo(
+            f"  {n}/{len(frames)} frames", err=True) if n % 256 == 0 else None)
+    except Exception as e:  # a frame the collector refuses: say which
+        raise click.ClickException(f"{file}: {e}") from e
+    if as_json:
+        click.echo(json.dumps([a.model_dump(mode="json") for a in result.alerts], indent=1))
+    else:
+        _print_alerts(result.alerts)
+        if header and header.get("divergence_step") is not None:
+            click.echo(f"(the file's header says the loss diverged at step "
+                       f"{header['divergence_step']})")
+
+
+def _print_alerts(alerts: list) -> None:  # type: ignore[type-arg]
+    if not alerts:
+        click.echo("no alerts")
+        return
+    for a in alerts:
+        flag = f" [{a.suppressed}]" if a.suppressed else ""
+        click.echo(f"step {a.fired_step:>7} {a.severity:<8} {a.state:<8} {a.rule}{flag}: "
+                   f"{a.message}")
+
+
+@main.command("alerts")
+@click.option("--run", "run", required=True, help="Run id or name.")
+@click.option("--project", default=None, help="Project of the run (when names repeat).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per alert).")
+@_DB
+def alerts_cmd(run: str, project: str | None, as_json: bool, db_url: str | None) -> None:
+    """Print the alerts a run fired, with their steps (read from the database)."""
+    import json
+
+    with _store(db_url) as s:
+        from logitwatch.server.store.alerts import list_alerts
+
+        alerts = list_alerts(s, _find_run(s, run, project))
+    if as_json:
+        click.echo(json.dumps([a.model_dump(mode="json") for a in alerts], indent=1))
+    else:
+        _print_alerts(alerts)
 
 
 if __name__ == "__main__":  # pragma: no cover

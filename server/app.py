@@ -13,9 +13,18 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from logitwatch.server.alerts.config import configured_rules, start_background
 from logitwatch.server.alerts.engine import AlertEngine
-from logitwatch.server.alerts.rules import LogitRisingRule
-from logitwatch.server.api.routes import figures, ingest, pages, runs, session, stream
+from logitwatch.server.api.routes import (
+    alerts,
+    dashboard,
+    figures,
+    ingest,
+    pages,
+    runs,
+    session,
+    stream,
+)
 from logitwatch.server.api.routes.pages import WEB
 from logitwatch.server.auth import Authenticator, bind_refusal
 from logitwatch.server.db.session import make_engine, migrate
@@ -23,6 +32,7 @@ from logitwatch.server.errors import ApiError
 from logitwatch.server.limits import BodyLimit
 from logitwatch.server.notify import WebhookNotifier
 from logitwatch.server.settings import Settings
+from logitwatch.server.store.retention import RetentionWorker
 
 __all__ = ["create_app"]
 
@@ -37,7 +47,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = make_engine(settings.db_url, pool_size=settings.pool_size)
+        engine = make_engine(settings.db_url, pool_size=settings.pool_size,
+                             max_overflow=settings.pool_max_overflow,
+                             pool_timeout=settings.pool_timeout)
         migrate(engine)
         app.state.db = engine
         app.state.sessions = sessionmaker(engine, expire_on_commit=False)
@@ -48,12 +60,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RuntimeError(refusal)
         app.state.notifier = (
             WebhookNotifier(settings.webhook_url, timeout=settings.webhook_timeout,
-                            retries=settings.webhook_retries)
+                            retries=settings.webhook_retries, sessions=app.state.sessions)
             if settings.webhook_url else None
         )
+        retention = (
+            RetentionWorker(app.state.sessions, older_than=settings.retention_days * 86400,
+                            bucket_steps=settings.retention_bucket_steps,
+                            interval=settings.retention_interval).start()
+            if settings.retention_days else None
+        )
+        stop_alerts = start_background(app)
         try:
             yield
         finally:
+            stop_alerts()
+            if retention is not None:
+                retention.stop()
             if app.state.notifier is not None:
                 app.state.notifier.close()
             engine.dispose()
@@ -66,12 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.alert_engine = AlertEngine(
-        LogitRisingRule(
-            threshold=settings.alert_logit_threshold, factor=settings.alert_logit_factor,
-            floor=settings.alert_logit_floor, for_samples=settings.alert_for_samples,
-        )
-    )
+    app.state.alert_engine = AlertEngine(configured_rules(settings))
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -104,9 +121,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             status_code=422,
         )
 
-    for r in (ingest.router, runs.router, stream.router, figures.router, session.router):
+    for r in (ingest.router, runs.router, stream.router, figures.router, session.router,
+              alerts.router):
         app.include_router(r, prefix="/api/v1")
     app.include_router(pages.router)
+    app.include_router(dashboard.router)  # /api/v1/dashboard, worst heads, compare (+ page)
     app.mount("/static", StaticFiles(directory=WEB), name="static")
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     return app

@@ -17,19 +17,25 @@ import numpy as np
 import plotly.graph_objects as go
 
 from logitwatch.server.schemas import AlertOut, HeatmapOut, SeriesOut
+from logitwatch.server.store.views import HeadsTimeOut
 from logitwatch.wire import encode_float
 
 __all__ = [
     "COLORS",
     "FIGURE_KINDS",
+    "PALETTE",
+    "add_heatmap_alerts",
+    "compare_figure",
     "grad_norm_figure",
+    "heads_time_figure",
     "heatmap_figure",
+    "line_figure",
     "loss_figure",
     "plain",
 ]
 
 #: The figure kinds served by ``GET /runs/{run}/figures/{kind}``.
-FIGURE_KINDS = ("loss", "grad_norm", "heatmap")
+FIGURE_KINDS = ("loss", "grad_norm", "heatmap", "series", "clip_rate", "heads_time")
 
 # --- look: every colour and size of the dashboard's figures --------------------------------
 COLORS = {
@@ -43,7 +49,18 @@ COLORS = {
     "axis": "#57606a",
     "text": "#24292f",
     "paper": "#ffffff",
+    "lr": "#1a7f37",
+    "clip_rate": "#cf222e",
+    "final.hidden_rms": "#0a7ea4",
+    "final.logz": "#9a6700",
+    "final.logit_max": "#bc4c00",
+    "series": "#57606a",
+    "drill": "#8250df",
+    "envelope": "#afb8c1",
 }
+#: Colours of the runs overlaid in a comparison, in order.
+PALETTE = ("#1f6feb", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#0a7ea4", "#bc4c00",
+           "#57606a", "#e85aad", "#2da44e")
 HEATMAP_SCALE = "Inferno"
 FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12,
         "color": COLORS["text"]}
@@ -247,3 +264,159 @@ def heatmap_figure(h: HeatmapOut) -> go.Figure:
 
 def _cell(v: float) -> str:
     return f"{v:.4g}" if math.isfinite(v) else str(encode_float(v))
+
+
+# --- generic line charts, derived series, per-head summaries, comparisons ------------------
+
+
+def line_figure(
+    series: SeriesOut,
+    alerts: Sequence[AlertOut] = (),
+    *,
+    title: str | None = None,
+    color: str | None = None,
+    revision: str | None = None,
+    y_range: tuple[float, float] | None = None,
+    log_y: bool = False,
+    envelope: SeriesOut | None = None,
+    y_title: str | None = None,
+) -> go.Figure:
+    """Any scalar series over steps (lr, clip rate, final hidden RMS, log Z, one head...).
+
+    Traces: ``series``, ``nonfinite``, ``alerts``, and ``envelope`` first when given (a faint
+    reference line, e.g. the max over all heads behind one head's series).
+    """
+    name = plain(series.name)
+    shown = plain(title) if title is not None else name
+    fig = go.Figure(layout=_base_layout(shown, revision or f"series:{series.name}",
+                                        y_title=plain(y_title) if y_title else name))
+    fig.layout.yaxis.exponentformat = "SI"
+    finite = {v for v in series.values if math.isfinite(v)}
+    if y_range is None and len(finite) == 1:
+        # A constant (e.g. a flat learning rate): centre it rather than Plotly's +-1.
+        (v,) = finite
+        y_range = (v - abs(v) * 0.5, v + abs(v) * 0.5) if v else (-1.0, 1.0)
+    if y_range is not None:
+        fig.layout.yaxis.range = list(y_range)
+    if log_y:
+        fig.layout.yaxis.type = "log"
+    if envelope is not None:
+        env = plain(envelope.name)
+        fig.add_trace(go.Scatter(
+            x=list(envelope.steps), y=_finite(envelope.values), mode="lines", name=env,
+            meta="envelope", line={"color": COLORS["envelope"], "width": 1},
+            hovertemplate="step %{x}<br>" + env + " %{y:.4g}<extra></extra>",
+        ))
+    fig.add_trace(go.Scatter(
+        x=list(series.steps), y=_finite(series.values), mode="lines", name=name,
+        meta="series",
+        line={"color": color or COLORS.get(series.name, COLORS["series"]), "width": 1.5},
+        hovertemplate="step %{x}<br>" + name + " %{y:.4g}<extra></extra>",
+    ))
+    fig.add_trace(_nonfinite_trace(series))
+    _add_alerts(fig, alerts)
+    if not series.steps:
+        _no_data(fig, series.name)
+    return fig
+
+
+def heads_time_figure(h: HeadsTimeOut, alerts: Sequence[AlertOut] = ()) -> go.Figure:
+    """A heatmap over time: heads of one layer (or layers: per-layer envelope) on y, steps on
+    x; alerts of that layer as vertical lines and as markers on their head's row."""
+    name = plain(h.name)
+    if h.layer is None:
+        what, rows_title = f"{name}, {h.reduce} over heads, per layer", "layer"
+    else:
+        what, rows_title = f"{name}, layer {h.layer}, per head", "head"
+    res = "full resolution" if h.bucket <= 1 else f"{h.reduce} of ~{h.bucket} samples per column"
+    title = f"{what} over steps ({res})"
+    layout = _base_layout(title, "heads_time", y_title=rows_title, overlay=False)
+    layout.update(
+        meta={"layer": h.layer, "metric": h.name, "bucket": h.bucket, "total": h.total},
+        showlegend=False, plot_bgcolor=COLORS["grid"],
+        yaxis={"title": {"text": rows_title}, "dtick": 1 if len(h.values) <= 32 else None,
+               "showgrid": False, "autorange": "reversed"},
+        xaxis={"title": {"text": "step"}, "showgrid": False},
+    )
+    fig = go.Figure(layout=layout)
+    fig.add_trace(go.Heatmap(
+        z=h.values, x=list(h.steps), y=list(range(len(h.values))),
+        colorscale=HEATMAP_SCALE, meta="series", ygap=1 if len(h.values) <= 32 else 0,
+        hovertemplate=f"step %{{x}}<br>{rows_title} %{{y}}<br>{name} %{{z:.4g}}<extra></extra>",
+        colorbar={"title": {"text": name, "side": "right"}, "thickness": 12},
+        hoverongaps=False,
+    ))
+    mine = [a for a in alerts if a.layer is not None
+            and (h.layer is None or a.layer == h.layer)]
+    for a in mine:
+        fig.add_shape(type="line", xref="x", yref="paper", x0=a.fired_step, x1=a.fired_step,
+                      y0=0, y1=1, line={"color": "#58a6ff" if a.state == "firing"
+                                        else COLORS["alert_resolved"], "width": 1.5,
+                                        "dash": "dot"},
+                      name=f"alert-{a.id}")
+    fig.add_trace(go.Scatter(
+        x=[a.fired_step for a in mine],
+        y=[a.head if h.layer is not None else a.layer for a in mine],
+        mode="markers", name="alerts", meta="alerts", customdata=[a.id for a in mine],
+        text=[_alert_label(a) for a in mine], hovertemplate="%{text}<extra></extra>",
+        marker={"symbol": "triangle-right", "size": 11, "color": "#58a6ff",
+                "line": {"width": 1, "color": COLORS["paper"]}},
+    ))
+    if not h.steps:
+        _no_data(fig, h.name)
+    return fig
+
+
+def add_heatmap_alerts(fig: go.Figure, alerts: Sequence[AlertOut]) -> go.Figure:
+    """Outline the cells of the layer x head heatmap whose head has a firing alert."""
+    cells: dict[tuple[int, int], list[AlertOut]] = {}
+    for a in alerts:
+        if a.state == "firing" and a.layer is not None and a.head is not None:
+            cells.setdefault((a.layer, a.head), []).append(a)
+    # One outline per cell, whatever the number of rules firing on that head.
+    fig.add_trace(go.Scatter(
+        x=[h for _, h in cells], y=[layer for layer, _ in cells], mode="markers",
+        name="alerts", meta="alerts", customdata=[[a.id for a in c] for c in cells.values()],
+        text=["<br><br>".join(_alert_label(a) for a in c) for c in cells.values()],
+        hovertemplate="%{text}<extra></extra>",
+        marker={"symbol": "square-open", "size": 16, "color": "#58a6ff",
+                "line": {"width": 2.5, "color": "#58a6ff"}},
+    ))
+    return fig
+
+
+def compare_figure(
+    name: str, runs: Sequence[tuple[int, str, SeriesOut | None]]
+) -> go.Figure:
+    """One series of several runs overlaid; each ``(run id, label, series)``, a run without
+    the series is named in the legend as missing. Traces carry ``meta`` ``run:<id>``."""
+    title = plain(name)
+    fig = go.Figure(layout=_base_layout(title, f"compare:{name}", y_title=title))
+    missing = []
+    for i, (run_id, label, s) in enumerate(runs):
+        color = PALETTE[i % len(PALETTE)]
+        text = plain(label)
+        if s is None:
+            missing.append(text)
+            continue
+        fig.add_trace(go.Scatter(
+            x=list(s.steps), y=_finite(s.values), mode="lines", name=text,
+            meta=f"run:{run_id}", line={"color": color, "width": 1.5},
+            hovertemplate=f"{text}<br>step %{{x}}<br>{title} %{{y:.4g}}<extra></extra>",
+        ))
+        bad = [(st, v) for st, v in zip(s.steps, s.values, strict=True) if not math.isfinite(v)]
+        if bad:
+            fig.add_trace(go.Scatter(
+                x=[st for st, _ in bad], y=[MARKER_ROW] * len(bad), yaxis="y2",
+                mode="markers", name=f"{text}: non-finite", meta=f"nonfinite:{run_id}",
+                text=[f"{text}: {title} = {encode_float(v)} at step {st}" for st, v in bad],
+                hovertemplate="%{text}<extra></extra>",
+                marker={"symbol": "x", "size": 10, "color": color},
+            ))
+    if missing:
+        fig.add_annotation(text="not logged by: " + ", ".join(missing), xref="paper",
+                           yref="paper", x=0, y=-0.22, xanchor="left", showarrow=False,
+                           font={"color": COLORS["axis"], "size": 11})
+    if not fig.data:
+        _no_data(fig, name)
+    return fig

@@ -1,5 +1,10 @@
 """Size limits: the request body (413, counted while reading) and the arrays in a batch.
 
+A body sent with ``Content-Encoding: gzip`` is decompressed here, under the same limit:
+the compressed bytes are counted while reading, and the decompressed bytes may not exceed
+``max_request_bytes`` either (413, whatever the compression ratio), so a small "zip bomb"
+cannot make the collector inflate gigabytes. The app then sees a plain body.
+
 Each limit is a documented :class:`~logitwatch.server.settings.Settings` field, and each
 refusal names the field or setting it hit. The metric-cardinality limit needs the store and
 lives in ``store/ingest.py``.
@@ -8,7 +13,9 @@ lives in ``store/ingest.py``.
 from __future__ import annotations
 
 import json
+import zlib
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from logitwatch.server.errors import BadRequest
@@ -65,6 +72,27 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        headers = dict(scope["headers"])
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding not in (b"", b"identity"):
+            if encoding != b"gzip":
+                await _refuse(send, 415, "unsupported-encoding",
+                              f"Content-Encoding: {encoding.decode('latin-1')!r} is not "
+                              "supported; send gzip or an uncompressed body (nothing was "
+                              "stored)")
+                return
+            try:
+                body = await anyio.to_thread.run_sync(gunzip, body, self.max_bytes)
+            except _TooLarge:
+                await self._too_large(send, decompressed=True)
+                return
+            except ValueError as e:
+                await _refuse(send, 400, "bad-gzip",
+                              f"request body: not a valid gzip stream ({e}); nothing was stored")
+                return
+            headers.pop(b"content-encoding", None)
+            headers[b"content-length"] = str(len(body)).encode()
+            scope = {**scope, "headers": list(headers.items())}
         sent = False
 
         async def replay() -> Message:
@@ -76,12 +104,43 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Send) -> None:
+    async def _too_large(self, send: Send, decompressed: bool = False) -> None:
+        what = "request body, decompressed," if decompressed else "request body:"
         await _refuse(
             send, 413, "request-too-large",
-            f"request body: larger than {self.max_bytes} bytes (max_request_bytes); send "
+            f"{what} larger than {self.max_bytes} bytes (max_request_bytes); send "
             "fewer frames per batch (nothing was stored)",
         )
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def gunzip(data: bytes, max_bytes: int) -> bytes:
+    """Decompress a gzip body (several members allowed) to at most ``max_bytes`` bytes.
+
+    Raises ``_TooLarge`` past the limit (without inflating more than ``max_bytes + 1``
+    bytes) and ``ValueError`` for a corrupt or truncated stream.
+    """
+    out: list[bytes] = []
+    size = 0
+    rest = data
+    while True:
+        d = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            chunk = d.decompress(rest, max_bytes - size + 1)
+        except zlib.error as e:
+            raise ValueError(str(e)) from None
+        size += len(chunk)
+        if size > max_bytes or d.unconsumed_tail:
+            raise _TooLarge
+        out.append(chunk)
+        if not d.eof:
+            raise ValueError("truncated stream")
+        rest = d.unused_data
+        if not rest.strip(b"\0"):
+            return b"".join(out)
 
 
 async def _refuse(send: Send, status: int, code: str, message: str) -> None:

@@ -11,6 +11,7 @@ from logitwatch.wire import NAME_RE, decode_float, encode_float
 
 __all__ = [
     "AlertOut",
+    "DeletedOut",
     "FrameIn",
     "HeatmapOut",
     "IngestIn",
@@ -87,6 +88,10 @@ class AlertOut(BaseModel):
     message: str
     evidence: dict[str, Any]
     remedies: list[str]
+    heads: list[int] | None = None
+    suppressed: str | None = None
+    acked_at: float | None = None
+    acked_by: str | None = None
 
 
 class IngestOut(BaseModel):
@@ -105,6 +110,10 @@ class RunOut(BaseModel):
     last_time: float | None
     open_alerts: int
     last_frame_id: int = Field(0, description="Pass as the live stream's `after`.")
+    status: str = Field(
+        "idle", description="`active` (a frame within run_active_seconds) or `idle`."
+    )
+    tags: list[str] = Field(default_factory=list, description="Labels (`logitwatch runs tag`).")
 
 
 class MetricOut(BaseModel):
@@ -116,7 +125,8 @@ class MetricOut(BaseModel):
 
 class SeriesOut(BaseModel):
     name: str
-    rank: int
+    rank: int | None = Field(description="The rank read; null when ranks are merged.")
+    merge: str | None = Field(None, description="How ranks were merged at each step, if so.")
     layer: int | None = None
     head: int | None = None
     total: int = Field(description="Points in the range before downsampling.")
@@ -127,8 +137,21 @@ class SeriesOut(BaseModel):
 class HeatmapOut(BaseModel):
     name: str
     rank: int
-    step: int | None
+    step: int | None = Field(description="The step shown; with `agg`, the last step read.")
     values: list[list[WireFloat]]
+    agg: str | None = Field(None, description="How the steps were reduced, with `agg`.")
+    first_step: int | None = Field(None, description="With `agg`: the first step read.")
+    frames: int = Field(1, description="Frames reduced into this matrix.")
+
+
+class DeletedOut(BaseModel):
+    """What ``DELETE /api/v1/runs/{id}`` removed."""
+
+    run_id: int
+    name: str
+    project: str
+    frames: int
+    points: int
 
 
 def finite_or_none(x: float | None) -> float | None:

@@ -36,8 +36,41 @@ class Settings(BaseSettings):
     )
     webhook_timeout: float = Field(5.0, gt=0, description="Seconds per webhook attempt.")
     webhook_retries: int = Field(5, ge=0, description="Retries per webhook delivery.")
+    # --- database connections (see docs/ARCHITECTURE.md, "Storage") ----------------------
     pool_size: int = Field(
-        5, ge=1, description="Database connections kept open (PostgreSQL); SQLite uses one."
+        5, ge=1,
+        description="Database connections this process keeps open. Requests run on a "
+        "40-thread pool, and most hold a connection for a few milliseconds, so 5 serve "
+        "hundreds of requests a second; on PostgreSQL, collectors x (pool_size + "
+        "pool_max_overflow) must stay below the server's max_connections (100 by default).",
+    )
+    pool_max_overflow: int = Field(
+        5, ge=0, description="Extra connections opened under bursts, closed when idle."
+    )
+    pool_timeout: float = Field(
+        5.0, gt=0,
+        description="Seconds a request waits for a free connection of the pool before it is "
+        "answered 503 db-busy with Retry-After (a locked SQLite file is waited for 30 s); "
+        "the client then spools and retries, so nothing accepted is lost and nothing hangs.",
+    )
+    # --- retention ---------------------------------------------------------------------
+    retention_days: float | None = Field(
+        None, gt=0,
+        description="Thin the per-head matrices of frames older than this many days (None: "
+        "keep everything). Scalars (loss, grad norm, lr) are always kept at full resolution.",
+    )
+    retention_bucket_steps: int = Field(
+        100, ge=1,
+        description="After thinning, one frame's matrices per this many steps remain: the "
+        "frame with the bucket's largest value (non-finite first), so spikes survive.",
+    )
+    retention_interval: float = Field(
+        3600.0, gt=0, description="Seconds between retention passes (when retention_days is set)."
+    )
+    run_active_seconds: float = Field(
+        600.0, gt=0,
+        description="A run whose last frame is younger than this is 'active', else 'idle' "
+        "(the status filter of GET /api/v1/runs).",
     )
     stream_interval: float = Field(
         1.0, gt=0, description="Seconds between polls of the store by each live stream."
@@ -105,6 +138,12 @@ class Settings(BaseSettings):
     alert_for_samples: int = Field(
         3, ge=1, description="Consecutive sampled steps a condition must hold before firing."
     )
+    alert_sample_every: int = Field(
+        1, ge=0,
+        description="While a run has a firing alert, every ingest answer asks its jobs to "
+        "sample every this many steps (control {'sample_every': N}), so the trouble is seen "
+        "step by step; 0 never changes the jobs' own sampling.",
+    )
 
     @model_validator(mode="after")
     def _check_auth(self) -> Settings:
@@ -113,6 +152,12 @@ class Settings(BaseSettings):
                 "require_tokens and insecure_no_auth contradict each other: choose one"
             )
         return self
+
+    @field_validator("retention_days", mode="before")
+    @classmethod
+    def _empty_is_none(cls, v: object) -> object:
+        # docker-compose passes an unset variable as "": retention off.
+        return None if isinstance(v, str) and not v.strip() else v
 
     @field_validator("db_url")
     @classmethod

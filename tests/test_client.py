@@ -1,7 +1,11 @@
-"""logitwatch.client: queue policy, retries, lifecycle, answers (httpx.MockTransport)."""
+"""logitwatch.client: queue policy, spool, retries, lifecycle, answers (httpx.MockTransport).
+
+The fault-injection tests against a real collector process are in test_transport.py.
+"""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
@@ -17,8 +21,10 @@ import pytest
 
 import logitwatch.client as lwc
 from logitwatch.client import Client, ClientConfig
+from logitwatch.client._codec import encode, pack
 from logitwatch.client._http import backoff_delay, parse_retry_after
-from logitwatch.client._queue import FrameQueue
+from logitwatch.client._queue import Backlog
+from logitwatch.client._spool import SpoolCorrupt, WriterDir, read_segment, write_segment
 
 FAST = ClientConfig(interval=0.02, max_backoff=0.02, timeout=5.0)
 
@@ -37,7 +43,7 @@ class Collector:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         assert request.method == "POST" and request.url.path == "/api/v1/ingest"
-        frames = json.loads(request.content)["frames"]
+        frames = json.loads(body_of(request))["frames"]
         with self.lock:
             n = len(self.requests)
             self.requests.append(frames)
@@ -47,6 +53,18 @@ class Collector:
             with self.lock:
                 self.delivered.extend(frames)
         return response
+
+
+def body_of(request: httpx.Request) -> bytes:
+    if request.headers.get("Content-Encoding") == "gzip":
+        return gzip.decompress(request.content)
+    return request.content
+
+
+@pytest.fixture(autouse=True)
+def spool_home(tmp_path, monkeypatch) -> None:
+    """Every client of these tests spools under tmp_path (the default root is the cache)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
 def ok(alerts: list | None = None, control: dict | None = None) -> httpx.Response:
@@ -107,7 +125,7 @@ def test_frames_follow_the_wire_format(make_client) -> None:
         "heads": {"attn.logit_max": [[1.0, "-Infinity"]]},
     }
     seqs = [f["seq"] for f in collector.delivered]
-    assert seqs == list(range(seqs[0], seqs[0] + 4))
+    assert seqs == sorted(set(seqs)) and len(seqs) == 4  # max(previous + 1, clock µs)
     assert client.stats["sent"] == 4 and client.stats["queued"] == 4
 
 
@@ -133,8 +151,7 @@ def test_connection_error_is_retried(make_client) -> None:
     client = make_client(collector)
     send_n(client, 3)
     assert client.flush(5.0)
-    seqs = [f["seq"] for f in collector.delivered]
-    assert seqs == list(range(seqs[0], seqs[0] + 3))
+    assert [f["step"] for f in collector.delivered] == [0, 1, 2]
     assert client.stats["retries"] == 1
 
 
@@ -184,15 +201,48 @@ def test_400_is_not_retried_and_logged(make_client, caplog) -> None:
     assert [f["step"] for f in collector.delivered] == [2]
 
 
-def test_full_queue_drops_the_oldest() -> None:
-    queue = FrameQueue(3)
-    for seq in range(5):
-        queue.put(seq, {"seq": seq})
-    assert queue.counts()["dropped_queue_full"] == 2
-    assert [f["seq"] for f in queue.take(10)] == [2, 3, 4]
+def memory_backlog(max_frames: int, spool: WriterDir | None = None,
+                   spool_max_bytes: int = 0) -> Backlog:
+    return Backlog(max_frames=max_frames, max_bytes=1 << 30, max_batch=2,
+                   encode=lambda f: encode(f, "r1", "default", 0), spool=spool,
+                   spool_max_bytes=spool_max_bytes)
 
 
-def test_overflow_while_a_batch_is_in_flight(make_client) -> None:
+def frame(step: int):
+    return pack(step, {"loss": float(step)}, {}, 1.0)[0]
+
+
+def test_full_memory_without_spool_drops_the_oldest() -> None:
+    backlog = memory_backlog(3)
+    for step in range(5):
+        backlog.put(frame(step), 0)
+    assert backlog.counts()["dropped_queue_full"] == 2
+    batch = backlog.take(10)
+    assert batch is not None
+    assert [json.loads(line)["step"] for line in batch.lines] == [2, 3, 4]
+
+
+def test_seq_follows_the_clock_and_never_repeats() -> None:
+    backlog = memory_backlog(100)
+    seqs = []
+    for now in (1000, 1000, 999, 5000):
+        f = frame(0)
+        backlog.put(f, now)
+        seqs.append(f.seq)
+    assert seqs == [1000, 1001, 1002, 5000]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def stuck_collector() -> tuple[Collector, threading.Event, threading.Event]:
+    """A collector whose first request blocks until released."""
     entered, release = threading.Event(), threading.Event()
 
     def reply(request: httpx.Request, n: int) -> httpx.Response:
@@ -201,20 +251,42 @@ def test_overflow_while_a_batch_is_in_flight(make_client) -> None:
             assert release.wait(10)
         return ok()
 
-    collector = Collector(reply)
-    client = make_client(collector, config=ClientConfig(interval=0.02, max_queue=3, max_batch=1),
-                         release=release)
+    return Collector(reply), entered, release
+
+
+def test_overflow_while_a_batch_is_in_flight_spills_to_disk_in_order(make_client) -> None:
+    collector, entered, release = stuck_collector()
+    config = ClientConfig(interval=0.02, max_queue=10, max_batch=1)
+    client = make_client(collector, config=config, release=release)
     send_n(client, 1)
-    assert entered.wait(5)  # frame 0 is in flight; the queue is empty
+    assert entered.wait(5)  # frame 0 is in flight and the sender is stuck
+    send_n(client, 8, start=1)  # past half of max_queue: the spooler writes them to disk
+    assert wait_until(lambda: client.stats["spilled"] >= 6)
+    assert client.spool_path is not None
+    send_n(client, 4, start=9)
+    release.set()
+    assert client.flush(5.0)
+    assert [f["step"] for f in collector.delivered] == list(range(13))
+    stats = client.stats
+    assert stats["dropped_queue_full"] == 0 and stats["replayed"] == stats["spilled"] >= 6
+    assert stats["spooled"] == 0
+
+
+def test_overflow_without_spool_drops_the_oldest(make_client) -> None:
+    collector, entered, release = stuck_collector()
+    config = ClientConfig(interval=0.02, max_queue=3, max_batch=1, spool_max_bytes=0)
+    client = make_client(collector, config=config, release=release)
+    send_n(client, 1)
+    assert entered.wait(5)
     send_n(client, 5, start=1)  # 1..5 into a queue of 3: 1 and 2 are dropped
     assert client.stats["dropped_queue_full"] == 2
     release.set()
-    assert client.flush(5.0)
+    assert client.flush(5.0)  # (the drops happened before this flush began)
     assert [f["step"] for f in collector.delivered] == [0, 3, 4, 5]
 
 
-def test_flush_false_on_timeout_and_shutdown_respects_deadline(make_client, caplog,
-                                                               monkeypatch) -> None:
+def test_flush_false_on_timeout_and_shutdown_keeps_the_rest_in_the_spool(
+        make_client, caplog, monkeypatch) -> None:
     unregistered: list = []
     monkeypatch.setattr("atexit.unregister", unregistered.append)
     entered, release = threading.Event(), threading.Event()
@@ -233,12 +305,28 @@ def test_flush_false_on_timeout_and_shutdown_respects_deadline(make_client, capl
         client.shutdown(0.3)
         elapsed = time.monotonic() - t0
     assert elapsed < 2.0
-    assert client.stats["undelivered_at_shutdown"] == 4
-    assert "4 frame(s) of run 'r1' were NOT delivered" in caplog.text
+    stats = client.stats
+    assert stats["undelivered_at_shutdown"] == 0 and stats["spooled"] == 4
+    path = client.spool_path
+    assert path is not None and len(list(__import__("pathlib").Path(path).glob("*.seg"))) == 1
+    assert "4 frame(s) of run 'r1' rank 0 were not delivered" in caplog.text
+    assert f"logitwatch push {path} --url http://collector" in caplog.text
     assert unregistered == [client._atexit]
     client.shutdown(0.3)  # idempotent
     client.send(9, {}, {})
     assert client.stats["dropped_after_shutdown"] == 1 and client.flush(0.1) is False
+
+
+def test_shutdown_without_spool_counts_what_is_lost(make_client, caplog) -> None:
+    collector, entered, release = stuck_collector()
+    client = make_client(collector, config=ClientConfig(interval=0.02, spool_max_bytes=0),
+                         release=release)
+    send_n(client, 3)
+    assert entered.wait(5)
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        client.shutdown(0.2)
+    assert client.stats["undelivered_at_shutdown"] == 3
+    assert "3 frame(s) of run 'r1' rank 0 were NOT delivered" in caplog.text
 
 
 def test_shutdown_delivers_what_is_queued(make_client) -> None:
@@ -277,10 +365,19 @@ def test_alerts_once_per_id_and_control(make_client, caplog) -> None:
     assert caplog.text.count("on_alert callback") == 2
 
 
-def test_garbage_answer_still_counts_as_delivered(make_client) -> None:
-    client = make_client(Collector(lambda req, n: httpx.Response(200, text="<html>")))
+def test_garbage_2xx_and_auth_errors_keep_the_frames(make_client) -> None:
+    answers = [httpx.Response(200, text="<html>captive portal</html>"),
+               httpx.Response(200, json=["not", "an", "object"]),
+               httpx.Response(401, json={"code": "invalid-token", "message": "unknown"}),
+               httpx.Response(404, text="not found")]
+    collector = Collector(lambda req, n: answers[n] if n < len(answers) else ok())
+    client = make_client(collector)
     send_n(client, 2)
     assert client.flush(5.0)
+    assert len(collector.requests) == 5
+    assert all([f["step"] for f in r] == [0, 1] for r in collector.requests)
+    stats = client.stats
+    assert stats["retries"] == 4 and stats["sent"] == 2 and stats["rejected"] == 0
     assert client.control == {}
 
 
@@ -290,7 +387,8 @@ def test_send_never_raises(make_client, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
         client.send(0, {"loss": "not a number"}, {})  # type: ignore[dict-item]
         client.send(1, {"loss": object()}, {})  # type: ignore[dict-item]
-    assert caplog.text.count("Client.send failed") == 1
+    assert caplog.text.count("Client.send dropped a frame") == 1
+    assert client.stats["invalid"] == 2
     send_n(client, 1, start=2)
     assert client.flush(5.0)
     assert [f["step"] for f in collector.delivered] == [2]
@@ -339,3 +437,112 @@ def test_token_is_sent_as_bearer_header_and_read_from_env() -> None:
     assert seen == ["Bearer lw_secret"]
     with pytest.raises(ValueError, match="token"):
         ClientConfig(token="  ")
+
+
+def test_bad_frames_and_metrics_are_left_out_not_the_batch(make_client, caplog) -> None:
+    collector = Collector()
+    client = make_client(collector)
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        client.send(-1, {"loss": 1.0}, {})  # the collector would refuse the whole batch
+        client.send(1, {"loss": 1.0, "bad name": 2.0},
+                    {"ragged": [[1.0, 2.0], [3.0]], "attn.logit_max": [[1.0, 2.0]]})
+    assert client.flush(5.0)
+    assert client.stats["invalid"] == 1
+    (only,) = collector.delivered
+    assert only["scalars"] == {"loss": 1.0} and list(only["heads"]) == ["attn.logit_max"]
+    assert "step must be an int" in caplog.text and "'bad name'" in caplog.text
+    assert "heads['ragged']" in caplog.text
+
+
+def test_values_are_copied_at_send(make_client) -> None:
+    collector, entered, release = stuck_collector()
+    client = make_client(collector, release=release)
+    send_n(client, 1)
+    assert entered.wait(5)
+    row = [1.0, 2.0]
+    client.send(1, {"loss": 1.0}, {"attn.logit_max": [row]})
+    row[0] = 99.0  # the caller reuses its list
+    release.set()
+    assert client.flush(5.0)
+    assert collector.delivered[1]["heads"]["attn.logit_max"] == [[1.0, 2.0]]
+
+
+def test_many_threads_send_at_once(make_client) -> None:
+    collector = Collector()
+    client = make_client(collector, config=ClientConfig(interval=0.02, max_batch=64))
+    threads = [threading.Thread(target=send_n, args=(client, 200, 1000 * i)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert client.flush(10.0)
+    seqs = [f["seq"] for f in collector.delivered]
+    assert len(seqs) == 800 and seqs == sorted(set(seqs))  # unique, delivered in seq order
+    assert sorted(f["step"] for f in collector.delivered) == sorted(
+        s for i in range(4) for s in range(1000 * i, 1000 * i + 200))
+
+
+def test_gzip_bodies(make_client) -> None:
+    encodings: list[str | None] = []
+    collector = Collector(lambda req, n: encodings.append(req.headers.get("Content-Encoding"))
+                          or ok())
+    client = make_client(collector, config=ClientConfig(interval=0.02, max_batch=50))
+    client.send(0, {"loss": 1.0}, {})  # a small body goes as it is
+    assert client.flush(5.0)
+    send_n(client, 50, start=1)
+    assert client.flush(5.0)
+    assert encodings[0] is None and encodings[-1] == "gzip"
+    assert len(collector.delivered) == 51
+
+
+def test_segment_files_are_checked(tmp_path) -> None:
+    lines = [b'{"a":1}', b'{"a":2}']
+    seg = write_segment(tmp_path, [5, 9], lines)
+    assert seg.path.name == "00000000000000000005-00000000000000000009.seg"
+    assert read_segment(seg.path) == lines and seg.frames == 2
+    assert not list(tmp_path.glob(".tmp-*"))
+    data = bytearray(seg.path.read_bytes())
+    data[-3] ^= 1  # one bit flipped on disk
+    seg.path.write_bytes(bytes(data))
+    with pytest.raises(SpoolCorrupt, match="checksum"):
+        read_segment(seg.path)
+    (tmp_path / "x.seg").write_bytes(b"hello\n")
+    with pytest.raises(SpoolCorrupt, match="not a logitwatch spool segment"):
+        read_segment(tmp_path / "x.seg")
+
+
+def test_spool_budget_drops_the_oldest_and_counts(tmp_path) -> None:
+    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
+    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=2000)
+    for step in range(40):
+        backlog.put(frame(step), 0)
+    backlog.spill(0, 0)
+    counts = backlog.counts()
+    frames, size = backlog.spooled()
+    assert size <= 2000 and frames + counts["dropped_spool_full"] == 40
+    assert counts["dropped_spool_full"] > 0 and counts["spilled"] == 40
+    batch = backlog.take(1000)
+    assert batch is not None
+    steps = [json.loads(line)["step"] for line in batch.lines]
+    assert steps == list(range(40 - frames, 40))  # the newest are kept
+    assert len(list(spool.path.glob("*.seg"))) == len(batch.segments)
+    spool.release()
+
+
+def test_damaged_segment_is_dropped_and_counted(tmp_path, caplog) -> None:
+    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
+    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=1 << 20)
+    for step in range(6):
+        backlog.put(frame(step), 0)
+    backlog.spill(0, 0)  # 3 segments of 2 frames (max_batch=2)
+    first = sorted(spool.path.glob("*.seg"))[0]
+    first.write_bytes(first.read_bytes()[:-5])
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        batch = backlog.take(4)
+    assert batch is not None
+    assert [json.loads(line)["step"] for line in batch.lines] == [2, 3]
+    assert backlog.counts()["dropped_spool_corrupt"] == 2
+    assert "dropping spool segment" in caplog.text and first.with_suffix(".corrupt").exists()
+    backlog.settle(batch, "delivered")
+    assert backlog.counts()["replayed"] == 2
+    spool.release()

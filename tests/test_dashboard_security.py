@@ -156,7 +156,7 @@ def test_hostile_names_render_literally(db_file: str, tab: Any) -> None:
         card = page.locator("#alerts .alert").first
         assert card.locator(".message").inner_text() == HOSTILE_MESSAGE
         assert HOSTILE_METRIC in card.locator(".facts").inner_text()
-        card.locator("summary").click()
+        card.locator(".remedies summary").click()
         assert card.locator(".remedies li").inner_text() == HOSTILE_REMEDY
         assert card.locator("a").count() == 0
 

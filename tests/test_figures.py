@@ -239,3 +239,141 @@ def test_heatmap_of_a_diverged_step_says_so() -> None:
     fine = heatmap_figure(HeatmapOut(name="attn.logit_max", rank=0, step=1,
                                      values=[[1.0, nan]]))
     assert not fine.layout.annotations
+
+
+# --- dashboard views (server/store/views.py) on SQLite and PostgreSQL ----------------------
+
+
+def head_frame(seq: int, *, run: str = "v", layers: int = 3, heads: int = 4,
+               **scalars: float | str) -> dict:
+    """Head (1, 2) climbs from seq 20; head (2, 0) is NaN at seq 7; entropy mirrors it."""
+    m = [[1.0 + layer + 0.1 * head for head in range(heads)] for layer in range(layers)]
+    if seq >= 20:
+        m[1][2] = 10.0 * (seq - 19)
+    if seq == 7:
+        m[2][0] = "NaN"
+    ent = [[5.0 - (v if isinstance(v, float) else 0.0) / 100 for v in row] for row in m]
+    return {"run": run, "seq": seq, "step": seq * 10, "time": 1000.0 + seq, "scalars": scalars,
+            "heads": {"attn.logit_max": m, "attn.entropy": ent}}
+
+
+@pytest.fixture
+def views_client(db_url: str):
+    with TestClient(create_app(Settings(db_url=db_url))) as c:
+        frames = [head_frame(i, loss=3.0 - 0.01 * i, **{"grad.clipped": float(i % 4 == 0)})
+                  for i in range(40)]
+        assert c.post("/api/v1/ingest", json={"frames": frames}).status_code == 200
+        yield c
+
+
+def test_heads_over_time_layer_slice_and_envelope(views_client: TestClient) -> None:
+    c = views_client
+    one = c.get("/api/v1/runs/1/heads_time", params={"layer": 1}).json()
+    assert one["total"] == 40 and one["bucket"] == 1 and len(one["values"]) == 4
+    assert one["values"][2][-1] == 200.0 and one["values"][0][0] == pytest.approx(2.0)
+    # Buckets keep their maximum: the climbing head's last bucket holds its last value.
+    coarse = c.get("/api/v1/runs/1/heads_time", params={"layer": 1, "max_cols": 8}).json()
+    assert coarse["bucket"] == 5 and len(coarse["steps"]) == 8
+    assert coarse["values"][2][-1] == 200.0 and coarse["steps"][:2] == [0, 50]
+    env = c.get("/api/v1/runs/1/heads_time", params={"max_cols": 4}).json()
+    assert env["layer"] is None and len(env["values"]) == 3 and env["reduce"] == "max"
+    assert env["values"][1][-1] == 200.0
+    # The NaN cell is skipped by its layer's max (other heads are finite).
+    assert env["values"][2][0] == pytest.approx(3.3)
+    ranged = c.get("/api/v1/runs/1/heads_time", params={"layer": 1, "start": 100,
+                                                        "end": 150}).json()
+    assert ranged["steps"] == [100, 110, 120, 130, 140, 150]
+    low = c.get("/api/v1/runs/1/heads_time", params={"name": "attn.entropy", "layer": 1}).json()
+    assert low["reduce"] == "min"
+    r = c.get("/api/v1/runs/1/heads_time", params={"layer": 9})
+    assert r.status_code == 422 and r.json()["code"] == "bad-selector"
+    assert c.get("/api/v1/runs/1/heads_time", params={"name": "nope"}).json()["values"] == []
+
+
+def test_worst_heads(views_client: TestClient) -> None:
+    w = views_client.get("/api/v1/runs/1/worst_heads", params={"k": 3, "window": 10}).json()
+    assert w["step"] == 390 and w["order"] == "highest" and w["window"] == 10
+    top = w["rows"][0]
+    assert (top["layer"], top["head"], top["value"]) == (1, 2, 200.0)
+    assert top["before"] == 110.0 and top["change"] == 90.0
+    assert top["trend_steps"] == list(range(300, 400, 10)) and top["alert"] == "firing"
+    assert len(w["rows"]) == 3 and w["rows"][1]["value"] <= 200.0
+    ent = views_client.get("/api/v1/runs/1/worst_heads",
+                           params={"name": "attn.entropy", "k": 1}).json()
+    assert ent["order"] == "lowest" and (ent["rows"][0]["layer"], ent["rows"][0]["head"]) == (1, 2)
+    r = views_client.get("/api/v1/runs/1/worst_heads", params={"name": "loss"})
+    assert r.status_code == 422 and r.json()["code"] == "not-per-head"
+
+
+def test_runs_overview_sparklines_and_filters(views_client: TestClient) -> None:
+    c = views_client
+    more = [head_frame(i, run="w", loss="NaN" if i == 2 else 1.0) for i in range(3)]
+    c.post("/api/v1/ingest", json={"frames": more})
+    runs = c.get("/api/v1/dashboard/runs").json()
+    by = {r["name"]: r for r in runs}
+    assert by["v"]["loss_steps"][0] == 0 and by["v"]["loss_steps"][-1] == 390
+    assert len(by["v"]["loss_steps"]) == 40 and by["v"]["status"] in ("active", "idle")
+    assert by["w"]["status"] == "diverged" and by["w"]["last_loss"] == "NaN"
+    assert [r["name"] for r in c.get("/api/v1/dashboard/runs", params={"q": "W"}).json()] == ["w"]
+    assert [r["name"] for r in c.get("/api/v1/dashboard/runs",
+                                     params={"status": "diverged"}).json()] == ["w"]
+    alerting = [r["name"] for r in c.get("/api/v1/dashboard/runs",
+                                         params={"alerting": True}).json()]
+    assert "v" in alerting and alerting == [r["name"] for r in runs if r["open_alerts"]]
+    assert c.get("/api/v1/dashboard/runs", params={"project": "other"}).json() == []
+    r = c.get("/api/v1/dashboard/runs", params={"status": "sleepy"})
+    assert r.status_code == 422 and r.json()["code"] == "bad-status"
+    # The cache extends a sparkline with new frames only; bounded by re-downsampling.
+    c.post("/api/v1/ingest", json={"frames": [head_frame(i, loss=0.5) for i in range(40, 400)]})
+    v = next(r for r in c.get("/api/v1/dashboard/runs").json() if r["name"] == "v")
+    assert v["loss_steps"][-1] == 3990 and len(v["loss_steps"]) <= 70
+    assert max(v["loss_values"]) == 3.0 and min(v["loss_values"]) == 0.5
+
+
+def test_clip_rate_series_and_compare(views_client: TestClient) -> None:
+    c = views_client
+    fig = c.get("/api/v1/runs/1/figures/clip_rate").json()
+    y = fig["data"][0]["y"]
+    assert y[0] == 1.0 and y[3] == 0.25 and y[-1] == 0.25  # 1 in 4 clipped, 20-sample mean
+    assert fig["layout"]["yaxis"]["title"]["text"] == "clip rate"
+    c.post("/api/v1/ingest", json={"frames": [head_frame(i, run="w", loss=2.0)
+                                              for i in range(5)]})
+    fig = c.get("/api/v1/compare/figure", params={"runs": "1,2", "name": "loss"}).json()
+    assert [t["meta"] for t in fig["data"]] == ["run:1", "run:2"]
+    assert fig["data"][1]["y"] == [2.0] * 5
+    fig = c.get("/api/v1/compare/figure", params={"runs": "1,2", "name": "grad.clipped"}).json()
+    assert [t["meta"] for t in fig["data"]] == ["run:1"]
+    assert "not logged by: w" in fig["layout"]["annotations"][0]["text"]
+    fig = c.get("/api/v1/compare/figure", params={"runs": "1,2", "name": "attn.logit_max",
+                                                  "layer": 1, "head": 2}).json()
+    assert fig["data"][0]["y"][-1] == 200.0
+    meta = c.get("/api/v1/compare/metrics", params={"runs": "2,1"}).json()
+    assert [r["name"] for r in meta["runs"]] == ["w", "v"]
+    assert "grad.clipped" in [m["name"] for m in meta["metrics"]]
+    for bad, code in (("x", "bad-runs"), ("", "bad-runs"), ("1,99", "run-not-found"),
+                      ("1,99999999999999999999", "bad-runs"), ("0", "bad-runs"),
+                      (",".join(["1"] * 11), "too-many-runs")):
+        r = c.get("/api/v1/compare/figure", params={"runs": bad})
+        assert r.json()["code"] == code, (bad, r.text)
+    drill = c.get("/api/v1/runs/1/figures/series",
+                  params={"name": "attn.logit_max", "layer": 1, "head": 2}).json()
+    assert [t["meta"] for t in drill["data"]][:2] == ["envelope", "series"]
+    assert c.get("/api/v1/runs/1/figures/series").json()["code"] == "missing-name"
+    hm = c.get("/api/v1/runs/1/figures/heatmap", params={"name": "attn.entropy"}).json()
+    assert hm["layout"]["meta"]["metric"] == "attn.entropy"
+    alerts = next(t for t in hm["data"] if t["meta"] == "alerts")
+    assert (alerts["x"], alerts["y"]) == ([2], [1])
+
+
+def test_line_and_compare_figures_escape_names() -> None:
+    from logitwatch.server.figures import compare_figure, line_figure
+
+    evil = "<img src=x onerror=alert(1)>%{y}"
+    fig = line_figure(series(evil, [0, 10], [1.0, float("nan")]), [alert()], title=evil)
+    assert "<img" not in fig.layout.title.text and "&lt;img" in fig.layout.title.text
+    assert roles(fig) == {"series": 0, "nonfinite": 1, "alerts": 2}
+    strict_json(fig)
+    fig = compare_figure(evil, [(1, evil, series("loss", [0], [float("inf")])), (2, "b", None)])
+    assert all("<img" not in (t.name or "") for t in fig.data)
+    assert "not logged by: b" in fig.layout.annotations[0].text
+    strict_json(fig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
@@ -23,12 +24,18 @@ import logitwatch.hooks as lwh
 from logitwatch.client import Client, ClientConfig
 from logitwatch.hooks import Monitor, _monitor, attach
 from logitwatch.hooks._attach import resolve_rank
-from logitwatch.hooks._buffer import StepBuffer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SCALARS = {"loss", "grad.norm", "grad.clipped", "lr"}
-HEADS = {"attn.logit_max", "attn.logit_p99"}
+COST = {"hooks.host_ms", "hooks.syncs", "hooks.bytes", "hooks.sample_every"}
+#: Present once the monitor has measured a sampled step against plain ones / on frame 0.
+LATER = {"hooks.cost_ms", "hooks.overhead", "loss.first_over_ln_vocab"}
+FINAL = {"final.hidden_rms", "final.logz", "final.logit_max"}
+SCALARS = {"loss", "grad.norm", "grad.clipped", "grad.clip_rate", "lr"} | FINAL | COST
+ATTN = {"attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
+        "attn.entropy_mean", "attn.entropy_min"}
+QK = {"qk.q_weight_norm", "qk.k_weight_norm", "qk.q_bias_norm", "qk.k_bias_norm"}
+HEADS = ATTN | QK
 SYNCS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
 VOCAB = 64
 
@@ -85,6 +92,12 @@ class TinyLM(nn.Module):
         return SimpleNamespace(loss=loss, logits=logits)
 
 
+def watch(*args, **kwargs) -> Monitor:
+    """``attach`` with a fixed schedule (no overhead budget) unless the test says so."""
+    kwargs.setdefault("overhead_budget", None)
+    return attach(*args, **kwargs)
+
+
 def batches(n: int, seed: int = 0, b: int = 3, t: int = 10) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (b, t), generator=gen) for _ in range(n)]
@@ -115,8 +128,11 @@ class Recorder:
         self.lock = threading.Lock()
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = request.content
+        if request.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
         with self.lock:
-            self.frames.extend(json.loads(request.content)["frames"])
+            self.frames.extend(json.loads(body)["frames"])
         return httpx.Response(200, json={"alerts": [], "control": self.control})
 
 
@@ -170,9 +186,16 @@ def assert_frame_matches(frame: dict, step: dict, layers: int = 2, heads: int = 
 # -- tests --------------------------------------------------------------------------------
 
 
+def keys(frame: dict) -> set[str]:
+    """The frame's scalar names without those that depend on timing or frame order."""
+    return set(frame["scalars"]) - LATER
+
+
 def test_public_surface() -> None:
-    assert lwh.__all__ == ["Monitor", "attach"]
-    assert logitwatch.__all__ == ["Client", "ClientConfig", "Monitor", "attach"]
+    assert lwh.__all__ == ["Monitor", "attach", "record_attention"]
+    assert logitwatch.__all__ == ["Client", "ClientConfig", "Monitor", "attach",
+                                  "record_attention"]
+    assert logitwatch.record_attention is lwh.record_attention
     assert logitwatch.attach is attach
 
 
@@ -181,13 +204,13 @@ def test_custom_sdpa_model_frames(recorder) -> None:
     torch.manual_seed(0)
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with attach(model, opt, run="r", client=client, sample_every=3) as mon:
+    with watch(model, opt, run="r", client=client, sample_every=3) as mon:
         steps = train_tiny(model, opt, mon, batches(7), clip=0.5)
     frames = rec.frames
     assert [f["step"] for f in frames] == [0, 3, 6]
     for frame in frames:
         step = steps[frame["step"]]
-        assert set(frame["scalars"]) == SCALARS and set(frame["heads"]) == HEADS
+        assert keys(frame) == SCALARS and set(frame["heads"]) == ATTN  # q/kv: unknown layout
         assert_frame_matches(frame, step)
         assert frame["scalars"]["grad.norm"] == pytest.approx(step["norm"].item(), rel=1e-6)
         assert frame["scalars"]["grad.clipped"] == float(step["norm"].item() > 0.5)
@@ -207,7 +230,7 @@ def test_grad_norm_without_a_clip_call(recorder) -> None:
         grads = [p.grad for p in model.parameters()]
         expected.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
 
-    with attach(model, opt, run="r", client=client, sample_every=1, max_grad_norm=1e-3) as mon:
+    with watch(model, opt, run="r", client=client, sample_every=1, max_grad_norm=1e-3) as mon:
         train_tiny(model, opt, mon, batches(2), clip=None, hook=before_step)
     for frame, norm in zip(rec.frames, expected, strict=True):
         assert frame["scalars"]["grad.norm"] == pytest.approx(norm, rel=1e-5)
@@ -218,9 +241,9 @@ def test_no_clip_threshold_means_no_grad_clipped(recorder) -> None:
     rec, client = recorder
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with attach(model, opt, run="r", client=client) as mon:
+    with watch(model, opt, run="r", client=client) as mon:
         train_tiny(model, opt, mon, batches(1), clip=None)
-    assert set(rec.frames[0]["scalars"]) == {"loss", "grad.norm", "lr"}
+    assert keys(rec.frames[0]) == {"loss", "grad.norm", "lr"} | FINAL | COST
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +279,7 @@ def train_gpt2(model, client, steps: int = 3) -> tuple[list, list]:
     mask = torch.ones(2, 12, dtype=torch.long)
     mask[1, 8:] = 0
     norms, per_step = [], []
-    with attach(model, opt, run="r", client=client, sample_every=2):
+    with watch(model, opt, run="r", client=client, sample_every=2):
         for _ in range(steps):
             recorded.clear()
             ids = torch.randint(1, 256, (2, 12), generator=gen)
@@ -280,7 +303,7 @@ def test_gpt2_frames_match_explicit_attention(gpt2_config, impl, recorder) -> No
     mask = torch.ones(2, 12)
     mask[1, 8:] = 0
     for frame in rec.frames:
-        assert set(frame["scalars"]) == {"loss", "grad.norm", "grad.clipped", "lr"}
+        assert keys(frame) == SCALARS
         ref_max, ref_p99 = reference(per_step[frame["step"]], mask)
         np.testing.assert_allclose(frame["heads"]["attn.logit_max"], ref_max, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(frame["heads"]["attn.logit_p99"], ref_p99, rtol=1e-5, atol=1e-6)
@@ -296,8 +319,9 @@ def test_gpt2_eager_and_sdpa_give_identical_stats(gpt2_config) -> None:
         )
         train_gpt2(build_gpt2(gpt2_config, impl), client, steps=1)
     (s_eager, h_eager), (s_sdpa, h_sdpa) = got["eager"][0], got["sdpa"][0]
+    assert set(h_eager) == set(h_sdpa) == HEADS
     for name in HEADS:
-        np.testing.assert_allclose(h_eager[name], h_sdpa[name], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(h_eager[name], h_sdpa[name], rtol=1e-5, atol=1e-5)
     assert s_eager["loss"] == pytest.approx(s_sdpa["loss"], rel=1e-5)
 
 
@@ -308,8 +332,8 @@ def test_close_restores_the_model_and_patches(gpt2_config, recorder) -> None:
     eager_fn, clip_fn = modeling_gpt2.eager_attention_forward, torch.nn.utils.clip_grad_norm_
     first, second = build_gpt2(gpt2_config, "eager"), build_gpt2(gpt2_config, "eager")
     opt = torch.optim.SGD(first.parameters(), lr=0.1)
-    mon1 = attach(first, opt, run="r", client=client)
-    mon2 = attach(second, run="r", client=client)
+    mon1 = watch(first, opt, run="r", client=client)
+    mon2 = watch(second, run="r", client=client)
     assert modeling_gpt2.eager_attention_forward is not eager_fn
     assert torch.nn.utils.clip_grad_norm_ is not clip_fn
     first(input_ids=torch.ones(1, 4, dtype=torch.long), labels=torch.ones(1, 4, dtype=torch.long))
@@ -342,7 +366,7 @@ def test_no_host_sync_on_non_sampled_steps(recorder) -> None:
     rec, client = recorder
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    mon = attach(model, opt, run="r", client=client, sample_every=3)
+    mon = watch(model, opt, run="r", client=client, sample_every=3)
     calls = []
     for ids in batches(7):
         with CountSyncs() as counter:
@@ -368,7 +392,7 @@ def test_cuda_non_sampled_steps_do_not_sync() -> None:
     frames: list = []
     client = Client(None, run="r")
     client.send = lambda step, scalars, heads, time=None: frames.append(step)
-    mon = attach(model, opt, run="r", client=client, sample_every=2)
+    mon = watch(model, opt, run="r", client=client, sample_every=2)
     for i, ids in enumerate(batches(5)):
         ids = ids.cuda()
         torch.cuda.set_sync_debug_mode("error" if i % 2 else "default")
@@ -389,7 +413,7 @@ def test_sampling_interval_follows_control(recorder) -> None:
     rec.control = {"sample_every": 2}
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    mon = attach(model, opt, run="r", client=client, sample_every=5)
+    mon = watch(model, opt, run="r", client=client, sample_every=5)
     train_tiny(model, opt, mon, batches(1))
     assert client.flush(5.0) and client.control == {"sample_every": 2}
     train_tiny(model, opt, mon, batches(6, seed=1))
@@ -415,7 +439,7 @@ def test_eval_and_no_grad_forwards_are_not_captured(recorder) -> None:
         with torch.no_grad():
             model(huge, huge)
 
-    with attach(model, opt, run="r", client=client, sample_every=1) as mon:
+    with watch(model, opt, run="r", client=client, sample_every=1) as mon:
         recorded_before = []
         steps = train_tiny(model, opt, mon, batches(2),
                            hook=lambda i: (recorded_before.append(list(model.recorded)),
@@ -434,9 +458,11 @@ def test_micro_batches_are_combined(recorder) -> None:
 
     def keep(i: int) -> None:  # what the monitor holds just before the optimizer step
         buf = mon._buffer
-        kept.extend([*buf.attn_max.values(), *buf.attn_p99.values(), buf.auto_loss])
+        for stats in buf.attn.values():
+            kept.extend(t for t in vars(stats).values() if isinstance(t, torch.Tensor))
+        kept.extend([buf.auto_loss, *buf.final.metrics().values()])
 
-    with attach(model, opt, run="r", client=client, sample_every=1) as mon:
+    with watch(model, opt, run="r", client=client, sample_every=1) as mon:
         steps = train_tiny(model, opt, mon, batches(4), micro=2, hook=keep)
     assert kept and all(t.grad_fn is None and not t.requires_grad for t in kept)
     assert len(rec.frames) == 2
@@ -472,14 +498,14 @@ def test_a_failure_disables_one_part_and_training_is_unaffected(
     def boom(*args, **kwargs):
         raise RuntimeError("injected failure")
 
-    target = {"attention": (_monitor, "attention_logit_stats"),
+    target = {"attention": (_monitor, "attention_head_stats"),
               "grad": (_monitor, "global_grad_norm"),
-              "step": (StepBuffer, "collect")}[where]
+              "step": (_monitor, "collect")}[where]
     expected, _ = run_tiny(lambda model, opt: None)
     monkeypatch.setattr(*target, boom)
     with caplog.at_level(logging.WARNING, logger="logitwatch.hooks"):
         params, mon = run_tiny(
-            lambda model, opt: attach(model, opt, run="r", client=client, sample_every=1)
+            lambda model, opt: watch(model, opt, run="r", client=client, sample_every=1)
         )
     assert all(torch.equal(a, b) for a, b in zip(params, expected, strict=True))
     assert mon is not None and mon.disabled == {where}
@@ -496,7 +522,7 @@ def test_an_exception_in_forward_leaves_no_mode_behind(recorder) -> None:
     rec, client = recorder
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    mon = attach(model, opt, run="r", client=client, sample_every=1)
+    mon = watch(model, opt, run="r", client=client, sample_every=1)
     with pytest.raises(IndexError):
         model(torch.full((1, 4), VOCAB + 5))  # out of range token: the job's own bug
     assert torch._C._len_torch_function_stack() == 0 and not mon.capturing
@@ -508,7 +534,7 @@ def test_an_exception_in_forward_leaves_no_mode_behind(recorder) -> None:
 def test_without_optimizer_monitor_step_ends_steps(recorder) -> None:
     rec, client = recorder
     model = TinyLM()
-    mon = attach(model, run="r", client=client, sample_every=2)
+    mon = watch(model, run="r", client=client, sample_every=2)
     for ids in batches(3):
         out = model(ids, ids.roll(-1, 1))
         out.loss.backward()
@@ -516,7 +542,7 @@ def test_without_optimizer_monitor_step_ends_steps(recorder) -> None:
         model.zero_grad()
     mon.close()
     assert [f["step"] for f in rec.frames] == [0, 2]
-    assert set(rec.frames[0]["scalars"]) == {"loss", "grad.norm"}
+    assert keys(rec.frames[0]) == {"loss", "grad.norm"} | FINAL | COST
 
 
 def test_attach_validates_arguments(monkeypatch) -> None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from logitwatch.hooks import _stats
-from logitwatch.hooks._stats import attention_logit_stats, global_grad_norm, top_quantile
+from logitwatch.hooks import _logits
+from logitwatch.hooks._logits import HIST_BINS, attention_head_stats, merge_head_stats
+from logitwatch.hooks._stats import global_grad_norm, top_quantile
 
 SYNCS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
 
@@ -27,6 +30,11 @@ class CountSyncs(TorchFunctionMode):
         if name in SYNCS:
             self.calls.append(name)
         return func(*args, **(kwargs or {}))
+
+
+def attention_logit_stats(q, k, **kwargs):
+    stats = attention_head_stats(q, k, **kwargs)
+    return stats.maximum, stats.p99
 
 
 def reference(q, k, valid, scale):
@@ -133,18 +141,27 @@ def test_three_dim_layout_is_one_head() -> None:
     assert got_max.shape == (1,) and torch.allclose(got_max[0], ref)
 
 
-def test_head_chunking_gives_the_same_answer(monkeypatch) -> None:
-    q, k = torch.randn(2, 6, 5, 4), torch.randn(2, 6, 5, 4)
-    whole = attention_logit_stats(q, k, is_causal=True)
-    monkeypatch.setattr(_stats, "_CHUNK_ELEMENTS", 2 * 5 * 5 * 2)  # two heads at a time
-    chunked = attention_logit_stats(q, k, is_causal=True)
-    assert all(torch.equal(a, b) for a, b in zip(whole, chunked, strict=True))
+@pytest.mark.parametrize("budget", [4000, 1200, 500])  # head chunks, query chunks, 1 row
+def test_chunking_gives_the_same_answer(budget: int) -> None:
+    gen = torch.Generator().manual_seed(4)
+    q, k = torch.randn(2, 6, 7, 4, generator=gen), torch.randn(2, 3, 7, 4, generator=gen)
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    mask[1, ..., 5:] = False
+    whole = attention_head_stats(q, k, attn_mask=mask, is_causal=True, softcap=2.0).metrics()
+    hc, tq, exact = _logits._plan(2, 6, 7, 7, budget)
+    assert (hc, tq) != (6, 7) and exact
+    part = attention_head_stats(q, k, attn_mask=mask, is_causal=True, softcap=2.0,
+                                budget=budget).metrics()
+    assert set(whole) == set(part)
+    for name in whole:
+        torch.testing.assert_close(part[name], whole[name], rtol=1e-5, atol=1e-6)
 
 
 def test_more_than_2_pow_24_pairs_per_head() -> None:
     t = 4200  # 4200 * 4200 > 2**24: torch.quantile would refuse this
     gen = torch.Generator().manual_seed(2)
     q, k = torch.randn(1, 1, t, 2, generator=gen), torch.randn(1, 1, t, 2, generator=gen)
+    assert _logits._plan(1, 1, t, t, _logits.DEFAULT_BUDGET)[2]  # the exact path
     got_max, got_p99 = attention_logit_stats(q, k, scale=1.0)
     logits = (q[0, 0] @ k[0, 0].T).numpy().ravel()
     np.testing.assert_allclose(got_max.numpy(), [logits.max()], rtol=1e-5)
@@ -172,3 +189,130 @@ def test_global_grad_norm_equals_clip_grad_norm() -> None:
     theirs = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)
     assert ours is not None and torch.equal(ours, theirs)
     assert global_grad_norm([torch.nn.Parameter(torch.ones(2))]) is None
+
+
+def full_reference(q, k, valid, scale, softcap=None):
+    """Every signal per head, float64 NumPy, row by row (valid: (B,H,T,S) bool)."""
+    q64, k64 = q.double().numpy(), k.double().numpy()
+    k64 = np.repeat(k64, q64.shape[1] // k64.shape[1], axis=1)
+    logits = np.einsum("bhtd,bhsd->bhts", q64, k64) * scale
+    capped = np.tanh(logits / softcap) * softcap if softcap else logits
+    out: dict[str, list[float]] = {}
+    for h in range(q64.shape[1]):
+        vals = logits[:, h][valid[:, h]]
+        ents = []
+        for b in range(logits.shape[0]):
+            for i in range(logits.shape[2]):
+                row = capped[b, h, i][valid[b, h, i]]
+                if row.size:
+                    p = np.exp(row - row.max())
+                    p /= p.sum()
+                    ents.append(-(p[p > 0] * np.log(p[p > 0])).sum())
+        for name, value in (("attn.logit_max", vals.max()),
+                            ("attn.logit_p99", np.percentile(vals, 99)),
+                            ("attn.logit_mean", vals.mean()), ("attn.logit_std", vals.std()),
+                            ("attn.entropy_mean", np.mean(ents)),
+                            ("attn.entropy_min", np.min(ents))):
+            out.setdefault(name, []).append(value)
+        if softcap:
+            cv = capped[:, h][valid[:, h]]
+            out.setdefault("attn.capped_logit_max", []).append(cv.max())
+            out.setdefault("attn.capped_logit_p99", []).append(np.percentile(cv, 99))
+    return out
+
+
+@pytest.mark.parametrize("softcap", [None, 1.5])
+def test_every_signal_matches_numpy_with_padding_and_gqa(softcap) -> None:
+    gen = torch.Generator().manual_seed(5)
+    b, h, t, d = 3, 4, 8, 6
+    q = torch.randn(b, h, t, d, generator=gen) * 2
+    k = torch.randn(b, 2, t, d, generator=gen) * 2
+    keep = torch.ones(b, t, dtype=torch.bool)
+    keep[1, 5:] = False
+    keep[2, :3] = False  # left padding: the first query rows attend nothing
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    valid = (causal & keep[:, None, None, :]).expand(b, h, t, t)
+    mask = torch.where(causal & keep[:, None, None, :], 0.0, torch.finfo(torch.float32).min)
+    got = attention_head_stats(q, k, attn_mask=mask, scale=0.4, softcap=softcap).metrics()
+    ref = full_reference(q, k, valid.numpy(), 0.4, softcap)
+    assert set(got) == set(ref)
+    for name, values in ref.items():
+        np.testing.assert_allclose(got[name].numpy(), values, rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+
+
+def test_one_hot_attention_has_zero_entropy_and_uniform_has_log_s() -> None:
+    q = torch.zeros(1, 2, 4, 2)
+    k = torch.zeros(1, 2, 4, 2)
+    q[0, 0, :, 0] = 1e4  # head 0: key 0 dominates every row
+    k[0, 0, 0, 0] = 1.0
+    got = attention_head_stats(q, k, scale=1.0).metrics()
+    assert got["attn.entropy_min"][0] == 0.0 and got["attn.entropy_mean"][0] == 0.0
+    torch.testing.assert_close(got["attn.entropy_mean"][1], torch.tensor(math.log(4)))
+    torch.testing.assert_close(got["attn.logit_std"][1], torch.tensor(0.0))
+
+
+def test_merge_pools_two_forwards_exactly() -> None:
+    gen = torch.Generator().manual_seed(6)
+    q, k = torch.randn(4, 2, 5, 3, generator=gen), torch.randn(4, 2, 5, 3, generator=gen)
+    whole = attention_head_stats(q, k, is_causal=True).metrics()
+    merged = merge_head_stats(attention_head_stats(q[:1], k[:1], is_causal=True),
+                              attention_head_stats(q[1:], k[1:], is_causal=True)).metrics()
+    for name in ("attn.logit_max", "attn.logit_mean", "attn.logit_std", "attn.entropy_mean",
+                 "attn.entropy_min"):
+        torch.testing.assert_close(merged[name], whole[name], rtol=1e-5, atol=1e-6)
+    assert (merged["attn.logit_p99"] >= whole["attn.logit_p99"] - 1e-6).all()  # upper bound
+
+
+def test_histogram_p99_is_within_one_bin_of_exact() -> None:
+    """When the exact top 1 % does not fit the budget, the stated bound holds."""
+    gen = torch.Generator().manual_seed(7)
+    b, h, t, d = 1, 3, 400, 8
+    q, k = torch.randn(b, h, t, d, generator=gen), torch.randn(b, h, t, d, generator=gen) * 3
+    budget = 40_000
+    assert not _logits._plan(b, h, t, t, budget)[2]  # the histogram path
+    got = attention_head_stats(q, k, is_causal=True, budget=budget)
+    logits = (q.double() @ k.double().transpose(-1, -2) * d**-0.5).numpy()
+    valid = np.tril(np.ones((t, t), bool))
+    for head in range(h):
+        vals = logits[0, head][valid]
+        bound = (vals.max() - vals.min()) / HIST_BINS
+        assert abs(got.p99[head].item() - np.percentile(vals, 99)) <= bound
+        assert got.maximum[head].item() == pytest.approx(vals.max(), rel=1e-5)
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of tensors created under the mode and still alive (views counted fully:
+    an over-estimate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+
+    def _free(self, n: int) -> None:
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and not func._schema.is_mutable:
+                n = t.numel() * t.element_size()
+                self.live += n
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, n)
+        return out
+
+
+def test_a_long_sequence_stays_within_the_memory_budget() -> None:
+    b, h, t, d = 1, 2, 2048, 4
+    budget = 2 << 20  # 2 MiB, while one head's T x T float32 logits take 16 MiB
+    assert t * t * 4 > 4 * budget
+    gen = torch.Generator().manual_seed(8)
+    q, k = torch.randn(b, h, t, d, generator=gen), torch.randn(b, h, t, d, generator=gen)
+    with LiveBytes() as meter:
+        got = attention_head_stats(q, k, is_causal=True, budget=budget)
+    assert meter.peak <= budget, meter.peak
+    ref = (q[0, 1] @ k[0, 1].T * d**-0.5).masked_fill(
+        ~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
+    torch.testing.assert_close(got.maximum[1], ref.max())

@@ -1,8 +1,24 @@
 """The alert engine: runs the rules over newly stored frames and persists alerts.
 
-Rule state lives in memory per (run, rank, layer, head). When the engine meets a
-(run, rank) for the first time (a fresh process, or after a collector restart) it rebuilds
-that state by replaying the stored history, so a restart resumes where it stopped.
+``AlertEngine.process(session, new_frames)`` is called inside the ingest transaction. Rule
+memory and lifecycle live in memory per (rule, run, rank, layer, head); when the engine
+meets a (run, rank) for the first time (a fresh process, or after a collector restart) it
+rebuilds them by replaying the stored history silently, so a restart resumes where it
+stopped and never fires twice.
+
+Around the pure rules (:mod:`.rules`) the engine adds:
+
+* grouping: heads of one layer that fire under one rule share one alert (``heads``), the
+  first head named as where the trouble started;
+* inhibition: while a rule with ``inhibits`` (the run-level divergence alert) fires on a
+  rank, new alerts of the other rules on that rank (per-head ones above all) are stored
+  ``suppressed="inhibited"``;
+* silences: an alert matching an active silence is stored ``suppressed="silenced"``;
+* no data: :meth:`AlertEngine.check_stale` fires ``no_data`` for runs that stopped
+  reporting, and the next frame of the run resolves it.
+
+Suppressed alerts are not returned by :meth:`process`, so they are neither notified nor
+streamed as new.
 """
 
 from __future__ import annotations
@@ -10,131 +26,420 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import defaultdict
+import time as _time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from logitwatch.server.alerts.rules import REMEDIES, HeadState, LogitRisingRule, State, Transition
-from logitwatch.server.db.models import Alert, Frame, Metric, Point, Run
+from logitwatch.server.alerts.defaults import DEFAULT_RULES
+from logitwatch.server.alerts.rules import (
+    KINDS,
+    FrameView,
+    Memory,
+    RuleSpec,
+    State,
+    Track,
+    Transition,
+    remedies_for,
+)
+from logitwatch.server.db.models import Alert, Frame, Metric, Point, Run, Silence
 from logitwatch.server.store.ingest import NewFrame
 
 __all__ = ["AlertEngine"]
 
 log = logging.getLogger("logitwatch.alerts")
 
-Key = tuple[int, int, int, int]  # run_id, rank, layer, head
+Cell = tuple[int | None, int | None]  # (layer, head), (None, None) for a run-level series
+Key = tuple[str, int, int, int | None, int | None]  # rule, run_id, rank, layer, head
+
+RESTORE_FRAMES = 400  # frames of history replayed to rebuild state after a restart
+
+
+@dataclass(slots=True)
+class _Pending:
+    rule: RuleSpec
+    layer: int | None
+    heads: list[int]
+    transition: Transition
 
 
 class AlertEngine:
-    """Evaluates the rules for every new frame, inside the ingest transaction."""
+    """Evaluates the rules for every new frame, inside the ingest transaction.
 
-    def __init__(self, rule: LogitRisingRule | None = None) -> None:
-        self.rule = rule or LogitRisingRule()
-        self._heads: dict[Key, HeadState] = {}
+    Args:
+        rules: The rule set (default :data:`~.defaults.DEFAULT_RULES`).
+    """
+
+    def __init__(self, rules: Iterable[RuleSpec] | None = None) -> None:
+        self._rules: list[RuleSpec] = list(DEFAULT_RULES if rules is None else rules)
+        self._mem: dict[Key, Memory] = {}
+        self._tracks: dict[Key, Track] = {}
         self._loaded: set[tuple[int, int]] = set()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
-    def process(self, session: Session, frames: list[NewFrame]) -> list[Alert]:
-        """Advance the rules over ``frames`` (in step order); return alerts created or changed."""
+    @property
+    def rules(self) -> list[RuleSpec]:
+        """The rules in force (a copy)."""
+        return list(self._rules)
+
+    def set_rules(self, rules: Iterable[RuleSpec]) -> None:
+        """Replace the rule set; memory of changed rules starts over (rebuilt from the store)."""
+        with self._lock:
+            self._rules = list(rules)
+            self._mem.clear()
+            self._tracks.clear()
+            self._loaded.clear()
+
+    # -- ingest ------------------------------------------------------------------------------
+
+    def process(self, session: Session, frames: Sequence[NewFrame]) -> list[Alert]:
+        """Advance the rules over ``frames`` (in step order); return alerts created or
+        changed that people should hear about (suppressed ones are stored, not returned)."""
         changed: list[Alert] = []
         with self._lock:
             for f in sorted(frames, key=lambda f: (f.run_id, f.rank, f.step)):
-                matrix = f.heads.get(self.rule.metric)
-                if matrix is None:
-                    continue
                 if (f.run_id, f.rank) not in self._loaded:
                     self._restore(session, f.run_id, f.rank, before_step=f.step)
-                for layer, row in enumerate(matrix):
-                    for head, value in enumerate(row):
-                        key = (f.run_id, f.rank, layer, head)
-                        st = self._heads.setdefault(key, HeadState())
-                        t = self.rule.evaluate(st, f.step, value)
-                        if t is not None:
-                            changed.append(self._persist(session, key, t, f.time))
+                changed.extend(self._resolve_no_data(session, f))
+                pending = self._advance(f.run_id, f.rank, f.step, f.scalars, f.heads)
+                changed.extend(self._persist(session, f, pending))
         return changed
+
+    def _cells(self, rule: RuleSpec, scalars: dict[str, float],
+               heads: dict[str, list[list[float]]]) -> list[tuple[Cell, float]]:
+        if rule.metric in scalars:
+            return [((None, None), float(scalars[rule.metric]))]
+        m = heads.get(rule.metric)
+        if m is None:
+            return []
+        if rule.over == "cell":
+            return [((li, hi), float(x)) for li, row in enumerate(m) for hi, x in enumerate(row)]
+        flat = [float(x) for row in m for x in row]
+        if not flat:
+            return []
+        if any(math.isnan(x) for x in flat):
+            return [((None, None), math.nan)]
+        return [((None, None), max(flat) if rule.over == "max" else min(flat))]
+
+    def _advance(self, run_id: int, rank: int, step: int, scalars: dict[str, float],
+                 heads: dict[str, list[list[float]]]) -> list[_Pending]:
+        """Run every rule over one frame; return the transitions, grouped per layer."""
+        fv = FrameView(scalars, heads)
+        out: list[_Pending] = []
+        for rule in self._rules:
+            if not rule.enabled or rule.kind == "no_data":
+                continue
+            kind = KINDS[rule.kind]
+            groups: dict[tuple[State, int | None], _Pending] = {}
+            for cell, value in self._cells(rule, scalars, heads):
+                key = (rule.name, run_id, rank, *cell)
+                mem = self._mem.get(key)
+                if mem is None:
+                    mem = self._mem[key] = Memory()
+                verdict = kind.detect(rule, mem, step, value, fv, cell)
+                if verdict is not None:
+                    track = self._tracks.get(key)
+                    if track is None:
+                        track = self._tracks[key] = Track()
+                    t = track.advance(rule, step, verdict)
+                    if t is not None:
+                        g = groups.get((t.state, cell[0]))
+                        if g is None:
+                            groups[(t.state, cell[0])] = _Pending(
+                                rule, cell[0], [] if cell[1] is None else [cell[1]], t)
+                        elif cell[1] is not None:
+                            g.heads.append(cell[1])
+                if not (kind.hold_breaches and verdict is not None and verdict.breach):
+                    mem.push(step, value)
+                else:
+                    mem.seen += 1
+                    mem.last = (step, value)
+            out.extend(groups.values())
+        return out
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def _persist(self, session: Session, f: NewFrame, pending: list[_Pending]) -> list[Alert]:
+        changed: list[Alert] = []
+        if not pending:
+            return changed
+        run = session.get(Run, f.run_id)
+        # resolutions first, then run-level firings (they inhibit), then per-head firings
+        order = sorted(pending, key=lambda p: (p.transition.state is State.FIRING,
+                                               p.layer is not None))
+        for p in order:
+            if p.transition.state is State.RESOLVED:
+                a = self._resolve(session, f, p)
+                if a is not None and a.suppressed is None:
+                    changed.append(a)
+                continue
+            open_alert = self._open_alert(session, f.run_id, f.rank, p.rule.name, p.layer)
+            if open_alert is not None and p.layer is not None:
+                # grouping: more heads of this layer joined the firing alert
+                heads = list(open_alert.heads or [])
+                new = [h for h in p.heads if h not in heads]
+                if new:
+                    open_alert.heads = heads + new
+                    ev = dict(open_alert.evidence)
+                    ev["active_heads"] = sorted(set(ev.get("active_heads", heads)) | set(new))
+                    open_alert.evidence = ev
+                    if open_alert.suppressed is None:
+                        changed.append(open_alert)
+                continue
+            if open_alert is not None:
+                continue  # deduplicated: already firing
+            a = self._new_alert(session, f, run, p)
+            if a.suppressed is None:
+                changed.append(a)
+        return changed
+
+    def _open_alert(self, session: Session, run_id: int, rank: int, rule: str,
+                    layer: int | None) -> Alert | None:
+        q = select(Alert).where(Alert.run_id == run_id, Alert.rank == rank, Alert.rule == rule,
+                                Alert.state == State.FIRING.value)
+        q = q.where(Alert.layer.is_(None) if layer is None else Alert.layer == layer)
+        return session.scalars(q.order_by(Alert.id.desc())).first()
+
+    def _resolve(self, session: Session, f: NewFrame, p: _Pending) -> Alert | None:
+        a = self._open_alert(session, f.run_id, f.rank, p.rule.name, p.layer)
+        if a is None:
+            return None
+        if p.layer is not None:
+            ev = dict(a.evidence)
+            active = [h for h in ev.get("active_heads", a.heads or []) if h not in p.heads]
+            ev["active_heads"] = active
+            a.evidence = ev
+            if active:
+                return None
+        a.state = State.RESOLVED.value
+        a.resolved_step = p.transition.step
+        return a
+
+    def _inhibited(self, session: Session, run_id: int, rank: int) -> str | None:
+        names = [r.name for r in self._rules if r.inhibits]
+        if not names:
+            return None
+        return session.scalar(
+            select(Alert.rule).where(Alert.run_id == run_id, Alert.rank == rank,
+                                     Alert.rule.in_(names), Alert.state == State.FIRING.value)
+            .limit(1)
+        )
+
+    def _silenced(self, session: Session, run: Run | None, rule: str, rank: int,
+                  layer: int | None, now: float) -> int | None:
+        q = select(Silence.id).where(Silence.starts_at <= now, Silence.ends_at > now)
+        if run is not None:
+            q = q.where(or_(Silence.project.is_(None), Silence.project == run.project),
+                        or_(Silence.run.is_(None), Silence.run == run.name))
+        q = q.where(or_(Silence.rule.is_(None), Silence.rule == rule),
+                    or_(Silence.rank.is_(None), Silence.rank == rank))
+        if layer is not None:
+            q = q.where(or_(Silence.layer.is_(None), Silence.layer == layer))
+        else:
+            q = q.where(Silence.layer.is_(None))
+        return session.scalar(q.limit(1))
+
+    def _new_alert(self, session: Session, f: NewFrame, run: Run | None,
+                   p: _Pending) -> Alert:
+        t, rule = p.transition, p.rule
+        v = t.verdict
+        suppressed = None
+        ev: dict[str, object] = {k: _json(x) for k, x in v.evidence.items()}
+        if not rule.inhibits:
+            by = self._inhibited(session, f.run_id, f.rank)
+            if by is not None:
+                suppressed = "inhibited"
+                ev["inhibited_by"] = by
+        sid = self._silenced(session, run, rule.name, f.rank, p.layer, _time.time())
+        if sid is not None and suppressed is None:
+            suppressed = "silenced"
+            ev["silence"] = sid
+        head = p.heads[0] if p.heads else None
+        if p.heads:
+            ev["active_heads"] = list(p.heads)
+        ev.update({"rule_kind": rule.kind, "params": {k: _json(x) for k, x in
+                                                       rule.params.items()},
+                   "for_samples": rule.for_samples})
+        fin = v.value if math.isfinite(v.value) else None
+        a = Alert(
+            run_id=f.run_id, rule=rule.name, metric=rule.metric, severity=rule.severity,
+            state=State.FIRING.value, rank=f.rank, layer=p.layer, head=head,
+            started_step=t.started_step, fired_step=t.step, fired_at=f.time,
+            value=fin, baseline=_finite(v.baseline), threshold=_finite(v.limit),
+            message=_message(run, rule, f.rank, p.layer, p.heads, t), evidence=ev,
+            remedies=remedies_for(rule.metric, rule.kind), heads=list(p.heads) or None,
+            suppressed=suppressed,
+        )
+        session.add(a)
+        session.flush()
+        (log.info if suppressed else log.warning)("ALERT %s%s", a.message,
+                                                  f" ({suppressed})" if suppressed else "")
+        return a
+
+    # -- restart -----------------------------------------------------------------------------
 
     def _restore(self, session: Session, run_id: int, rank: int, before_step: int) -> None:
         """Replay stored history (silently) to rebuild rule state for one (run, rank)."""
         self._loaded.add((run_id, rank))
-        m = session.scalar(
-            select(Metric).where(Metric.run_id == run_id, Metric.name == self.rule.metric)
-        )
-        if m is None or not m.layers:
-            return
-        rows = session.execute(
-            select(Frame.step, Point.data)
-            .join(Frame, Frame.id == Point.frame_id)
-            .where(Point.metric_id == m.id, Frame.rank == rank, Frame.step < before_step)
-            .order_by(Frame.step.desc())
-            .limit(self.rule.window + self.rule.lag + self.rule.for_samples)
+        names = {r.metric for r in self._rules if r.enabled}
+        for r in self._rules:
+            if r.kind == "loss_jump":
+                names |= {"lr", "grad.norm"}
+            if r.kind == "ratio":
+                names.add(str(r.param("other")))
+        metrics = session.execute(
+            select(Metric.id, Metric.name, Metric.layers, Metric.heads)
+            .where(Metric.run_id == run_id, Metric.name.in_(names))
         ).all()
-        open_alerts = {
-            (a.layer, a.head): a
-            for a in session.scalars(
-                select(Alert).where(
-                    Alert.run_id == run_id, Alert.rank == rank, Alert.rule == self.rule.name,
-                    Alert.state == State.FIRING.value,
-                )
-            )
+        if not metrics:
+            return
+        frames = session.execute(
+            select(Frame.id, Frame.step).where(Frame.run_id == run_id, Frame.rank == rank,
+                                               Frame.step < before_step)
+            .order_by(Frame.step.desc()).limit(RESTORE_FRAMES)
+        ).all()
+        if not frames:
+            return
+        by_id = {m.id: m for m in metrics}
+        values: dict[int, tuple[dict[str, float], dict[str, list[list[float]]]]] = {
+            fid: ({}, {}) for fid, _ in frames
         }
-        for step, data in reversed(rows):
-            mat = np.frombuffer(data, dtype="<f4").reshape(m.layers, m.heads)
-            for layer in range(m.layers):
-                for head in range(m.heads):
-                    st = self._heads.setdefault((run_id, rank, layer, head), HeadState())
-                    self.rule.evaluate(st, step, float(mat[layer, head]))
-        for (layer, head), a in open_alerts.items():
-            if layer is None or head is None:
+        rows = session.execute(
+            select(Point.frame_id, Point.metric_id, Point.data)
+            .where(Point.frame_id.in_(list(values)), Point.metric_id.in_(list(by_id)))
+        ).all()
+        for fid, mid, data in rows:
+            m = by_id[mid]
+            arr = np.frombuffer(data, dtype="<f4").astype(float)
+            if m.layers:
+                values[fid][1][m.name] = arr.reshape(m.layers, m.heads).tolist()
+            else:
+                values[fid][0][m.name] = float(arr[0])
+        for fid, step in reversed(frames):
+            self._advance(run_id, rank, step, *values[fid])  # transitions dropped: replay
+        open_alerts = session.scalars(
+            select(Alert).where(Alert.run_id == run_id, Alert.rank == rank,
+                                Alert.state == State.FIRING.value)
+        ).all()
+        firing = {(a.rule, a.layer): a for a in open_alerts}
+        for key, track in self._tracks.items():
+            rule, rid, rk, layer, head = key
+            if (rid, rk) != (run_id, rank):
                 continue
-            st = self._heads.setdefault((run_id, rank, layer, head), HeadState())
-            st.state, st.started_step = State.FIRING, a.started_step
-
-    def _persist(self, session: Session, key: Key, t: Transition, when: float) -> Alert:
-        run_id, rank, layer, head = key
-        if t.state is State.RESOLVED:
-            alert = session.scalar(
-                select(Alert).where(
-                    Alert.run_id == run_id, Alert.rank == rank, Alert.layer == layer,
-                    Alert.head == head, Alert.rule == self.rule.name,
-                    Alert.state == State.FIRING.value,
-                )
+            a = firing.get((rule, layer))
+            active = a is not None and (
+                head is None or head in (a.evidence.get("active_heads") or a.heads or [])
             )
-            if alert is not None:
-                alert.state = State.RESOLVED.value
-                alert.resolved_step = t.step
-                return alert
-        run = session.get(Run, run_id)
-        name = run.name if run else str(run_id)
-        fin = t.value if math.isfinite(t.value) else None
-        rel = (
-            f"{t.value / t.baseline:.1f}x its baseline {t.baseline:.3g}"
-            if t.baseline and fin is not None
-            else "non-finite" if fin is None else f"above {t.limit:.3g}"
-        )
-        msg = (
-            f"{name}: rank {rank}, layer {layer}, head {head}: max attention logit "
-            f"{t.value:.4g} is {rel} since step {t.started_step} (fired at step {t.step}). "
-            "Attention logits climbing precede softmax saturation and loss divergence."
-        )
-        alert = Alert(
-            run_id=run_id, rule=self.rule.name, metric=self.rule.metric, severity="warning",
-            state=State.FIRING.value, rank=rank, layer=layer, head=head,
-            started_step=t.started_step, fired_step=t.step, fired_at=when,
-            value=fin, baseline=t.baseline, threshold=t.limit, message=msg,
-            evidence={"value": str(t.value), "baseline": t.baseline, "limit": t.limit,
-                      "factor": self.rule.factor, "for_samples": self.rule.for_samples},
-            remedies=list(REMEDIES),
-        )
-        session.add(alert)
-        session.flush()
-        log.warning("ALERT %s", msg)
-        return alert
+            if active:
+                assert a is not None
+                track.state, track.started_step, track.streak = (State.FIRING,
+                                                                 a.started_step, 0)
+            elif track.state is State.FIRING:
+                track.state = State.RESOLVED  # its alert was resolved (or never stored)
+
+    # -- no data ---------------------------------------------------------------------------
+
+    def check_stale(self, session: Session, now: float | None = None) -> list[Alert]:
+        """Fire ``no_data`` for every run whose last frame is older than the rule's
+        ``seconds`` (and that has no open ``no_data`` alert); returns the new alerts."""
+        rules = [r for r in self._rules if r.kind == "no_data" and r.enabled]
+        if not rules:
+            return []
+        now = _time.time() if now is None else now
+        out: list[Alert] = []
+        for rule in rules:
+            seconds = float(rule.param("seconds"))
+            runs = session.scalars(
+                select(Run).where(Run.last_time.is_not(None), Run.last_time < now - seconds)
+            ).all()
+            for run in runs:
+                if self._open_alert(session, run.id, 0, rule.name, None) is not None:
+                    continue
+                if session.scalar(select(Alert.id).where(
+                        Alert.run_id == run.id, Alert.rule == rule.name,
+                        Alert.fired_step == (run.last_step or 0)).limit(1)) is not None:
+                    continue  # already alerted for this silence of the run
+                assert run.last_time is not None
+                silent = now - run.last_time
+                msg = (f"{run.name}: no data for {silent:.0f} s since step {run.last_step} "
+                       f"(limit {seconds:.0f} s): the job may have hung or crashed.")
+                sid = self._silenced(session, run, rule.name, 0, None, now)
+                a = Alert(
+                    run_id=run.id, rule=rule.name, metric="*", severity=rule.severity,
+                    state=State.FIRING.value, rank=0, layer=None, head=None,
+                    started_step=run.last_step or 0, fired_step=run.last_step or 0,
+                    fired_at=now, value=silent, baseline=None, threshold=seconds,
+                    message=msg, evidence={"silent_s": silent, "last_time": run.last_time,
+                                           "rule_kind": "no_data"},
+                    remedies=remedies_for("*", "no_data"),
+                    suppressed="silenced" if sid is not None else None,
+                )
+                session.add(a)
+                session.flush()
+                if a.suppressed is None:
+                    out.append(a)
+        return out
+
+    def _resolve_no_data(self, session: Session, f: NewFrame) -> list[Alert]:
+        names = [r.name for r in self._rules if r.kind == "no_data"]
+        if not names:
+            return []
+        rows = session.scalars(select(Alert).where(
+            Alert.run_id == f.run_id, Alert.rule.in_(names),
+            Alert.state == State.FIRING.value)).all()
+        for a in rows:
+            a.state = State.RESOLVED.value
+            a.resolved_step = f.step
+        return [a for a in rows if a.suppressed is None]
 
 
-def group_by_run(alerts: list[Alert]) -> dict[int, list[Alert]]:
-    out: dict[int, list[Alert]] = defaultdict(list)
-    for a in alerts:
-        out[a.run_id].append(a)
-    return out
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _json(x: object) -> object:
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, (list, tuple)):
+        return [_json(i) for i in x]
+    return x
+
+
+def _fmt(x: object) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
+             heads: list[int], t: Transition) -> str:
+    """One line: where, what, since when, the evidence, what it means."""
+    name = run.name if run else "?"
+    where = f"rank {rank}"
+    if layer is not None:
+        hs = ", ".join(str(h) for h in heads)
+        where += f", layer {layer}, head{'s' if len(heads) > 1 else ''} {hs}"
+    v, ev = t.verdict, t.verdict.evidence
+    what = f"{rule.metric} = {_fmt(v.value)}"
+    if rule.kind in ("departure", "baseline") and v.baseline:
+        what += (f" is {v.value / v.baseline:.1f}x its baseline {v.baseline:.3g}"
+                 if math.isfinite(v.value) else " (non-finite)")
+    elif rule.kind == "forecast" and ev.get("eta_steps") is not None:
+        what += (f", on course to cross {_fmt(ev.get('critical'))} in ~{ev['eta_steps']} steps "
+                 f"(around step {ev.get('crosses_at_step')})")
+    elif rule.kind == "trend":
+        what += (f", x{_fmt(ev.get('growth_over_window'))} since step "
+                 f"{ev.get('window_from_step')} (Kendall tau {_fmt(ev.get('kendall_tau'))})")
+    elif rule.kind in ("spike", "loss_jump") and "median" in ev:
+        what += f" vs a recent median of {_fmt(ev['median'])}"
+        if ev.get("robust_z") is not None:
+            what += f" (robust z {_fmt(ev['robust_z'])})"
+    elif rule.kind == "lr_jump":
+        what += f", was {_fmt(ev.get('previous'))} at step {ev.get('previous_step')}"
+    causes = ev.get("causes")
+    if causes:
+        what += "; " + "; ".join(str(c) for c in causes)  # type: ignore[union-attr]
+    meaning = rule.summary or rule.name
+    return (f"{name}: {where}: {meaning}: {what}; left its range at step {t.started_step}, "
+            f"fired at step {t.step}.")

@@ -1,32 +1,129 @@
-"""Alert rules as pure state machines over sampled values (no clock, no I/O).
+"""Alert rules: what a rule says (:class:`RuleSpec`) and how each kind judges one sample.
 
-``attn_logit_rising``: a head's max attention logit is alarming when it is non-finite, above
-an absolute ``threshold``, or above ``factor`` x the head's own baseline (and above
-``floor``), for ``for_samples`` consecutive sampled steps. The baseline is the median of
-the head's last ``window`` samples, skipping the ``lag`` most recent ones so that a steady
-climb cannot drag its own baseline up; samples that breach are kept out of the baseline.
+Everything here is pure: no clock, no I/O, no database. A *detector* (one per rule kind)
+looks at one series cell (a scalar, or one layer/head of a per-head metric, or the max over
+all heads) one sample at a time, with a small :class:`Memory` of that cell's past, and
+returns a :class:`Verdict` (breach or not, plus evidence) or ``None`` when it cannot judge
+yet (no data, too little history). The lifecycle (pending, firing, resolved) is
+:class:`Track`; the engine owns the keys, the database and notifications.
+
+Rule kinds (``RuleSpec.kind``) and their ``params``:
+
+``threshold``      value ``op`` (``>``/``<``) ``value``.
+``nonfinite``      the value is NaN or infinite.
+``baseline``       value above ``factor`` x the median of the run's first ``samples`` samples
+                   (its own early baseline), and above ``floor``; ``below: true`` inverts.
+``departure``      value above ``factor`` x the median of its recent window (``window``
+                   samples, skipping the ``lag`` newest so a steady climb cannot drag its own
+                   baseline along), and above ``floor``: the series leaves its recent range.
+                   An optional ``ceiling`` alarms above it whatever the baseline.
+``trend``          robust slope: Theil-Sen slope of log(value) over ``window`` samples with a
+                   Mann-Kendall score of at least ``min_tau``, and growth over the window of at
+                   least ``min_ratio``; p99 8 -> 12 -> 18 is such a trend.
+``forecast``       extrapolates the Theil-Sen trend of log(value) over ``window`` samples and
+                   fires when the series will cross ``critical`` (default 65504, the float16
+                   maximum; a scalar named ``critical_metric``, ``attn.dtype_max``, in the
+                   frame wins when a job sends it) within ``horizon`` steps; the evidence
+                   says in how many steps.
+``spike``          robust z-score against the rolling median/MAD of ``window`` samples above
+                   ``z``, and the value above ``min_jump`` + median (absolute units);
+                   ``only_unclipped``: not on a step whose gradient was clipped.
+``loss_jump``      ``spike`` for the loss, whose evidence also says what happened at that
+                   sample: the learning rate changed, the gradient norm jumped.
+``lr_jump``        the learning rate changed by more than ``factor`` between two samples,
+                   and by more than ``vs_schedule`` x the median change of the samples before
+                   (a jump, not a ramp: a linear warm-up moves it by the same amount a sample).
+``entropy_collapse`` value below ``fraction`` x the median of the run's first ``samples``
+                   samples (attention entropy collapsing toward one-hot).
+``clip_rate``      mean of ``grad.clipped`` over ``window`` samples above ``rate`` and at least
+                   ``rise`` above the mean of the window before it.
+``ratio``          over ``window`` samples, this series (q/k weight norm) falls by
+                   ``min_change`` or more while ``other`` (the bias norm) rises by as much:
+                   the QK-clip bias refuge.
+``first_loss``     the first loss sample is far from ln(``vocab``): beyond ``tolerance`` nats
+                   (without ``vocab``: above ln(262144) + tolerance, or non-finite).
+``no_data``        the run sent nothing for ``seconds`` (judged by the engine's clock, not
+                   per sample; see :meth:`AlertEngine.check_stale`).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from statistics import median
+from typing import Any
 
-__all__ = ["HeadState", "LogitRisingRule", "State", "Transition", "REMEDIES"]
-
-REMEDIES: list[str] = [
-    "Add QK-norm (RMSNorm over head_dim on q and k) or an attention-logit soft-cap "
-    "(cap * tanh(logits / cap), e.g. cap 50).",
-    "QK-clip: rescale W_q and W_k of the offending head when its max logit exceeds tau "
-    "(e.g. 100); with biased q/k projections scale the biases too, or they grow while the "
-    "weights shrink.",
-    "Add z-loss (1e-4 * log^2 Z) if the output logits drift as well.",
-    "Lower the learning rate (or lengthen warm-up).",
-    "Restart from a checkpoint about 100 steps before the rise and skip the next batches.",
+__all__ = [
+    "DETECTORS",
+    "KINDS",
+    "REMEDIES",
+    "FrameView",
+    "Memory",
+    "RuleError",
+    "RuleSpec",
+    "State",
+    "Track",
+    "Transition",
+    "Verdict",
+    "remedies_for",
 ]
+
+FP16_MAX = 65504.0
+
+#: Remedies from the field notes (../shared/seeds), by topic; alerts carry the relevant ones.
+REMEDIES: dict[str, str] = {
+    "qk_norm": "Add QK-norm (RMSNorm over head_dim on q and k, before RoPE): it bounds the "
+    "q.k logits at their source.",
+    "softcap": "Or soft-cap the attention logits: cap * tanh(logits / cap), e.g. cap 50 "
+    "(above the healthy range of your logits; it cuts gradients beyond the cap).",
+    "qk_clip": "QK-clip: when a head's max logit exceeds tau (e.g. 100), rescale that head's "
+    "W_q and W_k by sqrt(tau / max_logit); with biased q/k projections scale the biases too, "
+    "or the weights shrink while the biases grow and carry the logits.",
+    "z_loss": "Add z-loss (1e-4 * log^2 Z) to keep the output logits' normaliser near 0.",
+    "lower_lr": "Lower the learning rate (or lengthen the warm-up).",
+    "restart": "Restart from a checkpoint about 100 steps before the trouble started and "
+    "skip the next batches.",
+    "check_lr": "Check the learning-rate schedule: a jump or a restarted warm-up.",
+    "check_data": "Inspect the batch at this step (a corrupt or outlier batch), and keep "
+    "gradient clipping on.",
+    "init": "Check the initialisation and the output layer: a first loss far from ln(vocab) "
+    "means the model starts confidently wrong (init std too large) or the loss is wrong.",
+    "hung": "The job stopped reporting: check whether it hung (NCCL, data loader) or crashed.",
+}
+
+_TOPICS: dict[str, tuple[str, ...]] = {
+    "attn": ("qk_norm", "softcap", "qk_clip", "lower_lr", "restart"),
+    "final": ("z_loss", "lower_lr", "restart"),
+    "loss": ("restart", "lower_lr", "check_lr", "check_data"),
+    "grad": ("check_data", "lower_lr", "restart"),
+    "lr": ("check_lr", "restart"),
+    "qk": ("qk_clip", "qk_norm"),
+    "init": ("init",),
+    "hung": ("hung",),
+}
+
+
+def remedies_for(metric: str, kind: str) -> list[str]:
+    """The remedies an alert on ``metric`` of rule kind ``kind`` carries."""
+    if kind == "no_data":
+        topic = "hung"
+    elif kind == "first_loss":
+        topic = "init"
+    elif kind == "ratio" or metric.startswith("qk."):
+        topic = "qk"
+    elif kind == "lr_jump" or metric == "lr":
+        topic = "lr"
+    else:
+        topic = next((t for t in ("attn", "final", "loss", "grad") if metric.startswith(t)),
+                     "loss")
+    return [REMEDIES[k] for k in _TOPICS[topic]]
+
+
+class RuleError(ValueError):
+    """A rule specification is invalid; the message says which field and why."""
 
 
 class State(str, Enum):
@@ -36,74 +133,484 @@ class State(str, Enum):
     RESOLVED = "resolved"
 
 
+SEVERITIES = ("info", "warning", "critical")
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """One alert rule.
+
+    Attributes:
+        name: Unique name (``[a-z0-9_.-]``), the ``rule`` of its alerts.
+        kind: One of :data:`KINDS`.
+        metric: The series: a scalar (``loss``) or a per-head metric (``attn.logit_max``).
+        params: Kind-specific parameters (see the module docstring).
+        over: For per-head metrics: ``cell`` judges every layer/head on its own; ``max``
+            and ``min`` judge the max/min over all heads of a sample (one run-level series).
+        for_samples: Consecutive breaching samples before pending turns firing.
+        resolve_after: Consecutive calm samples before firing turns resolved.
+        severity: ``info``, ``warning`` or ``critical``.
+        inhibits: This rule, while firing on a rank, holds back new per-head alerts of
+            that rank (the run-level divergence alert).
+        summary: One line saying what it means, used in the alert message.
+        enabled: False keeps the rule but does not evaluate it.
+    """
+
+    name: str
+    kind: str
+    metric: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    over: str = "cell"
+    for_samples: int = 1
+    resolve_after: int = 3
+    severity: str = "warning"
+    inhibits: bool = False
+    summary: str = ""
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "_.-" for c in self.name):
+            raise RuleError(f"rule name {self.name!r}: use letters, digits, '_', '.', '-'")
+        if self.kind not in KINDS:
+            raise RuleError(f"rule {self.name!r}: kind {self.kind!r} is not one of "
+                            f"{sorted(KINDS)}")
+        if self.over not in ("cell", "max", "min"):
+            raise RuleError(f"rule {self.name!r}: over must be 'cell', 'max' or 'min', "
+                            f"not {self.over!r}")
+        if self.severity not in SEVERITIES:
+            raise RuleError(f"rule {self.name!r}: severity must be one of {SEVERITIES}")
+        for attr in ("for_samples", "resolve_after"):
+            v = getattr(self, attr)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise RuleError(f"rule {self.name!r}: {attr} must be an int >= 1, got {v!r}")
+        unknown = set(self.params) - set(KINDS[self.kind].defaults)
+        if unknown:
+            raise RuleError(f"rule {self.name!r}: unknown params {sorted(unknown)} for kind "
+                            f"{self.kind!r}; known: {sorted(KINDS[self.kind].defaults)}")
+
+    def param(self, key: str) -> Any:
+        """A parameter, or its kind's default."""
+        return self.params.get(key, KINDS[self.kind].defaults[key])
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON/YAML-able form that :meth:`from_dict` reads back."""
+        return {"name": self.name, "kind": self.kind, "metric": self.metric,
+                "params": dict(self.params), "over": self.over,
+                "for_samples": self.for_samples, "resolve_after": self.resolve_after,
+                "severity": self.severity, "inhibits": self.inhibits,
+                "summary": self.summary, "enabled": self.enabled}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RuleSpec:
+        """Build from a mapping (YAML file, API body); raises :class:`RuleError`."""
+        if not isinstance(d, Mapping):
+            raise RuleError(f"a rule must be a mapping, got {type(d).__name__}")
+        known = {"name", "kind", "metric", "params", "over", "for_samples", "resolve_after",
+                 "severity", "inhibits", "summary", "enabled"}
+        unknown = set(d) - known
+        if unknown:
+            raise RuleError(f"rule {d.get('name')!r}: unknown fields {sorted(unknown)}; "
+                            f"known: {sorted(known)}")
+        for req in ("name", "kind", "metric"):
+            if not isinstance(d.get(req), str):
+                raise RuleError(f"rule {d.get('name')!r}: {req} (a string) is required")
+        params = d.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise RuleError(f"rule {d['name']!r}: params must be a mapping")
+        return cls(**{**d, "params": dict(params)})
+
+
+# -- per-cell memory, verdicts, lifecycle ---------------------------------------------------
+
+
+@dataclass(slots=True)
+class Memory:
+    """What a detector remembers about one cell: recent finite samples, the first ones."""
+
+    recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=64))
+    early: list[float] = field(default_factory=list)
+    last: tuple[int, float] | None = None
+    seen: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def push(self, step: int, value: float, keep_early: int = 32) -> None:
+        self.seen += 1
+        self.last = (step, value)
+        if math.isfinite(value):
+            self.recent.append((step, value))
+            if len(self.early) < keep_early:
+                self.early.append(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One judgement: ``breach`` or not, with what it was judged on."""
+
+    breach: bool
+    value: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+    baseline: float | None = None
+    limit: float | None = None
+    left_step: int | None = None  # where the series first left its range, if known
+
+
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """A change of state that people must hear about: firing or resolved."""
+    """A change people must hear about: ``firing`` or ``resolved``."""
 
     state: State
     step: int
     started_step: int
-    value: float
-    baseline: float | None
-    limit: float
+    verdict: Verdict
 
 
 @dataclass(slots=True)
-class HeadState:
-    """What the rule remembers about one (run, rank, layer, head)."""
+class Track:
+    """Lifecycle of one (rule, run, rank, cell): inactive -> pending -> firing -> resolved."""
 
-    history: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     state: State = State.INACTIVE
     streak: int = 0
     calm: int = 0
     started_step: int = 0
 
+    def advance(self, rule: RuleSpec, step: int, v: Verdict) -> Transition | None:
+        if v.breach:
+            self.calm = 0
+            self.streak += 1
+            if self.streak == 1 and self.state is not State.FIRING:
+                self.started_step = v.left_step if v.left_step is not None else step
+                self.state = State.PENDING
+            if self.streak >= rule.for_samples and self.state is State.PENDING:
+                self.state = State.FIRING
+                return Transition(State.FIRING, step, self.started_step, v)
+            return None
+        self.streak = 0
+        if self.state is State.PENDING:
+            self.state = State.INACTIVE
+        elif self.state is State.FIRING:
+            self.calm += 1
+            if self.calm >= rule.resolve_after:
+                self.state = State.RESOLVED
+                return Transition(State.RESOLVED, step, self.started_step, v)
+        return None
 
-@dataclass(frozen=True, slots=True)
-class LogitRisingRule:
-    name: str = "attn_logit_rising"
-    metric: str = "attn.logit_max"
-    threshold: float = 1000.0
-    factor: float = 4.0
-    floor: float = 30.0
-    for_samples: int = 3
-    window: int = 20
-    lag: int = 5
-    min_history: int = 5
 
-    def baseline(self, st: HeadState) -> float | None:
-        past = list(st.history)[: max(0, len(st.history) - self.lag)][-self.window :]
-        return median(past) if len(past) >= self.min_history else None
+class FrameView:
+    """Read access to the other series of the sample being judged."""
 
-    def limit(self, baseline: float | None) -> float:
-        if baseline is None:
-            return self.threshold
-        return min(self.threshold, max(self.floor, self.factor * baseline))
+    def __init__(self, scalars: Mapping[str, float],
+                 heads: Mapping[str, list[list[float]]]) -> None:
+        self.scalars = scalars
+        self.heads = heads
 
-    def evaluate(self, st: HeadState, step: int, value: float) -> Transition | None:
-        """Advance ``st`` by one sampled value; return a transition when one happens."""
-        base = self.baseline(st)
-        limit = self.limit(base)
-        breach = not math.isfinite(value) or value > limit
-        out: Transition | None = None
-        if breach:
-            st.calm = 0
-            st.streak += 1
-            if st.streak == 1 and st.state is not State.FIRING:
-                st.started_step = step
-                st.state = State.PENDING
-            if st.streak >= self.for_samples and st.state is State.PENDING:
-                st.state = State.FIRING
-                out = Transition(State.FIRING, step, st.started_step, value, base, limit)
-        else:
-            st.streak = 0
-            if st.state is State.PENDING:
-                st.state = State.INACTIVE
-            elif st.state is State.FIRING:
-                st.calm += 1
-                if st.calm >= self.for_samples:
-                    st.state = State.RESOLVED
-                    out = Transition(State.RESOLVED, step, st.started_step, value, base, limit)
-            if math.isfinite(value):
-                st.history.append(value)
+    def get(self, metric: str, layer: int | None = None, head: int | None = None) -> float | None:
+        if layer is None:
+            v = self.scalars.get(metric)
+            return None if v is None else float(v)
+        m = self.heads.get(metric)
+        try:
+            return None if m is None else float(m[layer][head])  # type: ignore[index]
+        except (IndexError, TypeError):
+            return None
+
+
+# -- robust statistics ------------------------------------------------------------------------
+
+
+def theil_sen(xs: list[float], ys: list[float]) -> float:
+    """Median of pairwise slopes (robust to a few outliers)."""
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
+              for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    return median(slopes) if slopes else 0.0
+
+
+def kendall_tau(ys: list[float]) -> float:
+    """Mann-Kendall score normalised to [-1, 1]: +1 when every sample exceeds all before it."""
+    n = len(ys)
+    if n < 2:
+        return 0.0
+    s = sum((ys[j] > ys[i]) - (ys[j] < ys[i]) for i in range(n) for j in range(i + 1, n))
+    return s / (n * (n - 1) / 2)
+
+
+def mad(values: list[float], center: float) -> float:
+    return median([abs(v - center) for v in values])
+
+
+# -- detectors ----------------------------------------------------------------------------------
+
+Detect = Callable[[RuleSpec, Memory, int, float, FrameView, tuple[int | None, int | None]],
+                  "Verdict | None"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A rule kind: its detector, parameter defaults, and whether breaching samples are
+    kept out of the cell's memory (so a climb cannot become its own baseline)."""
+
+    detect: Detect
+    defaults: Mapping[str, Any]
+    hold_breaches: bool = False
+
+
+def _threshold(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    if not math.isfinite(v):
+        return None
+    limit = float(r.param("value"))
+    breach = v < limit if r.param("op") == "<" else v > limit
+    return Verdict(breach, v, {"value": v, "limit": limit, "op": r.param("op")}, limit=limit)
+
+
+def _nonfinite(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    return Verdict(not math.isfinite(v), v, {"value": str(v)})
+
+
+def _baseline(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+              cell: tuple[int | None, int | None]) -> Verdict | None:
+    n = int(r.param("samples"))
+    if len(m.early) < n:
+        return None
+    base = median(m.early[:n])
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v), "baseline": base}, baseline=base)
+    if r.param("below"):
+        limit = base * float(r.param("factor"))
+        breach = v < limit
+    else:
+        limit = max(float(r.param("floor")), base * float(r.param("factor")))
+        breach = v > limit
+    return Verdict(breach, v, {"value": v, "baseline": base, "limit": limit,
+                               "ratio": v / base if base else None},
+                   baseline=base, limit=limit)
+
+
+def _entropy_collapse(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+                      cell: tuple[int | None, int | None]) -> Verdict | None:
+    n = int(r.param("samples"))
+    if len(m.early) < n or not math.isfinite(v):
+        return None
+    base = median(m.early[:n])
+    limit = base * float(r.param("fraction"))
+    return Verdict(v < limit, v, {"value": v, "baseline": base, "limit": limit},
+                   baseline=base, limit=limit)
+
+
+def _window(m: Memory, lag: int, window: int) -> list[tuple[int, float]]:
+    past = list(m.recent)
+    past = past[: max(0, len(past) - lag)]
+    return past[-window:]
+
+
+def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    past = _window(m, int(r.param("lag")), int(r.param("window")))
+    if len(past) < int(r.param("min_history")):
+        return None
+    base = median(x for _, x in past)
+    limit = max(float(r.param("floor")), float(r.param("factor")) * base)
+    if r.param("ceiling") is not None:
+        limit = min(limit, float(r.param("ceiling")))
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v), "baseline": base, "limit": limit},
+                       baseline=base, limit=limit)
+    breach = v > limit
+    return Verdict(breach, v, {"value": v, "baseline": base, "limit": limit,
+                               "ratio": v / base if base else None},
+                   baseline=base, limit=limit)
+
+
+def _log_series(m: Memory, window: int, step: int, v: float) -> tuple[list[float], list[float]]:
+    """The last ``window`` positive samples, this one included, as (steps, log values)."""
+    pts = [(s, x) for s, x in [*list(m.recent)[-(window - 1):], (step, v)] if x > 0]
+    return [float(s) for s, _ in pts], [math.log(x) for _, x in pts]
+
+
+def _trend(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+           cell: tuple[int | None, int | None]) -> Verdict | None:
+    window = int(r.param("window"))
+    if not math.isfinite(v):
+        return None
+    xs, ys = _log_series(m, window, step, v)
+    if len(xs) < window:
+        return None
+    slope = theil_sen(xs, ys)
+    tau = kendall_tau(ys)
+    growth = math.exp(slope * (xs[-1] - xs[0]))
+    breach = (tau >= float(r.param("min_tau")) and growth >= float(r.param("min_ratio"))
+              and v >= float(r.param("floor")))
+    doubling = math.log(2) / slope if slope > 0 else None
+    return Verdict(breach, v, {"value": v, "slope_log_per_step": slope, "kendall_tau": tau,
+                               "growth_over_window": growth, "window_from_step": int(xs[0]),
+                               "doubling_steps": doubling},
+                   left_step=int(xs[0]) if breach else None)
+
+
+def _forecast(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+              cell: tuple[int | None, int | None]) -> Verdict | None:
+    critical = float(r.param("critical"))
+    known = fv.get(str(r.param("critical_metric"))) if r.param("critical_metric") else None
+    if known is not None and math.isfinite(known) and known > 0:
+        critical = known  # the job said where its attention overflows (its dtype's max)
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v), "critical": critical, "eta_steps": 0},
+                       limit=critical)
+    window = int(r.param("window"))
+    xs, ys = _log_series(m, window, step, v)
+    if len(xs) < window:
+        return None
+    slope = theil_sen(xs, ys)
+    # the level the trend line reaches now (robust to the newest sample's noise)
+    level = median(y - slope * x for x, y in zip(xs, ys, strict=True)) + slope * step
+    if v >= critical:
+        eta: float | None = 0.0
+    elif slope <= 0:
+        eta = None
+    else:
+        eta = max(0.0, (math.log(critical) - max(level, math.log(max(v, 1e-30)))) / slope)
+    horizon = float(r.param("horizon"))
+    breach = eta is not None and eta <= horizon and v >= float(r.param("floor"))
+    return Verdict(breach, v, {"value": v, "critical": critical,
+                               "eta_steps": None if eta is None else round(eta),
+                               "crosses_at_step": None if eta is None else round(step + eta),
+                               "slope_log_per_step": slope, "horizon": horizon},
+                   limit=critical, left_step=int(xs[0]) if breach else None)
+
+
+def _spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+           cell: tuple[int | None, int | None]) -> Verdict | None:
+    past = _window(m, 0, int(r.param("window")))
+    if len(past) < int(r.param("min_history")):
+        return None
+    vals = [x for _, x in past]
+    med = median(vals)
+    spread = max(mad(vals, med) * 1.4826, float(r.param("min_scale")))
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v), "median": med, "mad": spread},
+                       baseline=med)
+    z = (v - med) / spread
+    breach = z > float(r.param("z")) and v - med > float(r.param("min_jump"))
+    if breach and r.param("only_unclipped") and (fv.get("grad.clipped") or 0.0) >= 0.5:
+        breach = False  # clipping bounded this step's update
+    return Verdict(breach, v, {"value": v, "median": med, "robust_z": z, "scale": spread},
+                   baseline=med, limit=med + float(r.param("z")) * spread)
+
+
+def _loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    if not math.isfinite(v):
+        return None  # a non-finite loss is the nonfinite rule's
+    out = _spike(r, m, step, v, fv, cell)
+    lr, prev_lr = fv.get("lr"), m.extra.get("lr")
+    g = fv.get("grad.norm")
+    grads: deque[float] = m.extra.setdefault("grads", deque(maxlen=20))
+    gmed = median(grads) if grads else None
+    if lr is not None and math.isfinite(lr):
+        m.extra["lr"] = lr
+    if out is None or not out.breach:
+        if g is not None and math.isfinite(g):
+            grads.append(g)
         return out
+    ev = dict(out.evidence)
+    causes: list[str] = []
+    if lr is not None and prev_lr and lr > 0 and abs(math.log(lr / prev_lr)) > math.log(1.5):
+        causes.append(f"the learning rate changed from {prev_lr:.3g} to {lr:.3g}")
+    if g is not None and gmed and (not math.isfinite(g) or g > 5 * gmed):
+        causes.append(f"the gradient norm jumped to {g:.3g} (median {gmed:.3g})")
+    ev["causes"] = causes
+    return Verdict(True, v, ev, out.baseline, out.limit)
+
+
+def _lr_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+             cell: tuple[int | None, int | None]) -> Verdict | None:
+    past = [x for _, x in list(m.recent)[-4:]]
+    if len(past) < 3 or not math.isfinite(v):
+        return None  # three samples first: a warm-up's start is a ramp, not a jump
+    prev = past[-1]
+    if prev <= 0 or v <= 0:
+        return None
+    ratio = v / prev
+    f = float(r.param("factor"))
+    steps = median(abs(b - a) for a, b in zip(past, past[1:], strict=False))
+    abrupt = abs(v - prev) > float(r.param("vs_schedule")) * max(steps, 1e-12)
+    return Verdict((ratio > f or ratio < 1 / f) and abrupt, v,
+                   {"value": v, "previous": prev, "previous_step": list(m.recent)[-1][0],
+                    "ratio": ratio, "schedule_step": steps}, baseline=prev)
+
+
+def _clip_rate(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    w = int(r.param("window"))
+    vals = [x for _, x in m.recent] + ([v] if math.isfinite(v) else [])
+    if len(vals) < 2 * w:
+        return None
+    now, before = sum(vals[-w:]) / w, sum(vals[-2 * w:-w]) / w
+    breach = now >= float(r.param("rate")) and now - before >= float(r.param("rise"))
+    return Verdict(breach, now, {"clip_rate": now, "previous_rate": before, "window": w})
+
+
+def _ratio(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+           cell: tuple[int | None, int | None]) -> Verdict | None:
+    other_name = str(r.param("other"))
+    other = fv.get(other_name, *cell)
+    if other is None or not math.isfinite(v) or not math.isfinite(other):
+        return None
+    hist: deque[tuple[float, float]] = m.extra.setdefault(
+        "pairs", deque(maxlen=int(r.param("window"))))
+    hist.append((v, other))
+    if len(hist) < int(r.param("window")) or hist[0][0] <= 0 or hist[0][1] <= 0:
+        return None
+    w_change = v / hist[0][0] - 1
+    b_change = other / hist[0][1] - 1
+    c = float(r.param("min_change"))
+    return Verdict(w_change <= -c and b_change >= c, v,
+                   {"weight_norm": v, "bias_norm": other, "weight_change": w_change,
+                    "bias_change": b_change, "other": other_name})
+
+
+def _first_loss(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+                cell: tuple[int | None, int | None]) -> Verdict | None:
+    if m.seen > 0:
+        return Verdict(False, v) if m.extra.get("judged") else None
+    m.extra["judged"] = True
+    vocab = r.param("vocab")
+    tol = float(r.param("tolerance"))
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v)})
+    expected = math.log(float(vocab)) if vocab else None
+    if expected is not None:
+        breach = abs(v - expected) > tol
+    else:
+        breach = v > math.log(262144) + tol
+    return Verdict(breach, v, {"value": v, "expected": expected, "tolerance": tol})
+
+
+def _no_data(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+             cell: tuple[int | None, int | None]) -> Verdict | None:
+    return None  # judged by the engine's clock (AlertEngine.check_stale)
+
+
+KINDS: dict[str, Kind] = {
+    "threshold": Kind(_threshold, {"op": ">", "value": 0.0}),
+    "nonfinite": Kind(_nonfinite, {}),
+    "baseline": Kind(_baseline, {"samples": 10, "factor": 4.0, "floor": 0.0, "below": False}),
+    "departure": Kind(_departure, {"factor": 4.0, "floor": 30.0, "window": 20, "lag": 5,
+                                   "min_history": 5, "ceiling": None}, hold_breaches=True),
+    "trend": Kind(_trend, {"window": 8, "min_tau": 0.7, "min_ratio": 1.5, "floor": 0.0}),
+    "forecast": Kind(_forecast, {"critical": FP16_MAX, "window": 10, "horizon": 500.0,
+                                 "floor": 0.0, "critical_metric": "attn.dtype_max"}),
+    "spike": Kind(_spike, {"window": 20, "z": 6.0, "min_jump": 0.0, "min_history": 5,
+                           "min_scale": 1e-6, "only_unclipped": False}, hold_breaches=True),
+    "loss_jump": Kind(_loss_jump, {"window": 20, "z": 6.0, "min_jump": 0.5,
+                                   "min_history": 5, "min_scale": 0.02,
+                                   "only_unclipped": False},
+                       hold_breaches=True),
+    "lr_jump": Kind(_lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
+    "entropy_collapse": Kind(_entropy_collapse, {"samples": 10, "fraction": 0.25}),
+    "clip_rate": Kind(_clip_rate, {"window": 10, "rate": 0.9, "rise": 0.5}),
+    "ratio": Kind(_ratio, {"other": "qk.q_bias_norm", "window": 10, "min_change": 0.2}),
+    "first_loss": Kind(_first_loss, {"vocab": None, "tolerance": 1.5}),
+    "no_data": Kind(_no_data, {"seconds": 600.0}),
+}
+DETECTORS = {k: v.detect for k, v in KINDS.items()}

@@ -19,10 +19,11 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-__all__ = ["Alert", "Base", "Frame", "Metric", "Point", "Run", "Token"]
+__all__ = ["Alert", "Base", "Frame", "Metric", "Point", "Run", "RunTag", "Token"]
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -49,13 +50,25 @@ class Run(Base):
     last_time: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class RunTag(Base):
+    """A label of a run (``GET /api/v1/runs?tag=``); set with ``logitwatch runs tag``."""
+
+    __tablename__ = "run_tags"
+    __table_args__ = (Index("ix_run_tags_tag", "tag"),)
+
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
 class Frame(Base):
     """One sampled step of one rank; (run, rank, seq) is the deduplication key."""
 
     __tablename__ = "frames"
     __table_args__ = (
         UniqueConstraint("run_id", "rank", "seq"),
-        Index("ix_frames_run_step", "run_id", "step"),
+        Index("ix_frames_run_rank_step", "run_id", "rank", "step"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -80,9 +93,19 @@ class Metric(Base):
 
 
 class Point(Base):
-    """The values of one metric in one frame: little-endian float32, row-major."""
+    """The values of one metric in one frame: little-endian float32, row-major.
+
+    ``ix_points_scalar`` is a partial covering index of the scalar rows (4-byte blobs):
+    a scalar series is read from it alone, without touching the pages of the matrices
+    stored between its rows.
+    """
 
     __tablename__ = "points"
+    __table_args__ = (
+        Index("ix_points_scalar", "metric_id", "frame_id", "data",
+              sqlite_where=text("length(data) = 4"),
+              postgresql_where=text("length(data) = 4")),
+    )
 
     metric_id: Mapped[int] = mapped_column(
         ForeignKey("metrics.id", ondelete="CASCADE"), primary_key=True
@@ -116,6 +139,55 @@ class Alert(Base):
     message: Mapped[str] = mapped_column(Text)
     evidence: Mapped[dict[str, object]] = mapped_column(JSON)
     remedies: Mapped[list[str]] = mapped_column(JSON)
+    # 0004: grouping, suppression (inhibited/silenced), acknowledgement
+    heads: Mapped[list[int] | None] = mapped_column(JSON, nullable=True)
+    suppressed: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    acked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    acked_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+
+class AlertRule(Base):
+    """A rule set through the API (overrides the default or file rule of the same name)."""
+
+    __tablename__ = "alert_rules"
+    __table_args__ = (UniqueConstraint("name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, object]] = mapped_column(JSON)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class Silence(Base):
+    """Alerts matching (project, run, rule, rank, layer) fire silenced until ``ends_at``;
+    a null field matches anything."""
+
+    __tablename__ = "silences"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    project: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    run: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    rule: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    layer: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    starts_at: Mapped[float] = mapped_column(Float)
+    ends_at: Mapped[float] = mapped_column(Float)
+    comment: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(128))
+
+
+class OutboxItem(Base):
+    """A webhook notification not yet delivered; survives a collector restart."""
+
+    __tablename__ = "alert_outbox"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    url: Mapped[str] = mapped_column(Text)
+    body: Mapped[dict[str, object]] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer)
+    next_at: Mapped[float] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
 
 
 class Token(Base):

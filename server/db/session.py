@@ -13,31 +13,69 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.server.errors import Conflict, ServiceUnavailable
 
-__all__ = ["alembic_config", "make_engine", "migrate", "session_scope", "schema_revision"]
+__all__ = [
+    "RETRY_AFTER",
+    "SQLITE_BUSY_TIMEOUT",
+    "SQLITE_PAGE_SIZE",
+    "alembic_config",
+    "make_engine",
+    "migrate",
+    "schema_revision",
+    "session_scope",
+]
 
 log = logging.getLogger("logitwatch.server")
 
 
-def make_engine(url: str, *, pool_size: int = 5) -> Engine:
-    """Build an engine. SQLite gets WAL, foreign keys and a busy timeout; its parent folder is
-    created. PostgreSQL gets a sized pool that fails fast (``pool_timeout``) instead of hanging.
+#: SQLite page size of new databases: a 24 x 16 float32 matrix (1,536 bytes) fits ten to a
+#: 16 KiB page, where a 4 KiB page wastes a quarter of itself (two such rows per page).
+SQLITE_PAGE_SIZE = 16384
+#: Seconds a SQLite write waits for another transaction's lock before 503: longer than the
+#: longest ingest transaction (one writer at a time; a 256-frame batch with its alerts).
+SQLITE_BUSY_TIMEOUT = 30.0
+
+
+def make_engine(
+    url: str, *, pool_size: int = 5, max_overflow: int = 5, pool_timeout: float = 5.0
+) -> Engine:
+    """Build an engine with a pool sized on purpose (see ``Settings.pool_size``).
+
+    Both backends get a ``QueuePool`` of ``pool_size`` connections plus ``max_overflow``
+    under bursts; a request that waits longer than ``pool_timeout`` for one fails fast
+    (answered 503 with Retry-After by :func:`session_scope`) instead of hanging.
+
+    SQLite gets WAL, ``synchronous=NORMAL``, foreign keys, a busy timeout of
+    :data:`SQLITE_BUSY_TIMEOUT`, and, on a new file, 16 KiB pages and incremental
+    auto-vacuum (so that deleting a run gives the space back); its parent folder is
+    created. PostgreSQL connections are pre-pinged, so a restarted server costs one retry,
+    not errors.
     """
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
-        if u.database and u.database != ":memory:":
-            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        memory = not u.database or u.database == ":memory:"
+        if not memory:
+            Path(str(u.database)).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT},
+            **({} if memory else {"pool_size": pool_size, "max_overflow": max_overflow,
+                                  "pool_timeout": pool_timeout}),
+        )
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _: Any) -> None:
             cur = dbapi_conn.cursor()
+            # Both only take effect on a new, empty file (before WAL is switched on).
+            cur.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
@@ -45,7 +83,8 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
 
         return engine
     return create_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=10, pool_pre_ping=True
+        url, pool_size=pool_size, max_overflow=max_overflow, pool_timeout=pool_timeout,
+        pool_pre_ping=True,
     )
 
 
@@ -62,21 +101,36 @@ def schema_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+#: PostgreSQL advisory lock key held while migrating, so collectors that start together
+#: migrate one after the other (the second finds the schema at head).
+MIGRATION_LOCK = 0x6C77_6D69  # "lwmi"
+
+
 def migrate(engine: Engine) -> None:
-    """Bring the schema to head (``alembic upgrade head``); refuse a database from the future."""
+    """Bring the schema to head (``alembic upgrade head``); refuse a database from the future.
+
+    On PostgreSQL the check and the upgrade run under an advisory lock: several collectors
+    starting at once against one database migrate it once.
+    """
     cfg = alembic_config()
-    head = ScriptDirectory.from_config(cfg).get_current_head()
-    current = schema_revision(engine)
-    if current == head:
+    script = ScriptDirectory.from_config(cfg)
+    head = script.get_current_head()
+    if schema_revision(engine) == head:
         return
-    known = {s.revision for s in ScriptDirectory.from_config(cfg).walk_revisions()}
-    if current is not None and current not in known:
-        raise RuntimeError(
-            f"The database is at schema revision {current!r}, which this logitwatch does not "
-            "know (it was written by a newer version). Upgrade logitwatch or use another --db."
-        )
-    log.info("migrating database schema %s -> %s", current, head)
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+        current = MigrationContext.configure(conn).get_current_revision()
+        if current == head:
+            return
+        known = {s.revision for s in script.walk_revisions()}
+        if current is not None and current not in known:
+            raise RuntimeError(
+                f"The database is at schema revision {current!r}, which this logitwatch does "
+                "not know (it was written by a newer version). Upgrade logitwatch or use "
+                "another --db."
+            )
+        log.info("migrating database schema %s -> %s", current, head)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
 
@@ -91,13 +145,46 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
     except IntegrityError as e:
         session.rollback()
         raise Conflict("conflict", f"the write conflicts with stored data: {e.orig}") from e
-    except OperationalError as e:
+    except PoolTimeout as e:
         session.rollback()
-        raise ServiceUnavailable(
-            "db-unavailable", "the database is unavailable; retry later"
+        raise _unavailable(
+            "db-busy", "every database connection of this collector is in use (pool_size, "
+            "pool_max_overflow); nothing was stored, retry after Retry-After seconds"
         ) from e
+    except (OperationalError, InterfaceError) as e:
+        _rollback_quietly(session)
+        raise _unavailable(
+            "db-unavailable", "the database is unavailable or busy; nothing was stored, retry "
+            "after Retry-After seconds"
+        ) from e
+    except DBAPIError as e:
+        _rollback_quietly(session)
+        if e.connection_invalidated:
+            raise _unavailable(
+                "db-unavailable", "the database connection was lost; nothing was stored, "
+                "retry after Retry-After seconds"
+            ) from e
+        raise
     except BaseException:
         session.rollback()
         raise
     finally:
         session.close()
+
+
+#: Seconds a client is asked to wait after a 503 (its spool keeps the frames meanwhile).
+RETRY_AFTER = 2
+
+
+def _unavailable(code: str, message: str) -> ServiceUnavailable:
+    err = ServiceUnavailable(code, message)
+    err.headers["Retry-After"] = str(RETRY_AFTER)
+    return err
+
+
+def _rollback_quietly(session: Session) -> None:
+    """Roll back after a lost connection, where the rollback itself may fail."""
+    try:
+        session.rollback()
+    except DBAPIError:
+        log.debug("rollback after a database error failed too", exc_info=True)

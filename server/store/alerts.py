@@ -21,6 +21,8 @@ def alert_out(a: Alert, run: Run) -> AlertOut:
         fired_at=a.fired_at, resolved_step=a.resolved_step, value=a.value,
         baseline=a.baseline, threshold=a.threshold, message=a.message,
         evidence=dict(a.evidence), remedies=list(a.remedies),
+        heads=list(a.heads) if a.heads else None, suppressed=a.suppressed,
+        acked_at=a.acked_at, acked_by=a.acked_by,
     )
 
 
@@ -41,7 +43,7 @@ def firing_alerts(session: Session, run_ids: Iterable[int]) -> list[AlertOut]:
     rows = session.execute(
         select(Alert, Run)
         .join(Run, Run.id == Alert.run_id)
-        .where(Alert.run_id.in_(ids), Alert.state == "firing")
+        .where(Alert.run_id.in_(ids), Alert.state == "firing", Alert.suppressed.is_(None))
         .order_by(Alert.id)
     ).all()
     return [alert_out(a, r) for a, r in rows]

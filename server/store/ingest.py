@@ -1,20 +1,36 @@
-"""The write path: frames in, deduplicated on (run, rank, seq), stored in one transaction."""
+"""The write path: frames in, deduplicated on (run, rank, seq), stored in one transaction.
+
+Safe with several collector processes on one database: runs, metrics and frames are
+inserted with ``ON CONFLICT DO NOTHING`` (SQLite and PostgreSQL), so two collectors that
+receive the same batch (a client's resend after a lost answer) store each frame once, and
+the one that loses the race counts it as a duplicate instead of failing. Frames are
+inserted in (rank, seq) order, so two transactions never wait on each other in opposite
+orders (no deadlock), and a run's ``last_step`` only moves forward, in one UPDATE.
+"""
 
 from __future__ import annotations
 
 import time as _time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import func, insert, select, update
+import numpy as np
+from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from logitwatch.server.db.models import Frame, Metric, Point, Run
 from logitwatch.server.errors import BadRequest
 from logitwatch.server.schemas import FrameIn
-from logitwatch.server.store.codec import encode
 
-__all__ = ["IngestResult", "NewFrame", "ingest_frames"]
+_F32 = np.dtype("<f4")
+#: Suffix of the hidden scalar metric that holds a per-head metric's max over heads per
+#: frame ("attn.logit_max#max"); '#' is outside the name alphabet, so it cannot collide.
+ENVELOPE = "#max"
+
+__all__ = ["ENVELOPE", "IngestResult", "NewFrame", "ingest_frames"]
 
 
 @dataclass(slots=True)
@@ -37,38 +53,60 @@ class IngestResult:
     new_frames: list[NewFrame] = field(default_factory=list)
 
 
+def _insert(session: Session, table: Any) -> Any:
+    """``INSERT`` of the session's dialect, which knows ``ON CONFLICT DO NOTHING``."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(table)
+    if dialect == "sqlite":
+        return sqlite.insert(table)
+    raise RuntimeError(f"unsupported database {dialect!r}: use SQLite or PostgreSQL")
+
+
 def _run_id(session: Session, project: str, name: str) -> int:
-    rid = session.scalar(select(Run.id).where(Run.project == project, Run.name == name))
+    q = select(Run.id).where(Run.project == project, Run.name == name)
+    rid = session.scalar(q)
     if rid is not None:
         return rid
-    # Another collector may create the same run concurrently: the unique constraint turns
-    # that into an IntegrityError, answered 409, and the client's retry then finds the run.
-    return session.execute(
-        insert(Run)
+    # Another collector may create the same run at the same moment: whoever loses the
+    # race reads the winner's row.
+    session.execute(
+        _insert(session, Run)
         .values(project=project, name=name, created_at=_time.time())
-        .returning(Run.id)
-    ).scalar_one()
+        .on_conflict_do_nothing(index_elements=["project", "name"])
+    )
+    return session.execute(q).scalar_one()
 
 
 def _metric_ids(
     session: Session, run_id: int, shapes: dict[str, tuple[int, int]], limit: int | None
 ) -> dict[str, int]:
-    rows = session.execute(
-        select(Metric.name, Metric.id, Metric.layers, Metric.heads).where(
-            Metric.run_id == run_id, Metric.name.in_(list(shapes))
-        )
-    ).all()
-    ids = {r.name: r.id for r in rows}
-    for r in rows:
-        if (r.layers, r.heads) != shapes[r.name]:
-            raise BadRequest(
-                "shape-mismatch",
-                f"metric {r.name!r} of this run has shape {r.layers}x{r.heads}, "
-                f"this batch sends {shapes[r.name][0]}x{shapes[r.name][1]}",
+    def stored() -> dict[str, int]:
+        rows = session.execute(
+            select(Metric.name, Metric.id, Metric.layers, Metric.heads).where(
+                Metric.run_id == run_id, Metric.name.in_(list(shapes))
             )
+        ).all()
+        for r in rows:
+            if (r.layers, r.heads) != shapes[r.name]:
+                raise BadRequest(
+                    "shape-mismatch",
+                    f"metric {r.name!r} of this run has shape {r.layers}x{r.heads}, "
+                    f"this batch sends {shapes[r.name][0]}x{shapes[r.name][1]}",
+                )
+        return {r.name: r.id for r in rows}
+
+    ids = stored()
     new = [name for name in shapes if name not in ids]
-    if limit is not None and new:
-        have = session.scalar(select(func.count()).where(Metric.run_id == run_id)) or 0
+    if not new:
+        return ids
+    visible = [name for name in new if ENVELOPE not in name]
+    if limit is not None and visible:
+        new = visible
+        have = session.scalar(
+            select(func.count()).where(Metric.run_id == run_id,
+                                       Metric.name.not_like(f"%{ENVELOPE}"))
+        ) or 0
         if have + len(new) > limit:
             raise BadRequest(
                 "too-many-metrics",
@@ -77,21 +115,29 @@ def _metric_ids(
                 "(max_metrics_per_run). Nothing was stored.",
                 field="frames",
             )
-    for name, (layers, heads) in shapes.items():
-        if name not in ids:
-            ids[name] = session.execute(
-                insert(Metric)
-                .values(run_id=run_id, name=name, layers=layers, heads=heads)
-                .returning(Metric.id)
-            ).scalar_one()
-    return ids
+    missing = sorted(name for name in shapes if name not in ids)
+    session.execute(
+        _insert(session, Metric).on_conflict_do_nothing(index_elements=["run_id", "name"]),
+        [{"run_id": run_id, "name": n, "layers": shapes[n][0], "heads": shapes[n][1]}
+         for n in missing],
+    )
+    return stored()
+
+
+def _shape(m: Any) -> tuple[int, int]:
+    return (len(m), len(m[0]))
+
+
+def _as_lists(m: Any) -> list[list[float]]:
+    return m.tolist() if isinstance(m, np.ndarray) else m  # type: ignore[no-any-return]
 
 
 def ingest_frames(
-    session: Session, frames: list[FrameIn], *, max_metrics_per_run: int | None = None
+    session: Session, frames: Sequence[FrameIn], *, max_metrics_per_run: int | None = None
 ) -> IngestResult:
     """Store ``frames``; frames already stored (same run, rank and seq) are counted, skipped.
 
+    A per-head matrix may be a list of lists or a 2-D ``numpy`` array (the fast parser's).
     A batch that would give a run more than ``max_metrics_per_run`` metric names raises
     :class:`BadRequest` (``too-many-metrics``); the caller's transaction then stores nothing.
     """
@@ -99,59 +145,66 @@ def ingest_frames(
     by_run: dict[tuple[str, str], list[FrameIn]] = defaultdict(list)
     for f in frames:
         by_run[(f.project, f.run)].append(f)
-    for (project, name), group in by_run.items():
+    for (project, name), group in sorted(by_run.items()):
         run_id = _run_id(session, project, name)
         result.run_ids.add(run_id)
-        seqs = {(f.rank, f.seq) for f in group}
-        existing = set(
-            session.execute(
-                select(Frame.rank, Frame.seq).where(
-                    Frame.run_id == run_id, Frame.seq.in_([s for _, s in seqs])
-                )
-            )
-        )
-        fresh: list[FrameIn] = []
-        seen: set[tuple[int, int]] = set()
+        unique: dict[tuple[int, int], FrameIn] = {}
         for f in group:
-            key = (f.rank, f.seq)
-            if key in existing or key in seen:
-                result.duplicates += 1
-                continue
-            seen.add(key)
-            fresh.append(f)
-        if not fresh:
-            continue
+            unique.setdefault((f.rank, f.seq), f)
+        result.duplicates += len(group) - len(unique)
         shapes: dict[str, tuple[int, int]] = {}
-        for f in fresh:
+        for f in unique.values():
             for k in f.scalars:
                 shapes[k] = (0, 0)
             for k, m in f.heads.items():
-                shapes[k] = (len(m), len(m[0]))
+                shapes[k] = _shape(m)
+                shapes[k + ENVELOPE] = (0, 0)
         metric_ids = _metric_ids(session, run_id, shapes, max_metrics_per_run)
-        frame_ids = session.execute(
-            insert(Frame).returning(Frame.id, sort_by_parameter_order=True),
-            [
-                {"run_id": run_id, "rank": f.rank, "seq": f.seq, "step": f.step, "time": f.time}
-                for f in fresh
-            ],
-        ).scalars().all()
+        ordered = [unique[k] for k in sorted(unique)]
+        inserted = session.execute(
+            _insert(session, Frame)
+            .on_conflict_do_nothing(index_elements=["run_id", "rank", "seq"])
+            .returning(Frame.id, Frame.rank, Frame.seq),
+            [{"run_id": run_id, "rank": f.rank, "seq": f.seq, "step": f.step, "time": f.time}
+             for f in ordered],
+        ).all()
+        ids = {(r.rank, r.seq): r.id for r in inserted}
+        result.duplicates += len(ordered) - len(ids)
+        fresh = [f for f in ordered if (f.rank, f.seq) in ids]
+        if not fresh:
+            continue
         points = []
-        for fid, f in zip(frame_ids, fresh, strict=True):
-            for k, v in f.scalars.items():
-                points.append({"metric_id": metric_ids[k], "frame_id": fid, "data": encode([v])})
+        for f in fresh:
+            fid = ids[(f.rank, f.seq)]
+            if f.scalars:
+                blob = np.array(list(f.scalars.values()), dtype=_F32).tobytes()
+                for i, k in enumerate(f.scalars):
+                    points.append({"metric_id": metric_ids[k], "frame_id": fid,
+                                   "data": blob[4 * i:4 * i + 4]})
             for k, m in f.heads.items():
-                points.append({"metric_id": metric_ids[k], "frame_id": fid, "data": encode(m)})
+                a = np.asarray(m, dtype=_F32)
+                points.append({"metric_id": metric_ids[k], "frame_id": fid,
+                               "data": a.tobytes()})
+                # The envelope (max over heads; NaN if any head is NaN), a scalar rollup
+                # that the envelope series reads instead of every matrix.
+                points.append({"metric_id": metric_ids[k + ENVELOPE], "frame_id": fid,
+                               "data": np.max(a).astype(_F32).tobytes()})
             result.new_frames.append(
-                NewFrame(run_id, f.rank, f.step, f.time, dict(f.scalars), f.heads)
+                NewFrame(run_id, f.rank, f.step, f.time, dict(f.scalars),
+                         {k: _as_lists(m) for k, m in f.heads.items()})
             )
         if points:
+            # Matrices first, then the small rows: both databases fill pages in insertion
+            # order, so ~1.5 KB rows pack densely (PostgreSQL: 5 per 8 KiB page, SQLite: 10
+            # per 16 KiB) instead of leaving a matrix-sized hole at the end of each frame,
+            # and a batch's scalars end up side by side.
+            points.sort(key=lambda p: (len(p["data"]) <= 4, p["metric_id"], p["frame_id"]))
             session.execute(insert(Point), points)
         last = max(fresh, key=lambda f: (f.step, f.time))
-        run = session.get(Run, run_id)
-        assert run is not None
-        if run.last_step is None or last.step >= run.last_step:
-            session.execute(
-                update(Run).where(Run.id == run_id).values(last_step=last.step, last_time=last.time)
-            )
+        session.execute(
+            update(Run)
+            .where(Run.id == run_id, or_(Run.last_step.is_(None), Run.last_step <= last.step))
+            .values(last_step=last.step, last_time=last.time)
+        )
         result.accepted += len(fresh)
     return result

@@ -31,7 +31,8 @@ def frames_since(
     if not frames:
         return after_id, [], None
     ids = [f.id for f in frames]
-    metrics = {m.id: m for m in session.scalars(select(Metric).where(Metric.run_id == run_id))}
+    metrics = {m.id: m for m in session.scalars(select(Metric).where(Metric.run_id == run_id))
+               if "#" not in m.name}  # hidden rollups (store/ingest.py ENVELOPE)
     out: dict[int, dict[str, Any]] = {f.id: {"step": f.step, "scalars": {}} for f in frames}
     latest: dict[str, Any] = {"step": frames[-1].step}
     rows = session.execute(

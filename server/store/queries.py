@@ -1,21 +1,49 @@
-"""The read path: runs, metric names, downsampled series, layer x head matrices."""
+"""The read path: runs, metric names, downsampled series, layer x head matrices; deleting a
+run."""
 
 from __future__ import annotations
 
+import re
+import time as _time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, Literal
+
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
 
-from logitwatch.server.db.models import Alert, Frame, Metric, Point, Run
+from logitwatch.server.db.models import Alert, Frame, Metric, Point, Run, RunTag
 from logitwatch.server.errors import BadRequest, NotFound
-from logitwatch.server.schemas import HeatmapOut, MetricOut, RunOut, SeriesOut
+from logitwatch.server.schemas import DeletedOut, HeatmapOut, MetricOut, RunOut, SeriesOut
 from logitwatch.server.store.codec import decode
 from logitwatch.server.store.downsample import minmax_downsample
+from logitwatch.server.store.ingest import ENVELOPE
 
-__all__ = ["get_heatmap", "get_run", "get_series", "list_metrics", "list_runs"]
+__all__ = [
+    "Agg",
+    "Merge",
+    "RunStatus",
+    "TAG_RE",
+    "delete_run",
+    "get_heatmap",
+    "get_run",
+    "get_series",
+    "list_metrics",
+    "list_runs",
+    "set_tags",
+]
+
+RunStatus = Literal["active", "idle", "alerting"]
+Merge = Literal["max", "min", "mean"]
+Agg = Literal["max", "min", "mean"]
+TAG_RE = re.compile(r"[A-Za-z0-9._:\-]{1,64}")
 
 
-def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0) -> RunOut:
+def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0, *, tags: list[str] | None = None,
+             now: float | None = None, active_seconds: float = 600.0) -> RunOut:
+    now = _time.time() if now is None else now
+    active = run.last_time is not None and now - run.last_time <= active_seconds
     return RunOut(
         id=run.id,
         project=run.project,
@@ -25,25 +53,75 @@ def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0) -> RunOut:
         last_time=run.last_time,
         open_alerts=open_alerts,
         last_frame_id=last_frame_id,
+        status="active" if active else "idle",
+        tags=tags or [],
     )
 
 
-def list_runs(session: Session, *, project: str | None = None) -> list[RunOut]:
-    """All runs (of ``project``, when given), most recently active first, with their count
-    of firing alerts."""
-    counts = dict(
-        session.execute(
-            select(Alert.run_id, func.count()).where(Alert.state == "firing").group_by(Alert.run_id)
-        ).all()
+def _tags(session: Session, run_ids: list[int]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = defaultdict(list)
+    if run_ids:
+        for rid, tag in session.execute(
+            select(RunTag.run_id, RunTag.tag).where(RunTag.run_id.in_(run_ids))
+            .order_by(RunTag.tag)
+        ):
+            out[rid].append(tag)
+    return out
+
+
+def list_runs(
+    session: Session,
+    *,
+    project: str | None = None,
+    tag: str | None = None,
+    status: RunStatus | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    name: str | None = None,
+    active_seconds: float = 600.0,
+    now: float | None = None,
+) -> list[RunOut]:
+    """Runs, most recently active first, with their count of firing alerts.
+
+    Filters (all optional, combined with AND): ``project``; ``tag``; ``status``: ``active``
+    (a frame within ``active_seconds``), ``idle`` (none), ``alerting`` (an alert firing);
+    ``since``/``until``: the run was active in that window of unix seconds (first seen by
+    the collector at or before ``until``, its last frame's time at or after ``since``);
+    ``name``: a substring of the run name.
+    """
+    now = _time.time() if now is None else now
+    firing = (
+        select(Alert.run_id, func.count().label("n")).where(Alert.state == "firing")
+        .group_by(Alert.run_id).subquery()
     )
-    q = select(Run).order_by(Run.last_time.desc().nulls_last(), Run.id.desc())
+    q = (
+        select(Run, func.coalesce(firing.c.n, 0))
+        .outerjoin(firing, firing.c.run_id == Run.id)
+        .order_by(Run.last_time.desc().nulls_last(), Run.id.desc())
+    )
     if project is not None:
         q = q.where(Run.project == project)
-    runs = session.scalars(q).all()
-    return [_run_out(r, counts.get(r.id, 0)) for r in runs]
+    if tag is not None:
+        q = q.where(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
+    if status == "active":
+        q = q.where(Run.last_time >= now - active_seconds)
+    elif status == "idle":
+        q = q.where(or_(Run.last_time.is_(None), Run.last_time < now - active_seconds))
+    elif status == "alerting":
+        q = q.where(firing.c.n > 0)
+    if since is not None:
+        q = q.where(Run.last_time >= since)
+    if until is not None:
+        q = q.where(Run.created_at <= until)
+    if name is not None:
+        q = q.where(Run.name.contains(name, autoescape=True))
+    rows = session.execute(q).all()
+    tags = _tags(session, [r.id for r, _ in rows])
+    return [_run_out(r, int(n), tags=tags.get(r.id), now=now, active_seconds=active_seconds)
+            for r, n in rows]
 
 
-def get_run(session: Session, run_id: int) -> RunOut:
+def get_run(session: Session, run_id: int, *, active_seconds: float = 600.0) -> RunOut:
     run = session.get(Run, run_id)
     if run is None:
         raise NotFound("run-not-found", f"no run with id {run_id}")
@@ -51,12 +129,56 @@ def get_run(session: Session, run_id: int) -> RunOut:
         select(func.count()).where(Alert.run_id == run_id, Alert.state == "firing")
     )
     last = session.scalar(select(func.max(Frame.id)).where(Frame.run_id == run_id))
-    return _run_out(run, int(n or 0), int(last or 0))
+    return _run_out(run, int(n or 0), int(last or 0), tags=_tags(session, [run_id]).get(run_id),
+                    active_seconds=active_seconds)
+
+
+def set_tags(session: Session, run_id: int, *, add: Sequence[str] = (),
+             remove: Sequence[str] = ()) -> list[str]:
+    """Add and remove labels of a run; return its tags."""
+    get_run(session, run_id)
+    for t in add:
+        if not TAG_RE.fullmatch(t):
+            raise BadRequest("bad-tag", f"tag {t!r}: 1-64 characters of [A-Za-z0-9._:-]")
+    have = set(_tags(session, [run_id]).get(run_id, []))
+    for t in sorted(set(add) - have):
+        session.add(RunTag(run_id=run_id, tag=t))
+    if remove:
+        session.execute(
+            delete(RunTag).where(RunTag.run_id == run_id, RunTag.tag.in_(list(remove)))
+        )
+    session.flush()
+    return _tags(session, [run_id]).get(run_id, [])
+
+
+def delete_run(session: Session, run_id: int) -> DeletedOut:
+    """Delete a run with its frames, values, metrics, tags and alerts (one transaction)."""
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound("run-not-found", f"no run with id {run_id}")
+    frame_ids = select(Frame.id).where(Frame.run_id == run_id).scalar_subquery()
+    metric_ids = select(Metric.id).where(Metric.run_id == run_id).scalar_subquery()
+    out = DeletedOut(
+        run_id=run_id, name=run.name, project=run.project,
+        frames=session.scalar(select(func.count()).where(Frame.run_id == run_id)) or 0,
+        points=session.scalar(select(func.count()).where(Point.metric_id.in_(metric_ids)))
+        or 0,
+    )
+    # Children first, explicitly: no reliance on ON DELETE CASCADE being enforced.
+    session.execute(delete(Point).where(Point.metric_id.in_(metric_ids)))
+    session.execute(delete(Point).where(Point.frame_id.in_(frame_ids)))
+    for table in (Frame, Metric, RunTag, Alert):
+        session.execute(delete(table).where(table.run_id == run_id))  # type: ignore[attr-defined]
+    session.execute(delete(Run).where(Run.id == run_id))
+    return out
 
 
 def list_metrics(session: Session, run_id: int) -> list[MetricOut]:
     get_run(session, run_id)
-    rows = session.scalars(select(Metric).where(Metric.run_id == run_id).order_by(Metric.name))
+    rows = session.scalars(
+        select(Metric).where(Metric.run_id == run_id, Metric.name.not_like(f"%{ENVELOPE}"))
+        .order_by(Metric.name)
+    )
     return [
         MetricOut(name=m.name, kind="heads" if m.layers else "scalar", layers=m.layers,
                   heads=m.heads)
@@ -72,79 +194,198 @@ def _metric(session: Session, run_id: int, name: str) -> Metric:
     return m
 
 
+def _frames_query(
+    cols: list[Any], metric_id: int, rank: int | None, start: int | None, end: int | None,
+    start_time: float | None, end_time: float | None,
+) -> Any:
+    q = (
+        select(*cols)
+        .join(Point, (Point.frame_id == Frame.id) & (Point.metric_id == metric_id))
+    )
+    if rank is not None:
+        q = q.where(Frame.rank == rank)
+    if start is not None:
+        q = q.where(Frame.step >= start)
+    if end is not None:
+        q = q.where(Frame.step <= end)
+    if start_time is not None:
+        q = q.where(Frame.time >= start_time)
+    if end_time is not None:
+        q = q.where(Frame.time <= end_time)
+    return q
+
+
+def _read_series(
+    session: Session, metric_id: int, data: Any, *, scalar: bool, rank: int | None,
+    start: int | None, end: int | None, start_time: float | None, end_time: float | None,
+) -> tuple[np.ndarray, list[bytes]]:
+    """(steps, blobs) of one metric, in (step, rank, seq) order.
+
+    Driven from ``points`` by metric id (scalars: from the covering partial index alone)
+    and sorted in numpy, which is several times faster than walking frames in step order
+    and fetching each frame's row.
+    """
+    q = (
+        select(Frame.step, Frame.rank, Frame.seq, data)
+        .select_from(Point)
+        .join(Frame, Frame.id == Point.frame_id)
+        .where(Point.metric_id == metric_id)
+    )
+    if scalar:
+        q = q.where(func.length(Point.data) == 4)  # the partial index's condition
+    if rank is not None:
+        q = q.where(Frame.rank == rank)
+    if start is not None:
+        q = q.where(Frame.step >= start)
+    if end is not None:
+        q = q.where(Frame.step <= end)
+    if start_time is not None:
+        q = q.where(Frame.time >= start_time)
+    if end_time is not None:
+        q = q.where(Frame.time <= end_time)
+    rows = session.connection().execute(q).all()
+    n = len(rows)
+    steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
+    if n > 1:
+        ranks = np.fromiter((r[1] for r in rows), dtype=np.int64, count=n)
+        seqs = np.fromiter((r[2] for r in rows), dtype=np.int64, count=n)
+        order = np.lexsort((seqs, ranks, steps))
+        if not (order[1:] > order[:-1]).all():
+            steps = steps[order]
+            return steps, [rows[i][3] for i in order.tolist()]
+    return steps, [r[3] for r in rows]
+
+
+def _merge(steps: np.ndarray, values: np.ndarray, how: Merge) -> tuple[np.ndarray, np.ndarray]:
+    """One value per step across ranks (``steps`` sorted): their max, min or mean.
+
+    Non-finite values are kept as signals: max and min see inf; a NaN on any rank makes the
+    step NaN for ``mean`` and is skipped by max/min unless every rank has NaN.
+    """
+    if len(steps) == 0:
+        return steps, values
+    uniq, first = np.unique(steps, return_index=True)
+    if len(uniq) == len(steps):
+        return steps, values
+    if how == "max":
+        return uniq, np.fmax.reduceat(values, first)
+    if how == "min":
+        return uniq, np.fmin.reduceat(values, first)
+    counts = np.diff(np.append(first, len(values)))
+    return uniq, np.add.reduceat(values, first) / counts
+
+
 def get_series(
     session: Session,
     *,
     run_id: int,
     name: str,
-    rank: int = 0,
+    rank: int | None = 0,
+    merge: Merge | None = None,
     layer: int | None = None,
     head: int | None = None,
     start: int | None = None,
     end: int | None = None,
+    start_time: float | None = None,
+    end_time: float | None = None,
     max_points: int = 2000,
 ) -> SeriesOut:
-    """One series over a step range, downsampled with min/max-preserving buckets.
+    """One series over a step (and/or time) range, min/max-preserving downsampled.
 
-    For a per-head metric, ``layer`` and ``head`` pick one head; without them the series is
-    the maximum over all layers and heads at each step (the run's envelope).
+    For a per-head metric, ``layer`` and ``head`` pick one head (only its 4 bytes of each
+    stored matrix leave the database); without them the series is the maximum over all
+    layers and heads at each step (the run's envelope). ``merge`` (``max``, ``min``,
+    ``mean``) reads every rank and reduces them per step; otherwise one ``rank`` is read.
     """
     m = _metric(session, run_id, name)
     if m.layers and ((layer is None) != (head is None)):
         raise BadRequest("bad-selector", "give both layer and head, or neither")
-    if m.layers and layer is not None and head is not None:
-        if not (0 <= layer < m.layers and 0 <= head < m.heads):
-            raise BadRequest(
-                "bad-selector", f"{name!r} has {m.layers} layers x {m.heads} heads"
-            )
-    q = (
-        select(Frame.step, Point.data)
-        .join(Frame, Frame.id == Point.frame_id)
-        .where(Point.metric_id == m.id, Frame.rank == rank)
-        .order_by(Frame.step, Frame.seq)
-    )
-    if start is not None:
-        q = q.where(Frame.step >= start)
-    if end is not None:
-        q = q.where(Frame.step <= end)
-    rows = session.execute(q).all()
-    steps = np.fromiter((r.step for r in rows), dtype=np.int64, count=len(rows))
-    if not rows:
-        values = np.zeros(0, dtype=np.float32)
-    elif not m.layers:
-        values = np.frombuffer(b"".join(r.data for r in rows), dtype="<f4")
+    one_head = bool(m.layers) and layer is not None and head is not None
+    if one_head and not (0 <= layer < m.layers and 0 <= head < m.heads):  # type: ignore[operator]
+        raise BadRequest("bad-selector", f"{name!r} has {m.layers} layers x {m.heads} heads")
+    data: Any = Point.data
+    source, scalar = m, not m.layers
+    if one_head:
+        data = func.substr(Point.data, (layer * m.heads + head) * 4 + 1, 4)  # type: ignore[operator]
+    elif m.layers:
+        env = session.scalar(select(Metric).where(Metric.run_id == run_id,
+                                                  Metric.name == name + ENVELOPE))
+        if env is not None:  # the stored rollup: one scalar per frame
+            source, scalar = env, True
+    steps, blobs = _read_series(session, source.id, data, scalar=scalar,
+                                rank=None if merge else rank, start=start, end=end,
+                                start_time=start_time, end_time=end_time)
+    blob = b"".join(blobs)
+    if not blobs:
+        values = np.zeros(0, dtype=np.float64)
+    elif scalar or one_head:
+        values = np.frombuffer(blob, dtype="<f4").astype(np.float64)
     else:
-        mat = np.frombuffer(b"".join(r.data for r in rows), dtype="<f4").reshape(
-            len(rows), m.layers * m.heads
-        )
-        if layer is not None and head is not None:
-            values = mat[:, layer * m.heads + head]
-        else:
-            with np.errstate(invalid="ignore"):
-                values = np.max(mat, axis=1)
-    s, v = minmax_downsample(steps, values.astype(np.float64), max_points)
-    return SeriesOut(name=name, rank=rank, layer=layer, head=head, total=len(rows),
-                     steps=s.tolist(), values=v.tolist())
+        mat = np.frombuffer(blob, dtype="<f4").reshape(len(blobs), m.layers * m.heads)
+        values = _envelope(mat).astype(np.float64)
+    if merge:
+        steps, values = _merge(steps, values, merge)
+    total = len(values)
+    s, v = minmax_downsample(steps, values, max_points)
+    return SeriesOut(name=name, rank=None if merge else rank, merge=merge, layer=layer,
+                     head=head, total=total, steps=s.tolist(), values=v.tolist())
+
+
+def _envelope(mat: np.ndarray) -> np.ndarray:
+    """Per-row max; a row with a NaN anywhere is NaN (a non-finite head is news)."""
+    with np.errstate(invalid="ignore"):
+        return np.max(mat, axis=1)  # type: ignore[no-any-return]
 
 
 def get_heatmap(
-    session: Session, *, run_id: int, name: str, rank: int = 0, step: int | None = None
+    session: Session,
+    *,
+    run_id: int,
+    name: str,
+    rank: int = 0,
+    step: int | None = None,
+    agg: Agg | None = None,
+    start: int | None = None,
+    end: int | None = None,
 ) -> HeatmapOut:
-    """The layer x head matrix of ``name`` at ``step`` (the latest at or before it)."""
+    """The layer x head matrix of ``name``.
+
+    Without ``agg``: at ``step`` (the latest at or before it; default the latest). With
+    ``agg`` (``max``, ``min``, ``mean``): every stored matrix of the rank between ``start``
+    and ``end`` (default: the whole run) reduced per head. NaN is skipped by max and min
+    unless a head has nothing else; ``mean`` is over finite values.
+    """
     m = _metric(session, run_id, name)
     if not m.layers:
         raise BadRequest("not-per-head", f"{name!r} is a scalar series, not per head")
-    q = (
-        select(Frame.step, Point.data)
-        .join(Frame, Frame.id == Point.frame_id)
-        .where(Point.metric_id == m.id, Frame.rank == rank)
-        .order_by(Frame.step.desc(), Frame.seq.desc())
-        .limit(1)
+    if agg is None:
+        q = _frames_query([Frame.step, Point.data], m.id, rank, None, step, None, None)
+        row = session.execute(
+            q.where(Frame.run_id == run_id)
+            .order_by(Frame.step.desc(), Frame.seq.desc()).limit(1)
+        ).first()
+        if row is None:
+            return HeatmapOut(name=name, rank=rank, step=None, values=[], frames=0)
+        mat = decode(row[1], m.layers, m.heads).astype(np.float64)
+        return HeatmapOut(name=name, rank=rank, step=row[0], values=mat.tolist())
+    q = _frames_query([Frame.step, Point.data], m.id, rank, start, end, None, None)
+    rows = session.execute(q.where(Frame.run_id == run_id)).all()
+    if not rows:
+        return HeatmapOut(name=name, rank=rank, step=None, values=[], agg=agg, frames=0)
+    stack = np.frombuffer(b"".join([r[1] for r in rows]), dtype="<f4").reshape(
+        len(rows), m.layers * m.heads
     )
-    if step is not None:
-        q = q.where(Frame.step <= step)
-    row = session.execute(q).first()
-    if row is None:
-        return HeatmapOut(name=name, rank=rank, step=None, values=[])
-    mat = decode(row.data, m.layers, m.heads).astype(np.float64)
-    return HeatmapOut(name=name, rank=rank, step=row.step, values=mat.tolist())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if agg == "max":
+            red = np.fmax.reduce(stack, axis=0)
+        elif agg == "min":
+            red = np.fmin.reduce(stack, axis=0)
+        else:
+            fin = np.isfinite(stack)
+            red = np.where(fin, stack, 0).sum(axis=0, dtype=np.float64) / fin.sum(axis=0)
+    steps = [r[0] for r in rows]
+    return HeatmapOut(
+        name=name, rank=rank, step=max(steps), first_step=min(steps), agg=agg,
+        frames=len(rows),
+        values=red.astype(np.float64).reshape(m.layers, m.heads).tolist(),
+    )

@@ -66,3 +66,68 @@ export function el(tag, className, text) {
   if (text !== undefined && text !== null) node.textContent = String(text);
   return node;
 }
+
+const SVG = "http://www.w3.org/2000/svg";
+
+/**
+ * A small inline SVG line (no Plotly: a hundred of them on the runs page stay cheap).
+ * Non-finite values break the line and put a red dot at the top; `mark` ("last", or null)
+ * draws the newest point.
+ */
+export function sparkline(steps, values, { width = 120, height = 28, cls = "spark" } = {}) {
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", cls);
+  svg.setAttribute("width", String(width));
+  svg.setAttribute("height", String(height));
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  const ys = values.map(plotValue);
+  const finite = ys.filter((y) => y !== null);
+  if (steps.length < 1 || !finite.length) {
+    svg.dataset.points = "0";
+    return svg;
+  }
+  const x0 = steps[0];
+  const x1 = steps[steps.length - 1];
+  const lo = Math.min(...finite);
+  const hi = Math.max(...finite);
+  const pad = 2;
+  const px = (s) => pad + ((s - x0) / (x1 - x0 || 1)) * (width - 2 * pad);
+  const py = (y) => height - pad - ((y - lo) / (hi - lo || 1)) * (height - 2 * pad);
+  let d = "";
+  let pen = false;
+  ys.forEach((y, i) => {
+    if (y === null) {
+      pen = false;
+      const dot = document.createElementNS(SVG, "circle");
+      dot.setAttribute("cx", px(steps[i]).toFixed(1));
+      dot.setAttribute("cy", String(pad + 1));
+      dot.setAttribute("r", "2");
+      dot.setAttribute("class", "nonfinite");
+      svg.append(dot);
+      return;
+    }
+    d += `${pen ? "L" : "M"}${px(steps[i]).toFixed(1)} ${py(y).toFixed(1)}`;
+    pen = true;
+  });
+  const path = document.createElementNS(SVG, "path");
+  path.setAttribute("d", d);
+  svg.append(path);
+  const last = ys.length - 1;
+  if (ys[last] !== null) {
+    const dot = document.createElementNS(SVG, "circle");
+    dot.setAttribute("cx", px(steps[last]).toFixed(1));
+    dot.setAttribute("cy", py(ys[last]).toFixed(1));
+    dot.setAttribute("r", "2");
+    svg.append(dot);
+  }
+  svg.dataset.points = String(ys.length);
+  return svg;
+}
+
+/** A query string from an object, skipping null/undefined/"" values. */
+export function query(params) {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== null && v !== undefined && v !== "") q.set(k, String(v));
+  const s = q.toString();
+  return s ? `?${s}` : "";
+}

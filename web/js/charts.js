@@ -2,6 +2,8 @@
 //
 // The server builds each figure (server/figures.py); every trace carries a `meta` role
 // ("series", "clipped", "nonfinite", "alerts") so that live points go to the right trace.
+// Zoom re-queries the server for the visible step range (see ZoomSync), so the min/max
+// downsampling keeps every spike at every zoom level.
 
 import { getJSON, plotValue, wireText } from "./api.js";
 
@@ -10,6 +12,7 @@ import { getJSON, plotValue, wireText } from "./api.js";
 const CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
 const RECENT = 2000; // live frames remembered to replay after a redraw
 const MARKER_ROW = 0.96; // top of the plot on the figures' overlay axis (see figures.py)
+const RELOAD_EVERY_MS = 3000; // charts without live points refetch at most this often
 
 function rolesOf(gd) {
   const roles = {};
@@ -19,13 +22,43 @@ function rolesOf(gd) {
   return roles;
 }
 
-/** A base: load() fetches and draws with Plotly.react; reloads coalesce. */
+/** The x range of a plotly_relayout event: [a, b], null (autorange), or undefined (none). */
+export function rangeOf(ev) {
+  if (!ev) return undefined;
+  if (ev["xaxis.autorange"] === true) return null;
+  const a = ev["xaxis.range[0]"] ?? ev["xaxis.range"]?.[0];
+  const b = ev["xaxis.range[1]"] ?? ev["xaxis.range"]?.[1];
+  if (a === undefined || b === undefined) return undefined;
+  return [Number(a), Number(b)];
+}
+
+/**
+ * A base: load() fetches and draws with Plotly.react; reloads coalesce.
+ * `base` is the figure URL; `params` are extra query parameters (name, layer, ...);
+ * `range` ([start, end] steps, or null) is the zoom the server is asked for.
+ */
 class Chart {
-  constructor(el, url) {
+  constructor(el, base, params = {}) {
     this.el = el;
-    this.url = url;
+    this.base = base;
+    this.params = params;
+    this.range = null;
     this.loading = null;
     this.again = false;
+    this.zoom = null;
+    this.lastReload = 0;
+    this.reloadTimer = null;
+  }
+
+  get url() {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(this.params)) if (v !== null && v !== undefined) q.set(k, v);
+    if (this.range) {
+      q.set("start", String(Math.max(0, Math.floor(this.range[0]))));
+      q.set("end", String(Math.max(0, Math.ceil(this.range[1]))));
+    }
+    const s = q.toString();
+    return s ? `${this.base}${this.base.includes("?") ? "&" : "?"}${s}` : this.base;
   }
 
   /** (Re)draw from the server; concurrent calls coalesce into one more fetch. */
@@ -36,9 +69,13 @@ class Chart {
     }
     this.loading = (async () => {
       try {
+        this.lastReload = Date.now();
         const fig = await getJSON(this.url);
+        this.shapeLayout(fig.layout);
         await Plotly.react(this.el, fig.data, fig.layout, CONFIG);
+        this.listen();
         this.afterDraw();
+        this.el.dataset.loaded = String(Number(this.el.dataset.loaded || 0) + 1);
       } finally {
         this.loading = null;
       }
@@ -50,16 +87,54 @@ class Chart {
     return this.loading;
   }
 
+  /** Reload soon, at most once per RELOAD_EVERY_MS (for live data without live points). */
+  reloadSoon() {
+    if (this.reloadTimer) return;
+    const wait = Math.max(0, this.lastReload + RELOAD_EVERY_MS - Date.now());
+    this.reloadTimer = setTimeout(() => {
+      this.reloadTimer = null;
+      this.reload().catch((e) => console.warn(e));
+    }, wait);
+  }
+
+  /** Keep the zoom the server was asked for (a programmatic range is not kept by uirevision). */
+  shapeLayout(layout) {
+    if (!this.zoom) return;
+    layout.xaxis = layout.xaxis || {};
+    if (this.range) {
+      layout.xaxis.range = [...this.range];
+      layout.xaxis.autorange = false;
+    } else {
+      layout.xaxis.autorange = true;
+    }
+  }
+
+  listen() {
+    if (this.listening || !this.zoom) return;
+    this.listening = true;
+    this.el.on("plotly_relayout", (ev) => {
+      const r = rangeOf(ev);
+      if (r !== undefined) this.zoom.set(r, this);
+    });
+  }
+
+  /** A new zoom: ask the server for that range (null: everything). */
+  setRange(range) {
+    this.range = range;
+    return this.reload();
+  }
+
   afterDraw() {}
 }
 
 /**
  * A line chart over steps. `pointsOf(frame)` returns the frame's additions by role:
  * { series: [x, y], clipped?: [x, y], nonfinite?: [x, text] } (or null to skip the frame).
+ * Without `pointsOf`, live frames make the chart refetch (throttled): derived series.
  */
 export class LineChart extends Chart {
-  constructor(el, url, pointsOf, { maxPoints = 2000 } = {}) {
-    super(el, url);
+  constructor(el, base, pointsOf, { maxPoints = 2000, params = {} } = {}) {
+    super(el, base, params);
     this.pointsOf = pointsOf;
     this.maxPoints = maxPoints;
     this.lastStep = -Infinity;
@@ -71,14 +146,19 @@ export class LineChart extends Chart {
     const xs = this.el.data[this.roles.series].x;
     this.lastStep = xs.length ? xs[xs.length - 1] : -Infinity;
     // Frames that arrived while the figure was being fetched and drawn.
-    this.draw(this.recent);
+    if (this.pointsOf && !this.range) this.draw(this.recent);
   }
 
   /** Append live frames (step-ordered); returns how many new steps were drawn. */
   extend(frames) {
+    if (!this.pointsOf) {
+      if (!this.range && frames.length) this.reloadSoon();
+      return 0;
+    }
     for (const f of frames) this.recent.push(f);
     if (this.recent.length > RECENT) this.recent.splice(0, this.recent.length - RECENT);
-    if (this.loading) return 0; // afterDraw() replays them
+    // Zoomed into a past range: the view stays as asked; a reset reloads everything.
+    if (this.loading || this.range) return 0;
     if (this.lastStep === -Infinity) {
       // An empty chart ("no data yet"): redraw from the server rather than patching.
       if (frames.some((f) => this.pointsOf(f))) this.reload();
@@ -159,8 +239,15 @@ export class HeatmapChart extends Chart {
     }
   }
 
+  /** Show another per-head statistic (e.g. attn.logit_p99). */
+  setMetric(name) {
+    this.params.name = name;
+    this.step = null;
+    return this.reload();
+  }
+
   update(latest) {
-    const name = this.meta?.metric || "attn.logit_max";
+    const name = this.meta?.metric || this.params.name || "attn.logit_max";
     const matrix = latest?.[name];
     if (!matrix || !matrix.length) return;
     if (this.loading) {
@@ -182,5 +269,53 @@ export class HeatmapChart extends Chart {
       { "title.text": `${this.meta.title}, step ${latest.step}`, "meta.step": latest.step },
       [0],
     );
+  }
+}
+
+/** Any server figure over steps that is refetched rather than extended (zoomable). */
+export class FigureChart extends Chart {}
+
+/** A heatmap over steps (heads of a layer, or per-layer envelope): refetched, zoomable. */
+export class StepHeatmapChart extends FigureChart {}
+
+/**
+ * One zoom shared by the step-axis charts: a zoom or pan in one moves the others to the same
+ * range, and each asks the server for that range (null range: the whole run).
+ */
+export class ZoomSync {
+  constructor(onChange) {
+    this.charts = new Set();
+    this.range = null;
+    this.onChange = onChange;
+  }
+
+  add(chart) {
+    chart.zoom = this;
+    chart.range = this.range;
+    this.charts.add(chart);
+    return chart;
+  }
+
+  remove(chart) {
+    this.charts.delete(chart);
+  }
+
+  set(range, source = null) {
+    const same =
+      (range === null && this.range === null) ||
+      (range && this.range && Math.abs(range[0] - this.range[0]) < 1e-6 && Math.abs(range[1] - this.range[1]) < 1e-6);
+    if (same) return Promise.resolve();
+    this.range = range;
+    if (this.onChange) this.onChange(range);
+    const jobs = [];
+    for (const c of this.charts) {
+      if (c !== source && c.el.data) {
+        // The view moves at once; the data for it follows from the server.
+        const upd = range ? { "xaxis.range": [...range], "xaxis.autorange": false } : { "xaxis.autorange": true };
+        jobs.push(Promise.resolve(Plotly.relayout(c.el, upd)));
+      }
+      jobs.push(c.setRange(range));
+    }
+    return Promise.all(jobs);
   }
 }

@@ -11,14 +11,22 @@ from sqlalchemy.orm import Session
 
 from logitwatch.server import figures
 from logitwatch.server.api.deps import RunIdDep, SessionDep
-from logitwatch.server.errors import NotFound
+from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import MAX_RANK, MAX_STEP, AlertOut, HeatmapOut, SeriesOut
-from logitwatch.server.store import queries
+from logitwatch.server.store import queries, views
 from logitwatch.server.store.alerts import list_alerts
 
 router = APIRouter(tags=["figures"])
 
 HEATMAP_METRIC = "attn.logit_max"
+#: Titles of the scalar charts the run page knows by name; any other name is titled by itself.
+TITLES = {
+    "lr": "learning rate",
+    "final.hidden_rms": "final hidden RMS",
+    "final.logz": "log Z",
+    "final.logit_max": "max output logit",
+}
+MetricName = Annotated[str | None, Query(max_length=128, description="metric name")]
 
 
 @router.get(
@@ -37,9 +45,17 @@ def figure(
     step: Annotated[
         int | None, Query(ge=0, le=MAX_STEP, description="heatmap: latest at or before")
     ] = None,
+    name: MetricName = None,
+    layer: Annotated[int | None, Query(ge=0, le=65_536)] = None,
+    head: Annotated[int | None, Query(ge=0, le=65_536)] = None,
+    max_cols: Annotated[int, Query(ge=4, le=2000, description="heads_time columns")] = 300,
 ) -> Response:
-    """``kind`` is one of ``loss``, ``grad_norm``, ``heatmap``. Non-finite values are
-    ``null`` in the data and named in the hover text."""
+    """``kind`` is one of ``loss``, ``grad_norm``, ``heatmap`` (``name``: which per-head
+    statistic, default attn.logit_max), ``series`` (any ``name``; ``layer`` and ``head``
+    pick one head of a per-head metric, drawn over the run's envelope), ``clip_rate``
+    (logged, or derived from grad.clipped) and ``heads_time`` (``name`` over steps for
+    every head of ``layer``, or per layer without one). Non-finite values are ``null`` in
+    the data and named in the hover text."""
     if kind not in figures.FIGURE_KINDS:
         raise NotFound(
             "figure-not-found",
@@ -55,10 +71,45 @@ def figure(
         return SeriesOut(name=name, rank=rank, total=0, steps=[], values=[])
 
     fig: go.Figure
+    all_alerts = list_alerts(session, run_id)
+    alerts = _alerts_in_range(all_alerts, start, end)
     if kind == "heatmap":
-        fig = figures.heatmap_figure(_heatmap(session, run_id=run_id, rank=rank, step=step))
+        fig = figures.heatmap_figure(_heatmap(session, run_id=run_id, rank=rank, step=step,
+                                              name=name or HEATMAP_METRIC))
+        figures.add_heatmap_alerts(fig, [a for a in all_alerts if a.rank == rank])
+    elif kind == "heads_time":
+        h = views.heads_over_time(session, run_id=run_id, name=name or HEATMAP_METRIC,
+                                  rank=rank, layer=layer, start=start, end=end,
+                                  max_cols=max_cols)
+        fig = figures.heads_time_figure(h, [a for a in alerts if a.rank == rank])
+    elif kind == "clip_rate":
+        rate = views.clip_rate(session, run_id=run_id, rank=rank, start=start, end=end,
+                               max_points=max_points)
+        fig = figures.line_figure(
+            rate or empty("clip rate"), alerts, title="clip rate", revision="clip_rate",
+            color=figures.COLORS["clip_rate"], y_range=(-0.02, 1.02), y_title="clip rate",
+        )
+    elif kind == "series":
+        if not name:
+            raise BadRequest("missing-name", "name: give the metric to draw, e.g. name=lr",
+                             field="name")
+        one = queries.get_series(session, run_id=run_id, name=name, rank=rank, layer=layer,
+                                 head=head, start=start, end=end, max_points=max_points)
+        envelope = None
+        title = TITLES.get(name, name)
+        if layer is not None and head is not None:
+            envelope = queries.get_series(session, run_id=run_id, name=name, rank=rank,
+                                          start=start, end=end, max_points=max_points)
+            envelope.name = f"{name} (max over all heads)"
+            one.name = f"{name} L{layer}.H{head}"
+            title = f"{name}, layer {layer}, head {head}"
+            alerts = [a for a in alerts if (a.layer, a.head) in ((layer, head), (None, None))]
+        fig = figures.line_figure(
+            one, alerts, title=title, envelope=envelope, revision=f"series:{name}:{layer}:{head}",
+            color=figures.COLORS["drill"] if envelope is not None else None,
+            y_title=name if envelope is not None else None,
+        )
     else:
-        alerts = _alerts_in_range(list_alerts(session, run_id), start, end)
         if kind == "loss":
             fig = figures.loss_figure(series("loss") or empty("loss"), alerts)
         else:
@@ -85,13 +136,14 @@ def _series_or_none(
         raise
 
 
-def _heatmap(session: Session, *, run_id: int, rank: int, step: int | None) -> HeatmapOut:
+def _heatmap(
+    session: Session, *, run_id: int, rank: int, step: int | None, name: str
+) -> HeatmapOut:
     try:
-        return queries.get_heatmap(session, run_id=run_id, name=HEATMAP_METRIC, rank=rank,
-                                   step=step)
+        return queries.get_heatmap(session, run_id=run_id, name=name, rank=rank, step=step)
     except NotFound as e:
         if e.code == "metric-not-found":
-            return HeatmapOut(name=HEATMAP_METRIC, rank=rank, step=None, values=[])
+            return HeatmapOut(name=name, rank=rank, step=None, values=[])
         raise
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 
 from logitwatch.server.api.deps import IngestDep
 from logitwatch.server.auth import Principal
@@ -13,8 +15,14 @@ from logitwatch.server.limits import check_batch
 from logitwatch.server.schemas import AlertOut, IngestIn, IngestOut
 from logitwatch.server.store.alerts import alert_out, firing_alerts
 from logitwatch.server.store.ingest import ingest_frames
+from logitwatch.server.store.parse import ingest_openapi_body, parse_ingest
 
 router = APIRouter(tags=["ingest"])
+
+
+async def _raw_body(request: Request) -> bytes:
+    """The request body as bytes (read in the event loop; parsed in the worker thread)."""
+    return await request.body()
 
 
 @router.post(
@@ -26,18 +34,29 @@ router = APIRouter(tags=["ingest"])
         413: {"description": "body over max_request_bytes (`request-too-large`)"},
         422: {"description": "bad input; the message names the field; nothing stored"},
         429: {"description": "the token's rate is spent (`rate-limited`, Retry-After)"},
+        503: {"description": "the database is unavailable or every connection is busy "
+              "(`db-unavailable`, `db-busy`, Retry-After); nothing stored, resend"},
     },
+    openapi_extra={"requestBody": ingest_openapi_body()},
 )
-def ingest(body: IngestIn, request: Request, principal: IngestDep) -> IngestOut:
+def ingest(
+    request: Request, principal: IngestDep, raw: Annotated[bytes, Depends(_raw_body)]
+) -> IngestOut:
     """Store a batch of frames, all or nothing. Frames already stored (same run, rank and
     seq) are skipped and counted as duplicates, so a client may resend a batch safely.
 
     With an ingest token, a frame that names no ``project`` belongs to the token's project,
     and a frame of any other project refuses the whole batch (403 ``project-forbidden``).
 
-    The transaction commits *before* the answer is sent: a 200 means stored.
+    The transaction commits *before* the answer is sent: a 200 means stored. While a run
+    of the batch has a firing alert, ``control`` asks the job to sample every
+    ``alert_sample_every`` steps (``{"sample_every": N}``); otherwise it is ``{}``.
+    The body may be gzip-compressed (``Content-Encoding: gzip``).
     """
     state = request.app.state
+    # Parsed here rather than by FastAPI: a validated fast path (store/parse.py), with the
+    # pydantic model's own 422 for anything it is not sure of.
+    body = parse_ingest(raw, request.headers.get("content-type"))
     check_batch(body, state.settings)
     _own_project(body, principal)
     changed: list[AlertOut] = []
@@ -52,8 +71,10 @@ def ingest(body: IngestIn, request: Request, principal: IngestDep) -> IngestOut:
     if state.notifier is not None:
         for a in changed:
             state.notifier.notify(a)
+    every = state.settings.alert_sample_every
+    control = {"sample_every": every} if firing and every else {}
     return IngestOut(
-        accepted=result.accepted, duplicates=result.duplicates, alerts=firing, control={}
+        accepted=result.accepted, duplicates=result.duplicates, alerts=firing, control=control
     )
 
 

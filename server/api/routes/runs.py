@@ -4,13 +4,25 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Path, Query, Request
+from sqlalchemy import select
 
-from logitwatch.server.api.deps import ReadDep, RunIdDep, SessionDep
+from logitwatch.server.api.deps import (
+    INT32_MAX,
+    ReadDep,
+    RunIdDep,
+    SessionDep,
+    SettingsDep,
+    credentials,
+)
+from logitwatch.server.db.models import Run
+from logitwatch.server.db.session import session_scope
+from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import (
     MAX_RANK,
     MAX_STEP,
     AlertOut,
+    DeletedOut,
     HeatmapOut,
     MetricOut,
     RunOut,
@@ -24,16 +36,83 @@ router = APIRouter(tags=["runs"])
 MetricName = Annotated[str, Query(max_length=128, description="metric name, e.g. loss")]
 
 
+TIME = 1e12  # unix seconds bound for time filters (year 33658)
+
+
 @router.get("/runs", response_model=list[RunOut])
-def runs(session: SessionDep, principal: ReadDep) -> list[RunOut]:
-    """All runs the caller may read (a read token: its project's), most recently active
-    first."""
-    return queries.list_runs(session, project=principal.project)
+def runs(
+    session: SessionDep,
+    principal: ReadDep,
+    settings: SettingsDep,
+    project: Annotated[str | None, Query(max_length=128, description="only this project")]
+    = None,
+    tag: Annotated[str | None, Query(max_length=64, description="only runs with this tag")]
+    = None,
+    status: Annotated[
+        queries.RunStatus | None,
+        Query(description="`active`: a frame within run_active_seconds; `idle`: none; "
+              "`alerting`: an alert is firing"),
+    ] = None,
+    since: Annotated[float | None, Query(ge=0, le=TIME, description="active at or after "
+                                         "this time (unix seconds)")] = None,
+    until: Annotated[float | None, Query(ge=0, le=TIME, description="first seen at or "
+                                         "before this time (unix seconds)")] = None,
+    name: Annotated[str | None, Query(max_length=128, description="run name contains")] = None,
+) -> list[RunOut]:
+    """Runs the caller may read (a read token: its project's), most recently active first,
+    filtered by project, tag, status, activity window and name."""
+    if principal.project is not None:
+        if project is not None and project != principal.project:
+            return []
+        project = principal.project
+    return queries.list_runs(session, project=project, tag=tag, status=status, since=since,
+                             until=until, name=name,
+                             active_seconds=settings.run_active_seconds)
 
 
 @router.get("/runs/{run_id}", response_model=RunOut)
-def run(run_id: RunIdDep, session: SessionDep) -> RunOut:
-    return queries.get_run(session, run_id)
+def run(run_id: RunIdDep, session: SessionDep, settings: SettingsDep) -> RunOut:
+    return queries.get_run(session, run_id, active_seconds=settings.run_active_seconds)
+
+
+def writable_run(
+    run_id: Annotated[int, Path(ge=1, le=INT32_MAX, description="run id")],
+    request: Request,
+) -> int:
+    """The path's run id, once the caller may change it: open mode, or an ``ingest`` token
+    of the run's project (another project's run answers 404, as for reads)."""
+    principal = request.app.state.auth.authorize(credentials(request), scope="ingest")
+    if principal.project is not None:
+        with session_scope(request.app.state.sessions) as s:
+            project = s.scalar(select(Run.project).where(Run.id == run_id))
+        if project is None or not principal.sees(project):
+            raise NotFound("run-not-found", f"no run with id {run_id}")
+    return run_id
+
+
+@router.delete(
+    "/runs/{run_id}",
+    response_model=DeletedOut,
+    responses={404: {"description": "no such run (`run-not-found`)"},
+               422: {"description": "`confirm` is not the run's name (`confirm-mismatch`)"}},
+)
+def delete_run(
+    run_id: Annotated[int, Depends(writable_run)],
+    session: SessionDep,
+    confirm: Annotated[str, Query(max_length=128,
+                                  description="the run's name, repeated: deleting is final")],
+) -> DeletedOut:
+    """Delete a run with all its frames, values, alerts and tags. Needs an ``ingest`` token
+    of the run's project (or open mode), and ``confirm`` must repeat the run's name, so a
+    wrong id never deletes the wrong run. Also: ``logitwatch runs delete``."""
+    have = session.scalar(select(Run.name).where(Run.id == run_id))
+    if have is None:
+        raise NotFound("run-not-found", f"no run with id {run_id}")
+    if confirm != have:
+        raise BadRequest("confirm-mismatch",
+                         f"confirm: run {run_id} is named {have!r}, not {confirm!r}; nothing "
+                         "was deleted", field="confirm")
+    return queries.delete_run(session, run_id)
 
 
 @router.get("/runs/{run_id}/metrics", response_model=list[MetricOut])
@@ -47,17 +126,30 @@ def series(
     run_id: RunIdDep,
     session: SessionDep,
     name: MetricName,
-    rank: Annotated[int, Query(ge=0, le=MAX_RANK)] = 0,
-    layer: Annotated[int | None, Query(ge=0, le=65_536)] = None,
-    head: Annotated[int | None, Query(ge=0, le=65_536)] = None,
+    rank: Annotated[int, Query(ge=0, le=MAX_RANK, description="the rank to read")] = 0,
+    merge: Annotated[
+        queries.Merge | None,
+        Query(description="read every rank and merge them per step (`rank` is ignored)"),
+    ] = None,
+    layer: Annotated[int | None, Query(ge=0, le=65_536, description="per-head metric: "
+                                       "the layer (with head); default: max over heads")]
+    = None,
+    head: Annotated[int | None, Query(ge=0, le=65_536, description="with layer")] = None,
     start: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="first step")] = None,
     end: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="last step")] = None,
+    start_time: Annotated[float | None, Query(ge=0, le=TIME, description="first frame "
+                                              "time (unix seconds)")] = None,
+    end_time: Annotated[float | None, Query(ge=0, le=TIME, description="last frame time "
+                                            "(unix seconds)")] = None,
     max_points: Annotated[int, Query(ge=4, le=100_000)] = 2000,
 ) -> SeriesOut:
-    """One series, downsampled to about ``max_points`` with min/max-preserving buckets."""
+    """One series by metric name and labels (layer, head), over a step and/or time range,
+    of one rank or all ranks merged, downsampled to about ``max_points`` with
+    min/max-preserving buckets (no spike disappears; non-finite values are all kept)."""
     return queries.get_series(
-        session, run_id=run_id, name=name, rank=rank, layer=layer, head=head, start=start,
-        end=end, max_points=max_points,
+        session, run_id=run_id, name=name, rank=rank, merge=merge, layer=layer, head=head,
+        start=start, end=end, start_time=start_time, end_time=end_time,
+        max_points=max_points,
     )
 
 
@@ -68,9 +160,18 @@ def heatmap(
     name: MetricName = "attn.logit_max",
     rank: Annotated[int, Query(ge=0, le=MAX_RANK)] = 0,
     step: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="latest at or before")] = None,
+    agg: Annotated[
+        queries.Agg | None,
+        Query(description="reduce every step between start and end (default: the whole "
+              "run) per head: max, min or mean; `step` is then ignored"),
+    ] = None,
+    start: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="with agg")] = None,
+    end: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="with agg")] = None,
 ) -> HeatmapOut:
-    """A per-head metric as a layer x head matrix at one step (default: the latest)."""
-    return queries.get_heatmap(session, run_id=run_id, name=name, rank=rank, step=step)
+    """A per-head metric as a layer x head matrix: at one step (default: the latest), or
+    reduced over a step range with ``agg`` (e.g. each head's max over the whole run)."""
+    return queries.get_heatmap(session, run_id=run_id, name=name, rank=rank, step=step,
+                               agg=agg, start=start, end=end)
 
 
 @router.get("/runs/{run_id}/alerts", response_model=list[AlertOut])

@@ -1,0 +1,230 @@
+"""Cost of the hooks on a CPU GPT-2-style model, as ratios against no hooks in the same run.
+
+Configurations, interleaved round by round so that a busy machine hurts all alike:
+
+* ``none``: the plain training step (AdamW, clip_grad_norm_ at 1.0);
+* ``default``: ``attach()`` with its defaults (one step in 10, 1 % overhead budget);
+* ``every``: every step sampled with the whole catalog, no budget;
+* ``wandb``: ``wandb.watch(model, log="all", log_freq=1)`` in offline mode plus a
+  ``wandb.log`` of the loss each step (skipped if wandb is not installed).
+
+Each figure is the mean step time over ``--steps`` steps after ``--warmup``; the ratio is
+taken per round against that round's ``none``, and the median over rounds is printed.
+Also printed: peak live tensor bytes of one sampled step with and without hooks (a
+``TorchDispatchMode`` counting live outputs: an over-estimate for views), and the
+host-device read-backs (``.item()``, ``.cpu()``, ``.tolist()``, ...) counted on a
+non-sampled and on a sampled step.
+
+    python bench/bench_hooks.py                      # 4 layers, d 256, seq 256, batch 2
+    python bench/bench_hooks.py --rounds 5 --steps 20 --no-wandb
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import weakref
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SYNCS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
+
+
+class CountSyncs(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in SYNCS:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+class LiveBytes(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+
+    def _free(self, n: int) -> None:
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and not func._schema.is_mutable:
+                n = t.numel() * t.element_size()
+                self.live += n
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._free, n)
+        return out
+
+
+def build(args: argparse.Namespace) -> torch.nn.Module:
+    import transformers
+
+    config = transformers.GPT2Config(
+        n_embd=args.d_model, n_layer=args.layers, n_head=args.heads, n_positions=args.seq,
+        vocab_size=args.vocab, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel._from_config(config, attn_implementation=args.attn)
+
+
+class Runner:
+    """One configuration: a model, its optimizer and whatever is attached to it."""
+
+    def __init__(self, name: str, args: argparse.Namespace, state: dict[str, Any]) -> None:
+        self.name, self.args = name, args
+        self.model = build(args)
+        self.model.load_state_dict(state)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.mon: Any = None
+        self.wandb_run: Any = None
+        self.gen = torch.Generator().manual_seed(1)
+
+    def start(self) -> None:
+        from logitwatch.client import Client
+        from logitwatch.hooks import attach
+
+        if self.name == "default":
+            self.mon = attach(self.model, self.opt, run="bench", client=Client(None, run="bench"))
+        elif self.name == "every":
+            self.mon = attach(self.model, self.opt, run="bench", sample_every=1,
+                              overhead_budget=None, client=Client(None, run="bench"))
+        elif self.name == "wandb":
+            import wandb
+
+            self.wandb_run = wandb.init(project="bench", mode="offline",
+                                        dir=self.args.tmp, reinit="finish_previous")
+            wandb.watch(self.model, log="all", log_freq=1)
+
+    def stop(self) -> None:
+        if self.mon is not None:
+            self.mon.close()
+            self.mon = None
+        if self.wandb_run is not None:
+            import wandb
+
+            wandb.unwatch(self.model)
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+    def step(self) -> None:
+        a = self.args
+        ids = torch.randint(0, a.vocab, (a.batch, a.seq), generator=self.gen)
+        loss = self.model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.wandb_run is not None:
+            self.wandb_run.log({"loss": loss.item()})
+
+    def timed(self, steps: int, warmup: int) -> float:
+        self.start()
+        try:
+            for _ in range(warmup):
+                self.step()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                self.step()
+            return (time.perf_counter() - t0) / steps
+        finally:
+            self.stop()
+
+
+def measure_memory_and_syncs(args: argparse.Namespace, state: dict[str, Any]) -> dict:
+    out: dict[str, Any] = {}
+    for name in ("none", "every"):
+        runner = Runner(name, args, state)
+        runner.start()
+        runner.step()  # warm
+        with LiveBytes() as meter:
+            runner.step()
+        out[f"peak_{name}"] = meter.peak
+        runner.stop()
+    for name in ("none", "default"):
+        runner = Runner(name, args, state)
+        runner.start()
+        counts = []
+        for _ in range(3):  # with hooks: step 0 sampled, steps 1 and 2 not
+            with CountSyncs() as counter:
+                runner.step()
+            counts.append(len(counter.calls))
+        runner.stop()
+        out[f"syncs_{name}"] = counts
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    p.add_argument("--steps", type=int, default=20, help="timed steps per config and round "
+                   "(a multiple of 10 puts the same number of sampled steps in each)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    p.add_argument("--no-wandb", action="store_true")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    configs = ["none", "default", "every"]
+    if not args.no_wandb:
+        try:
+            import wandb  # noqa: F401
+
+            os.environ.setdefault("WANDB_SILENT", "true")
+            configs.append("wandb")
+        except Exception as exc:  # noqa: BLE001
+            print(f"wandb not available ({exc}); skipping it", file=sys.stderr)
+    args.tmp = tempfile.mkdtemp(prefix="bench-hooks-")
+    state = build(args).state_dict()
+    print(f"model: GPT-2 style, {args.layers} layers, d_model {args.d_model}, "
+          f"{args.heads} heads, seq {args.seq}, vocab {args.vocab}, batch {args.batch}, "
+          f"attn {args.attn}, torch threads {torch.get_num_threads()}", flush=True)
+    Runner("none", args, state).timed(2, 1)  # one-time costs (lazy imports, allocator)
+    times: dict[str, list[float]] = {c: [] for c in configs}
+    for r in range(args.rounds):
+        order = configs if r % 2 == 0 else configs[::-1]
+        for name in order:
+            runner = Runner(name, args, state)
+            times[name].append(runner.timed(args.steps, args.warmup))
+        line = ", ".join(f"{c} {1e3 * times[c][-1]:.1f} ms" for c in configs)
+        print(f"round {r + 1}/{args.rounds}: {line}", flush=True)
+    print("\nstep-time ratio vs no hooks (median over rounds of per-round ratios):")
+    for name in configs[1:]:
+        ratios = [t / b for t, b in zip(times[name], times["none"], strict=True)]
+        print(f"  {name:8s} {statistics.median(ratios):.3f}  "
+              f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)})")
+    mem = measure_memory_and_syncs(args, state)
+    print(f"\npeak live tensor bytes, one step: no hooks {mem['peak_none'] / 2**20:.1f} MiB, "
+          f"sampled with the whole catalog {mem['peak_every'] / 2**20:.1f} MiB "
+          f"(ratio {mem['peak_every'] / mem['peak_none']:.3f})")
+    none, hooked = mem["syncs_none"], mem["syncs_default"]
+    print("host read-backs (.item/.cpu/.tolist/...) per step, steps 0-2: no hooks "
+          f"{none} (the job's own: AdamW step counters); attach() defaults {hooked}; "
+          f"added by the monitor: sampled step 0: {hooked[0] - none[0]}, non-sampled steps "
+          f"1-2: {hooked[1] - none[1]}, {hooked[2] - none[2]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

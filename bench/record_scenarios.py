@@ -1,0 +1,278 @@
+"""Record the alert scenario suite: real tiny-model training runs on the CPU.
+
+Each scenario trains the demo GPT (``logitwatch.demo.train``) with the REAL hooks attached
+(``logitwatch.attach``), handing frames to a recorder that stands for the client and keeps
+each one exactly as the client would put it on the wire. One file per scenario,
+``bench/scenarios/<name>.jsonl``: the first line is a header object
+``{"scenario": ..., "label": "diverging"|"healthy", "divergence_step": N|null, ...}``,
+every other line is one frame in the wire format of :mod:`logitwatch.wire`.
+
+The label is the demo's own :func:`~logitwatch.demo.train.divergence_step` on the per-step
+loss of the run (not the sampled one): ``diverging`` iff it found a step.
+
+Usage::
+
+    python bench/record_scenarios.py                 # all scenarios, 2 processes
+    python bench/record_scenarios.py lr_jump healthy_s0 --jobs 1
+    python bench/record_scenarios.py --list
+
+Each run uses ``torch.set_num_threads(1)``; the suite takes a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parent / "scenarios"
+SAMPLE_EVERY = 10
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One recorded run: a demo setting, changes to it, and an optional injection."""
+
+    name: str
+    mechanism: str
+    base: str = "unstable"  # a key of logitwatch.demo.train.SETTINGS
+    changes: dict[str, Any] = field(default_factory=dict)
+    # piecewise learning-rate multipliers: ((from_step, factor), ...), applied on top of
+    # the setting's own schedule (a jump, or a bump that ends)
+    lr_steps: tuple[tuple[int, float], ...] = ()
+    # (step, factor): multiply every gradient by factor on that one step (a gradient spike)
+    grad_spike: tuple[int, float] | None = None
+    # (from_step, rate): multiply the LM head weight by (1 + rate) after every step from
+    # from_step (a slow drift of the output logits)
+    head_drift: tuple[int, float] | None = None
+    steps: int | None = None
+    expect: str = ""  # what the scenario is meant to be (the recorded label is measured)
+
+
+SCENARIOS: list[Scenario] = [
+    # -- attention-logit growth toward the float16 overflow (the demo's mechanism) --------
+    Scenario("attn_growth_s0", "attention-logit growth, fp16 overflow", expect="diverging"),
+    Scenario("attn_growth_s1", "attention-logit growth, fp16 overflow",
+             changes={"seed": 1}, expect="diverging"),
+    Scenario("attn_growth_s2", "attention-logit growth, fp16 overflow",
+             changes={"seed": 2}, expect="diverging"),
+    Scenario("attn_growth_slow", "attention-logit growth, slower warm-up",
+             changes={"seed": 3, "lr": 0.12, "warmup": 1200}, steps=1500, expect="diverging"),
+    # -- abrupt causes: learning-rate jump and ramp, gradient spike -----------------------
+    Scenario("lr_jump", "learning-rate jump x50 at step 500 (QK-norm model)", base="healthy",
+             changes={"lr": 0.01, "warmup": 100}, lr_steps=((500, 50.0),), steps=800,
+             expect="diverging"),
+    Scenario("lr_ramp", "learning rate ramping to 1.5 over 1000 steps (QK-norm model)",
+             base="healthy", changes={"lr": 1.5, "warmup": 1000}, steps=1000,
+             expect="diverging"),
+    Scenario("grad_spike_sgd", "gradient spike x1e4 at step 600, SGD-like AdamW (eps 1), "
+             "no clipping", base="healthy",
+             changes={"lr": 1.0, "warmup": 100, "eps": 1.0, "max_norm": 1e9},
+             grad_spike=(600, 1e4), steps=800, expect="diverging"),
+    Scenario("head_drift", "output-logit drift: LM head grows 3%/step from step 300",
+             base="healthy", changes={"lr": 0.01, "warmup": 100}, head_drift=(300, 0.03),
+             steps=900, expect="diverging"),
+    Scenario("qknorm_high_lr", "QK-norm does not save peak lr 0.5: diverges late",
+             base="healthy", changes={"lr": 0.5, "seed": 2}, expect="diverging"),
+    # -- healthy, including hard negatives ------------------------------------------------
+    Scenario("healthy_s0", "QK-norm, peak lr 0.2", base="healthy", expect="healthy"),
+    Scenario("healthy_s1", "QK-norm, peak lr 0.2", base="healthy", changes={"seed": 1},
+             expect="healthy"),
+    Scenario("qknorm_lr03", "QK-norm, peak lr 0.3 (high LR)", base="healthy",
+             changes={"lr": 0.3, "seed": 2}, expect="healthy"),
+    Scenario("benign_bump", "QK-norm, lr x8 for steps 500-540 then back: a bump that "
+             "recovers", base="healthy", changes={"lr": 0.02, "warmup": 100},
+             lr_steps=((500, 8.0), (540, 1.0)), steps=900, expect="healthy"),
+    Scenario("fp32_high_flat", "no QK-norm, fp32 attention, moderate lr: logits high, "
+             "no overflow", changes={"attn_dtype": "float32", "lr": 0.03, "warmup": 200},
+             steps=1200, expect="healthy"),
+    Scenario("fp32_growth", "no QK-norm, fp32 attention, peak lr 0.2: logits grow, no "
+             "overflow", changes={"attn_dtype": "float32"}, expect="healthy"),
+    Scenario("lowlr_noqk", "no QK-norm, fp16 attention, low lr 0.01",
+             changes={"lr": 0.01, "warmup": 200}, steps=1200, expect="healthy"),
+    Scenario("grad_spike_clipped", "gradient spike x1e4 at step 600, clipped at 1.0 "
+             "(AdamW): a spike that does no harm", base="healthy",
+             changes={"lr": 0.02, "warmup": 100}, grad_spike=(600, 1e4), steps=900,
+             expect="healthy"),
+]
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+def _setting(sc: Scenario) -> Any:
+    from logitwatch.demo.train import SETTINGS, DemoSetting
+
+    base = dataclasses.replace(SETTINGS[sc.base], name=sc.name, description=sc.mechanism,
+                               **sc.changes)
+    if not sc.lr_steps:
+        return base
+
+    @dataclass(frozen=True)
+    class Scheduled(DemoSetting):
+        lr_steps: tuple[tuple[int, float], ...] = ()
+
+        def lr_at(self, step: int, total: int | None = None) -> float:
+            factor = 1.0
+            for start, f in self.lr_steps:
+                if step >= start:
+                    factor = f
+            return super().lr_at(step, total) * factor
+
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    return Scheduled(**fields, lr_steps=sc.lr_steps)
+
+
+class _Recorder:
+    """Stands where a :class:`logitwatch.Client` stands for the hooks and keeps each frame
+    exactly as the client would put it on the wire (``logitwatch.wire``)."""
+
+    project = "default"
+    rank = 0
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self.frames: list[dict[str, Any]] = []
+        self.control: dict[str, Any] = {}
+
+    def send(self, step: int, scalars: Any, heads: Any, time: float | None = None) -> None:
+        from logitwatch.wire import encode_float
+
+        self.frames.append({
+            "run": self.run, "project": self.project, "rank": self.rank,
+            "seq": len(self.frames) + 1, "step": int(step),
+            "time": float(time if time is not None else _time_now()),
+            "scalars": {str(k): encode_float(float(v)) for k, v in scalars.items()},
+            "heads": {str(k): [[encode_float(float(x)) for x in row] for row in m]
+                      for k, m in heads.items()},
+        })
+
+    def on_alert(self, callback: Any) -> Any:
+        return callback
+
+    def flush(self, timeout: float) -> bool:
+        return True
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        pass
+
+
+def _time_now() -> float:
+    return time.time()
+
+
+def record(name: str) -> dict[str, Any]:
+    """Train scenario ``name`` with the real hooks; write its file; return its header."""
+    import torch
+
+    import logitwatch
+    from logitwatch.demo.train import train
+
+    sc = BY_NAME[name]
+    torch.set_num_threads(1)
+    client = _Recorder(name)
+    frames = client.frames
+    setting = _setting(sc)
+    state: dict[str, Any] = {}
+
+    def on_model(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        state["model"] = model
+        extra: dict[str, Any] = {}
+        if "overhead_budget" in inspect.signature(logitwatch.attach).parameters:
+            extra["overhead_budget"] = None  # a fixed 1-in-10 sampling, like every scenario
+        state["mon"] = logitwatch.attach(model, opt, run=name, client=client,
+                                         sample_every=SAMPLE_EVERY,
+                                         max_grad_norm=setting.max_norm, **extra)
+        if sc.grad_spike is not None:
+            at, factor = sc.grad_spike
+
+            def spike(grad: torch.Tensor) -> torch.Tensor:
+                return grad * factor if state.get("step") == at else grad
+
+            for p in model.parameters():
+                p.register_hook(spike)
+
+    def on_loss(loss: torch.Tensor) -> None:
+        state["mon"].log(loss=loss)
+
+    def on_step(step: int, loss: float) -> None:
+        state["step"] = step + 1
+        if sc.head_drift is not None and step >= sc.head_drift[0]:
+            with torch.no_grad():
+                state["model"].head.weight.mul_(1.0 + sc.head_drift[1])
+
+    state["step"] = 0
+    t0 = time.perf_counter()
+    result = train(setting, steps=sc.steps, on_model=on_model, on_loss=on_loss,
+                   on_step=on_step, log=lambda m: None)
+    state["mon"].close(timeout=30)
+    frames.sort(key=lambda f: (f["rank"], f["seq"]))
+    header = {
+        "scenario": name,
+        "label": "diverging" if result.divergence_step is not None else "healthy",
+        "divergence_step": result.divergence_step,
+        "expected": sc.expect,
+        "mechanism": sc.mechanism,
+        "setting": dataclasses.asdict(setting),
+        "steps_done": result.steps_done,
+        "sample_every": SAMPLE_EVERY,
+        "frames": len(frames),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        # every step's loss, for the peer detectors that watch each step (bench_alerts.py)
+        "losses": [float(f"{x:.5g}") if math.isfinite(x) else str(x) for x in result.losses],
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / f"{name}.jsonl", "w") as fh:
+        fh.write(json.dumps(header) + "\n")
+        for f in frames:
+            fh.write(json.dumps(_compact(f), separators=(",", ":")) + "\n")
+    return header
+
+
+def _compact(frame: dict[str, Any]) -> dict[str, Any]:
+    """Round floats to 5 significant digits (the files stay small; float32 has ~7)."""
+
+    def r(v: Any) -> Any:
+        return float(f"{v:.5g}") if isinstance(v, float) else v
+
+    out = dict(frame)
+    out["scalars"] = {k: r(v) for k, v in frame["scalars"].items()}
+    out["heads"] = {k: [[r(x) for x in row] for row in m] for k, m in frame["heads"].items()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("names", nargs="*", help="scenarios to record (default: all)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
+    p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    a = p.parse_args(argv)
+    if a.list:
+        for s in SCENARIOS:
+            print(f"{s.name:20s} {s.expect:10s} {s.mechanism}")
+        return 0
+    names = a.names or [s.name for s in SCENARIOS]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        p.error(f"unknown scenario(s) {unknown}; see --list")
+    run: Callable[[str], dict[str, Any]] = record
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+        for h in pool.map(run, names):
+            flag = "" if h["label"] == h["expected"] else f"  (meant {h['expected']})"
+            print(f"{h['scenario']:20s} {h['label']:10s} divergence {h['divergence_step']!s:>5} "
+                  f"steps {h['steps_done']:5d} frames {h['frames']:4d} {h['wall_s']:6.1f}s"
+                  f"{flag}", flush=True)
+    print(f"recorded {len(names)} scenario(s) into {OUT} in {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Final-layer signals: RMS of the hidden state entering the LM head, and the output
+logits' mean log-sum-exp (log Z) and max.
+
+The LM head is found once at attach time (:func:`find_output_head`); a forward hook on it
+does nothing unless the monitor is capturing a sampled forward. Statistics are pooled
+over every position of the batch (padding included: the head runs on all of them), in
+float32 on the device, the logits in row chunks within the memory budget.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = ["FinalStats", "find_output_head", "final_stats", "vocab_size"]
+
+_HEAD_NAMES = ("lm_head", "head", "output", "embed_out", "out_head")
+
+
+def find_output_head(model: nn.Module) -> nn.Module | None:
+    """The module that maps the last hidden state to vocabulary logits, or None.
+
+    HF ``get_output_embeddings()`` first; else a ``Linear`` named ``lm_head``/``head``/
+    ``output``/``embed_out``/``out_head`` (the last such in module order); else the last
+    ``Linear`` whose ``out_features`` equals the first ``Embedding``'s vocabulary.
+    """
+    getter = getattr(model, "get_output_embeddings", None)
+    if callable(getter):
+        try:
+            head = getter()
+        except Exception:
+            head = None
+        if isinstance(head, nn.Module):
+            return head
+    named = [m for name, m in model.named_modules()
+             if name.rsplit(".", 1)[-1] in _HEAD_NAMES and isinstance(m, nn.Linear)]
+    if named:
+        return named[-1]
+    emb = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if emb is None:
+        return None
+    linears = [m for m in model.modules()
+               if isinstance(m, nn.Linear) and m.out_features == emb.num_embeddings]
+    return linears[-1] if linears else None
+
+
+def vocab_size(head: nn.Module | None, model: nn.Module) -> int | None:
+    """Vocabulary size from the head's output features or ``model.config.vocab_size``."""
+    out = getattr(head, "out_features", None)
+    if isinstance(out, int) and out > 1:
+        return out
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return size if isinstance(size, int) and size > 1 else None
+
+
+class FinalStats:
+    """Accumulators over the sampled forwards of one step (device tensors)."""
+
+    def __init__(self, hidden: torch.Tensor, logits: torch.Tensor, budget: int) -> None:
+        with torch.no_grad():
+            h = hidden.detach()
+            self.sq_sum = torch.linalg.vector_norm(h, dtype=torch.float32).double().square()
+            self.n_hidden = float(h.numel())
+            lg = logits.detach()
+            v = lg.shape[-1]
+            rows = lg.reshape(-1, v)
+            chunk = max(1, budget // (4 * 3 * max(1, v)))
+            lse_sum = torch.zeros((), dtype=torch.float64, device=lg.device)
+            lmax = torch.full((), -math.inf, device=lg.device)
+            for r0 in range(0, rows.shape[0], chunk):
+                part = rows[r0 : r0 + chunk].float()
+                top = part.amax(dim=-1, keepdim=True)
+                lmax = torch.maximum(lmax, top.amax())
+                part = part - top  # a copy: the job's logits stay untouched
+                lse = part.exp_().sum(dim=-1).log_() + top.squeeze(-1)  # = logsumexp
+                lse_sum = lse_sum + lse.sum().double()
+            self.lse_sum = lse_sum
+            self.n_rows = float(rows.shape[0])
+            self.logit_max = lmax
+
+    def merge(self, other: FinalStats) -> None:
+        self.sq_sum = self.sq_sum + other.sq_sum
+        self.n_hidden += other.n_hidden
+        self.lse_sum = self.lse_sum + other.lse_sum
+        self.n_rows += other.n_rows
+        self.logit_max = torch.maximum(self.logit_max, other.logit_max)
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        return {
+            "final.hidden_rms": (self.sq_sum / max(1.0, self.n_hidden)).sqrt().float(),
+            "final.logz": (self.lse_sum / max(1.0, self.n_rows)).float(),
+            "final.logit_max": self.logit_max,
+        }
+
+
+def final_stats(hidden: torch.Tensor, logits: torch.Tensor, budget: int) -> FinalStats:
+    """Reduce one LM-head call (``hidden (..., d)`` in, ``logits (..., V)`` out)."""
+    return FinalStats(hidden, logits, budget)

@@ -1,0 +1,400 @@
+"""Per-head attention-logit statistics, computed in memory-bounded chunks.
+
+One call reduces ``q·kᵀ·scale`` over the valid (query, key) pairs of every head to:
+max, p99, mean, std, and the entropy of the softmax rows (mean and min over query
+rows); with a soft-cap also the post-cap max and p99. The logits are materialised one
+block of ``(B, heads, query rows, S)`` at a time, sized so that a block and its
+temporaries stay within ``budget`` bytes: a 32k-token sequence never holds a full
+``T x T`` matrix per head.
+
+p99 is **exact** (NumPy's 'linear' percentile) while the top 1 % of one head's pairs fits
+in a quarter of the budget (kept across query blocks and merged with ``topk``); beyond
+that it comes from a 4096-bin histogram over ``[min, max]`` in a second pass over the
+blocks, with an absolute error of at most one bin width, ``(max - min) / 4096``.
+
+Nothing here reads a value back to the host; all shapes and loop bounds depend on shapes
+only. See ``docs/HOOKS.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import torch
+
+from ._stats import MASKED_BELOW, quantile_from_top
+
+__all__ = [
+    "DEFAULT_BUDGET",
+    "HIST_BINS",
+    "HeadStats",
+    "attention_head_stats",
+    "merge_head_stats",
+]
+
+#: Default bytes a sampled attention call may use for its statistics (256 MiB).
+DEFAULT_BUDGET = 256 << 20
+#: Float32-sized temporaries alive at once per block element (logits, masked copy, float
+#: mask, centred values, softmax, its xlogy, bool masks), measured by the memory test.
+_TEMPS = 9
+#: Bins of the p99 histogram used when the exact top 1 % does not fit in the budget.
+HIST_BINS = 4096
+PERCENT = 99
+
+
+@dataclass
+class HeadStats:
+    """Per-head accumulators, each an ``(H,)`` tensor on the device.
+
+    ``count``/``mean``/``m2`` are float64 (Chan's parallel variance), ``rows`` and
+    ``ent_sum`` float64; the rest float32. ``capped_*`` are None without a soft-cap.
+    """
+
+    count: torch.Tensor
+    mean: torch.Tensor
+    m2: torch.Tensor
+    maximum: torch.Tensor
+    p99: torch.Tensor
+    rows: torch.Tensor
+    ent_sum: torch.Tensor
+    ent_min: torch.Tensor
+    capped_max: torch.Tensor | None = None
+    capped_p99: torch.Tensor | None = None
+
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """Final per-head values by signal name (``attn.*``)."""
+        nan = torch.full_like(self.mean, math.nan)
+        has = self.count > 0
+        out = {
+            "attn.logit_max": self.maximum,
+            "attn.logit_p99": self.p99,
+            "attn.logit_mean": torch.where(has, self.mean, nan).float(),
+            "attn.logit_std": torch.where(has, (self.m2 / self.count.clamp(min=1)).sqrt(),
+                                          nan).float(),
+            "attn.entropy_mean": torch.where(self.rows > 0,
+                                             self.ent_sum / self.rows.clamp(min=1), nan).float(),
+            "attn.entropy_min": torch.where(self.rows > 0, self.ent_min.double(), nan).float(),
+        }
+        if self.capped_max is not None and self.capped_p99 is not None:
+            out["attn.capped_logit_max"] = self.capped_max
+            out["attn.capped_logit_p99"] = self.capped_p99
+        return out
+
+
+def merge_head_stats(a: HeadStats, b: HeadStats) -> HeadStats:
+    """Pool two forwards of the same layer (gradient accumulation).
+
+    Max, mean, std and entropy are pooled exactly; p99 is the larger of the two exact
+    p99s (an upper bound of the pooled p99, never under-reporting a heating head).
+    """
+    n = a.count + b.count
+    delta = b.mean - a.mean
+    safe_n = n.clamp(min=1)
+    mean = a.mean + delta * b.count / safe_n
+    m2 = a.m2 + b.m2 + delta * delta * a.count * b.count / safe_n
+    mean = torch.where(a.count > 0, torch.where(b.count > 0, mean, a.mean), b.mean)
+    m2 = torch.where(a.count > 0, torch.where(b.count > 0, m2, a.m2), b.m2)
+
+    def both(x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None or y is None else torch.maximum(x, y)
+
+    return HeadStats(
+        count=n, mean=mean, m2=m2,
+        maximum=torch.maximum(a.maximum, b.maximum), p99=torch.maximum(a.p99, b.p99),
+        rows=a.rows + b.rows, ent_sum=a.ent_sum + b.ent_sum,
+        ent_min=torch.minimum(a.ent_min, b.ent_min),
+        capped_max=both(a.capped_max, b.capped_max),
+        capped_p99=both(a.capped_p99, b.capped_p99),
+    )
+
+
+def _as_bhtd(x: torch.Tensor) -> torch.Tensor:
+    """View SDPA's ``(..., L, E)`` layouts as ``(B, H, L, E)`` (3-d: one head)."""
+    if x.dim() == 4:
+        return x
+    if x.dim() == 3:
+        return x.unsqueeze(1)
+    if x.dim() < 3:
+        return x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
+    return x.reshape(-1, *x.shape[-3:])
+
+
+def _cap(x: torch.Tensor, softcap: float) -> torch.Tensor:
+    return torch.tanh(x / softcap) * softcap
+
+
+def _plan(b: int, h: int, t: int, s: int, budget: int) -> tuple[int, int, bool]:
+    """(heads per block, query rows per block, exact p99?) for ``budget`` bytes."""
+    elements = max(1, (budget - budget // 4) // (4 * _TEMPS))  # a quarter for the top 1 %
+    per_head = b * t * s
+    k_top = min(per_head, ((100 - PERCENT) * per_head + 99) // 100 + 2)
+    top_bytes = 4 * 3 * k_top  # kept top values, the merge's concatenation, its topk
+    exact = top_bytes <= budget // 4
+    if per_head * h <= elements:
+        hc, tq = h, t
+    elif per_head <= elements:
+        hc, tq = max(1, elements // per_head), t
+    else:
+        hc, tq = 1, max(1, elements // max(1, b * s))
+    if exact:
+        hc = max(1, min(hc, (budget // 4) // top_bytes))
+    return hc, tq, exact
+
+
+def attention_head_stats(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    softcap: float | None = None,
+    budget: int = DEFAULT_BUDGET,
+) -> HeadStats:
+    """Per-head statistics of the pre-softmax logits ``q·kᵀ·scale`` over valid pairs.
+
+    Pairs are pooled per head over batch, queries and keys; pairs excluded by the mask
+    (causal, padding, sliding window, any bool/float mask) do not count. Keys with fewer
+    heads than queries (GQA/MQA) are shared as ``repeat_interleave`` (HF ``repeat_kv``).
+
+    Args:
+        query: ``(B, H, T, D)`` (SDPA's other layouts are accepted).
+        key: ``(B, H_kv, S, D)`` with ``H % H_kv == 0``.
+        attn_mask: Bool (True = attend) or additive float mask broadcastable to
+            ``(B, H, T, S)``.
+        is_causal: SDPA's causal flag (top-left aligned).
+        scale: Logit scale; default ``D ** -0.5``.
+        softcap: Gemma-2 style cap ``c·tanh(x/c)``: max/p99/mean/std stay pre-cap, the
+            entropy uses the capped logits (what the softmax sees) and ``capped_max``/
+            ``capped_p99`` are added.
+        budget: Bytes the computation may use at once (see the module docstring).
+
+    Returns:
+        A :class:`HeadStats` on the query's device.
+    """
+    with torch.no_grad():
+        full_shape = tuple(query.shape[:-1]) + (key.shape[-2],)
+        q = _as_bhtd(query.detach())
+        k = _as_bhtd(key.detach())
+        b, h, t, d = q.shape
+        s = k.shape[2]
+        if k.shape[0] != b and k.shape[0] == 1:
+            k = k.expand(b, *k.shape[1:])
+        group = 1
+        if k.shape[1] != h:
+            if k.shape[1] == 0 or h % k.shape[1]:
+                raise ValueError(f"{h} query heads cannot share {k.shape[1]} key heads")
+            group = h // k.shape[1]
+        scale = d**-0.5 if scale is None else float(scale)
+        valid: _Mask | None = None
+        if attn_mask is not None or is_causal:
+            mask = None
+            if attn_mask is not None:
+                mask = attn_mask.detach()
+                if mask.shape[-1] > s:
+                    mask = mask[..., :s]  # as HF eager does with a longer mask
+                if query.dim() != 4:
+                    mask = _as_bhtd(torch.broadcast_to(mask, full_shape))
+                mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+            valid = _Mask(mask, is_causal)
+        hc, tq, exact = _plan(b, h, t, s, budget)
+        parts: list[HeadStats] = []
+        for h0 in range(0, h, hc):
+            h1 = min(h, h0 + hc)
+            parts.append(_head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact))
+        if len(parts) == 1:
+            return parts[0]
+        return HeadStats(**{
+            f.name: None if getattr(parts[0], f.name) is None
+            else torch.cat([getattr(p, f.name) for p in parts])
+            for f in fields(HeadStats)
+        })
+
+
+class _Mask:
+    """The attention mask as given (never expanded) plus the causal flag; turned into a
+    bool block only for the query rows being processed."""
+
+    def __init__(self, mask: torch.Tensor | None, is_causal: bool) -> None:
+        self.mask = mask
+        self.is_causal = is_causal
+
+    def block(self, b: int, h0: int, h1: int, t0: int, t1: int, s: int,
+              device: torch.device) -> torch.Tensor:
+        v: torch.Tensor | None = None
+        if self.mask is not None:
+            m = self.mask if self.mask.shape[1] == 1 else self.mask[:, h0:h1]
+            m = m[:, :, t0:t1] if m.shape[2] != 1 else m
+            v = m if m.dtype == torch.bool else m > MASKED_BELOW
+        if self.is_causal:  # top-left aligned, as SDPA: query i sees keys <= i
+            rows = torch.arange(t0, t1, device=device).unsqueeze(1)
+            causal = torch.arange(s, device=device).unsqueeze(0) <= rows
+            v = causal if v is None else v & causal
+        assert v is not None
+        return v.expand(b, h1 - h0, t1 - t0, s)
+
+
+def _blocks(q, k, valid, group, h0, h1, tq, scale):
+    """Yield ``(logits, valid_block)`` for heads ``h0:h1`` in query blocks of ``tq``."""
+    b, _, t, _ = q.shape
+    s = k.shape[2]
+    kv = k[:, h0 // group : (h1 - 1) // group + 1].float()
+    if group > 1:
+        kv = kv.repeat_interleave(group, dim=1)[:, h0 % group : h0 % group + (h1 - h0)]
+    kt = kv.transpose(-1, -2)
+    for t0 in range(0, t, tq):
+        t1 = min(t, t0 + tq)
+        logits = torch.matmul(q[:, h0:h1, t0:t1].float(), kt)
+        logits.mul_(scale)
+        v = None if valid is None else valid.block(b, h0, h1, t0, t1, s, q.device)
+        yield logits, v
+
+
+def _causal_pairs(t0: int, t1: int, s: int) -> int:
+    """Number of causal pairs of query rows ``t0..t1-1``: ``sum(min(i + 1, s))``."""
+    lo, hi = t0 + 1, min(t1, s)  # rows whose count i + 1 is below the key count
+    ramp = (lo + hi) * (hi - lo + 1) // 2 if hi >= lo else 0
+    return ramp + max(0, t1 - max(t0, s)) * s
+
+
+def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadStats:
+    b, _, t, _ = q.shape
+    s = k.shape[2]
+    hn = h1 - h0
+    dev = q.device
+    f64 = dict(dtype=torch.float64, device=dev)
+    count = torch.zeros(hn, **f64)
+    mean = torch.zeros(hn, **f64)
+    m2 = torch.zeros(hn, **f64)
+    rows = torch.zeros(hn, **f64)
+    ent_sum = torch.zeros(hn, **f64)
+    maximum = torch.full((hn,), -math.inf, device=dev)
+    minimum = torch.full((hn,), math.inf, device=dev)
+    ent_min = torch.full((hn,), math.inf, device=dev)
+    per_head = b * t * s
+    k_top = min(per_head, ((100 - PERCENT) * per_head + 99) // 100 + 2)
+    top: torch.Tensor | None = None
+    dims = (0, 2, 3)
+    causal_only = valid is not None and valid.mask is None and valid.is_causal
+    t0_next = 0
+    for raw, v in _blocks(q, k, valid, group, h0, h1, tq, scale):
+        # Per-block reductions in float32 (pairwise summation), merged in float64.
+        if v is None:
+            n_b = torch.full((hn,), float(b * raw.shape[2] * s), **f64)
+            masked, vf = raw, None
+        else:
+            v = v.contiguous()  # ops on broadcast bool masks are slow on CPU
+            if causal_only:  # counts from shapes: row i sees min(i + 1, S) keys
+                t0 = t0_next
+                n_b = torch.full((hn,), float(b * _causal_pairs(t0, t0 + raw.shape[2], s)),
+                                 **f64)
+            else:
+                n_b = v.sum(dim=dims).double()
+            vf = v.to(raw.dtype)
+            masked = raw.masked_fill(~v, -math.inf)
+        t0_next += raw.shape[2]
+        maximum = torch.maximum(maximum, masked.amax(dim=dims))
+        if not exact:
+            low = raw if v is None else raw.masked_fill(~v, math.inf)
+            minimum = torch.minimum(minimum, low.amin(dim=dims))
+            del low
+        # mean and M2 of this block, merged (Chan et al.)
+        zeroed = raw if vf is None else raw * vf
+        mean_b = zeroed.sum(dim=dims).double() / n_b.clamp(min=1)
+        del zeroed
+        centred = raw - mean_b.float().view(1, hn, 1, 1)
+        if vf is not None:
+            centred.mul_(vf)
+        m2_b = centred.mul_(centred).sum(dim=dims).double()
+        del centred, vf
+        delta = mean_b - mean
+        n = count + n_b
+        mean = mean + delta * n_b / n.clamp(min=1)
+        m2 = m2 + m2_b + delta * delta * count * n_b / n.clamp(min=1)
+        count = n
+        # entropy of each softmax row: -sum p log p (rows without a valid key excluded)
+        z = masked
+        if softcap is not None:
+            z = _cap(raw, softcap)
+            if v is not None:
+                z.masked_fill_(~v, -math.inf)  # tanh(-inf) is -1: mask after the cap
+        p = torch.softmax(z, dim=-1)
+        del z
+        ent = torch.special.xlogy(p, p).sum(dim=-1).neg_()  # (B, hn, tq)
+        del p
+        if v is None or causal_only:  # every query row sees at least one key
+            rows = rows + float(b * raw.shape[2])
+            ent_sum = ent_sum + ent.sum(dim=(0, 2)).double()
+            ent_min = torch.minimum(ent_min, ent.amin(dim=(0, 2)))
+        else:
+            row_ok = v.any(dim=-1)
+            rows = rows + row_ok.sum(dim=(0, 2)).double()
+            ent_sum = ent_sum + ent.masked_fill(~row_ok, 0.0).sum(dim=(0, 2)).double()
+            ent_min = torch.minimum(ent_min,
+                                    ent.masked_fill(~row_ok, math.inf).amin(dim=(0, 2)))
+        if exact:
+            # top values per (batch, head), then per head: no transposed copy of the block
+            per_bh = masked.reshape(b, hn, -1)
+            kk = min(k_top, per_bh.shape[2])
+            block_top = per_bh.topk(kk, dim=2, sorted=False).values
+            block_top = block_top.transpose(0, 1).reshape(hn, -1)
+            if block_top.shape[1] > k_top:
+                block_top = block_top.topk(k_top, dim=1, sorted=False).values
+            top = block_top if top is None else torch.cat([top, block_top], dim=1)
+            if top.shape[1] > k_top:
+                top = top.topk(k_top, dim=1, sorted=False).values
+            del per_bh, block_top
+        del raw, masked
+    count_i = count.round().to(torch.int64)
+    capped_max = capped_p99 = None
+    if exact and top is not None:
+        top = top.sort(dim=1, descending=True).values
+        p99 = quantile_from_top(top, count_i, PERCENT)
+        if softcap is not None:
+            capped_p99 = quantile_from_top(_cap(top, softcap), count_i, PERCENT)
+    else:
+        p99 = _hist_p99(q, k, valid, group, h0, h1, tq, scale, minimum, maximum, count_i)
+        if softcap is not None:
+            capped_p99 = _cap(p99, softcap)
+    if softcap is not None:
+        capped_max = _cap(maximum, softcap)
+    return HeadStats(count=count, mean=mean, m2=m2, maximum=maximum, p99=p99, rows=rows,
+                     ent_sum=ent_sum, ent_min=ent_min, capped_max=capped_max,
+                     capped_p99=capped_p99)
+
+
+def _hist_p99(q, k, valid, group, h0, h1, tq, scale, minimum, maximum, count) -> torch.Tensor:
+    """p99 from a :data:`HIST_BINS`-bin histogram over ``[min, max]`` (second pass).
+
+    Each order statistic is located in its bin and replaced by the bin centre, so the
+    interpolated result is within half a bin of the exact one; we state one bin width.
+    """
+    hn = h1 - h0
+    nb = HIST_BINS
+    width = (maximum - minimum) / nb
+    safe_w = torch.where(width > 0, width, torch.ones_like(width))
+    counts = torch.zeros(hn, nb + 1, dtype=torch.int64, device=q.device)
+    offsets = torch.arange(hn, device=q.device).view(1, hn, 1, 1) * (nb + 1)
+    one = torch.ones(1, dtype=torch.int64, device=q.device)
+    for logits, v in _blocks(q, k, valid, group, h0, h1, tq, scale):
+        idx = ((logits - minimum.view(1, hn, 1, 1)) / safe_w.view(1, hn, 1, 1)).floor_()
+        idx = idx.nan_to_num_(nan=nb, posinf=nb - 1, neginf=0).clamp_(0, nb - 1).long()
+        if v is not None:
+            idx.masked_fill_(~v, nb)  # the overflow bin, ignored
+        flat_idx = (idx + offsets).reshape(-1)
+        del idx
+        counts.view(-1).index_add_(0, flat_idx, one.expand(flat_idx.numel()))
+        del flat_idx
+    cum = counts[:, :nb].cumsum(dim=1)
+    last = (count - 1).clamp(min=0)
+    num = PERCENT * last
+    lo = num // 100
+    frac = (num % 100).float() / 100
+    hi = torch.minimum(lo + 1, last)
+    bin_lo = torch.searchsorted(cum, (lo + 1).unsqueeze(1)).squeeze(1).clamp(max=nb - 1)
+    bin_hi = torch.searchsorted(cum, (hi + 1).unsqueeze(1)).squeeze(1).clamp(max=nb - 1)
+    centre = lambda i: minimum + (i.float() + 0.5) * width  # noqa: E731
+    out = torch.lerp(centre(bin_lo), centre(bin_hi), frac)
+    out = torch.where(width > 0, out, maximum)
+    return torch.where(count > 0, out, torch.full_like(out, -math.inf))

@@ -1,0 +1,61 @@
+"""Hugging Face ``transformers.Trainer`` integration: :class:`LogitwatchCallback`.
+
+Example::
+
+    from logitwatch.hooks.hf import LogitwatchCallback
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[LogitwatchCallback(run="my-run", url="http://127.0.0.1:8000")])
+    trainer.train()
+
+The callback attaches at ``on_train_begin`` (the Trainer has built its optimizer then;
+accelerate's wrapper is looked through), ends steps on the optimizer's ``step()`` like a
+plain loop, reads ``args.max_grad_norm`` as the clip threshold, the rank from
+``args.process_index``, and closes at ``on_train_end``. The loss comes from the model
+outputs' ``.loss``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ._attach import attach
+from ._monitor import Monitor
+
+__all__ = ["LogitwatchCallback"]
+
+
+class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
+    """Attach a :class:`~logitwatch.hooks.Monitor` for the length of ``trainer.train()``.
+
+    Args:
+        run: Run name.
+        url: Collector URL (None: a dry run).
+        **attach_kwargs: Anything else :func:`~logitwatch.hooks.attach` takes
+            (``sample_every``, ``project``, ``client``, ``overhead_budget``, ...).
+    """
+
+    def __init__(self, *, run: str, url: str | None = None, **attach_kwargs: Any) -> None:
+        self.run = run
+        self.url = url
+        self.attach_kwargs = attach_kwargs
+        self.monitor: Monitor | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
+                       optimizer: Any = None, **kwargs: Any) -> None:
+        if self.monitor is not None or model is None:
+            return
+        options = dict(self.attach_kwargs)
+        max_norm = getattr(args, "max_grad_norm", None)
+        if max_norm and max_norm > 0:
+            options.setdefault("max_grad_norm", float(max_norm))
+        if "client" not in options:
+            options.setdefault("rank", int(getattr(args, "process_index", 0)))
+        self.monitor = attach(model, optimizer, run=self.run, url=self.url, **options)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None

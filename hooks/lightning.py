@@ -1,0 +1,85 @@
+"""PyTorch Lightning integration: :class:`LogitwatchCallback`.
+
+Example::
+
+    from logitwatch.hooks.lightning import LogitwatchCallback
+
+    trainer = lightning.Trainer(callbacks=[LogitwatchCallback(run="my-run", url=URL)])
+    trainer.fit(module, loader)
+
+Lightning runs ``training_step`` inside the optimizer's ``step(closure)`` and may never
+call the module's ``forward``, so the callback drives the monitor itself: capture from
+``on_train_batch_start`` to ``on_train_batch_end`` (the loss from the step's outputs),
+the gradient norm before clipping (``gradient_clip_val`` with the norm algorithm goes
+through ``torch.nn.utils.clip_grad_norm_``, which the monitor observes; without clipping
+it is computed at the step's end, where the gradients are still this step's), and one
+monitored step per optimizer step (``accumulate_grad_batches`` respected). Automatic
+optimization with one optimizer; the rank is ``trainer.global_rank``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from ._attach import attach
+from ._monitor import Monitor
+
+__all__ = ["LogitwatchCallback"]
+
+
+class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
+    """Attach a :class:`~logitwatch.hooks.Monitor` for the length of ``trainer.fit()``.
+
+    Args:
+        run: Run name.
+        url: Collector URL (None: a dry run).
+        **attach_kwargs: Anything else :func:`~logitwatch.hooks.attach` takes.
+    """
+
+    def __init__(self, *, run: str, url: str | None = None, **attach_kwargs: Any) -> None:
+        super().__init__()
+        self.run = run
+        self.url = url
+        self.attach_kwargs = attach_kwargs
+        self.monitor: Monitor | None = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.monitor is not None:
+            return
+        options = dict(self.attach_kwargs)
+        clip = trainer.gradient_clip_val
+        if clip and trainer.gradient_clip_algorithm in (None, "norm"):
+            options.setdefault("max_grad_norm", float(clip))
+        if "client" not in options:
+            options.setdefault("rank", int(trainer.global_rank))
+        self.monitor = attach(pl_module, None, run=self.run, url=self.url, **options)
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        self._lr_source = optimizer
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self.monitor is not None:
+            self.monitor.begin_capture()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        mon = self.monitor
+        if mon is None:
+            return
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        mon.end_capture(loss if isinstance(loss, torch.Tensor) else None)
+        accumulate = max(1, int(trainer.accumulate_grad_batches))
+        last = trainer.num_training_batches
+        if (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == last:
+            opt = self._lr_source
+            if opt is not None and opt.param_groups:
+                mon.log(lr=float(opt.param_groups[0]["lr"]))
+            mon.step()
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None

@@ -1,0 +1,123 @@
+"""The zero-configuration rule set, and loading rules from YAML.
+
+The defaults were chosen on the recorded scenario suite (``bench/scenarios``, replayed by
+``bench/bench_alerts.py``; figures in ``bench/README.md``): every parameter below is the
+one that caught every diverging scenario with the longest lead while staying quiet on the
+healthy ones. Rules over series a job does not send simply never evaluate.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from logitwatch.server.alerts.rules import RuleError, RuleSpec
+
+__all__ = ["DEFAULT_RULES", "RULES_ENV", "load_rules_file", "merge_rules"]
+
+RULES_ENV = "LOGITWATCH_ALERT_RULES"
+
+DEFAULT_RULES: tuple[RuleSpec, ...] = (
+    # -- run-level divergence: the loss itself (abrupt causes move it first) -------------
+    RuleSpec("loss_nonfinite", "nonfinite", "loss", severity="critical", inhibits=True,
+             summary="the loss is NaN or infinite: the run has diverged"),
+    RuleSpec("loss_jump", "loss_jump", "loss", severity="critical", inhibits=True,
+             params={"z": 8.0, "min_jump": 0.5, "window": 20},
+             summary="the loss jumped far out of its recent range"),
+    RuleSpec("grad_nonfinite", "nonfinite", "grad.norm", severity="critical",
+             summary="the gradient norm is NaN or infinite"),
+    RuleSpec("lr_jump", "lr_jump", "lr", severity="warning", params={"factor": 10.0},
+             summary="the learning rate jumped tenfold or more between two samples"),
+    RuleSpec("lr_change", "lr_jump", "lr", severity="info", params={"factor": 2.0},
+             summary="the learning rate changed abruptly between two samples"),
+    RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning",
+             params={"z": 10.0, "window": 20, "min_scale": 0.05, "only_unclipped": True},
+             summary="an unclipped gradient spike went straight into the weights"),
+    RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_samples=2,
+             params={"z": 10.0, "window": 20, "min_scale": 0.05},
+             summary="the gradient norm stayed far above its recent median"),
+    RuleSpec("first_loss", "first_loss", "loss", severity="warning",
+             summary="the first loss is far from ln(vocab)"),
+    # -- the leading signals: attention logits leaving their range -------------------------
+    # info: early in training every head's logits leave their initial range (a healthy
+    # fp32 run without QK-norm did too); shown on the dashboard and to the job, not paged
+    RuleSpec("attn_logit_rising", "departure", "attn.logit_max", for_samples=3,
+             severity="info",
+             params={"factor": 4.0, "floor": 30.0, "window": 20, "lag": 5},
+             summary="a head's max attention logit left its own recent range"),
+    # warning: the same, once the head has a settled baseline of 20 samples, above 50
+    RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_samples=3,
+             params={"factor": 4.0, "floor": 50.0, "window": 20, "lag": 5,
+                     "min_history": 20},
+             summary="a head's max attention logit left its settled range"),
+    RuleSpec("attn_logit_forecast", "forecast", "attn.logit_max", over="max",
+             for_samples=2, params={"critical": 65504.0, "window": 10, "horizon": 400.0,
+                                    "floor": 100.0},
+             summary="the max attention logit is on course to overflow float16 (65504)"),
+    RuleSpec("attn_p99_trend", "trend", "attn.logit_p99", for_samples=2, severity="info",
+             params={"window": 8, "min_tau": 0.7, "min_ratio": 2.0, "floor": 10.0},
+             summary="a head's p99 attention logit keeps climbing"),
+    RuleSpec("attn_entropy_collapse", "entropy_collapse", "attn.entropy_mean", severity="info",
+             for_samples=3, params={"samples": 10, "fraction": 0.25},
+             summary="a head's attention entropy collapsed toward one-hot"),
+    # -- output side ------------------------------------------------------------------------
+    RuleSpec("final_rms_departure", "departure", "final.hidden_rms", for_samples=3,
+             params={"factor": 3.0, "floor": 0.0, "window": 20, "lag": 5},
+             summary="the final hidden RMS left its own recent range"),
+    RuleSpec("final_logz_departure", "departure", "final.logz", for_samples=3,
+             params={"factor": 3.0, "floor": 5.0, "window": 20, "lag": 5},
+             summary="the output log-normaliser log Z left its own recent range"),
+    # -- slower, informational ----------------------------------------------------------------
+    RuleSpec("clip_rate_rising", "clip_rate", "grad.clipped", severity="info",
+             params={"window": 10, "rate": 0.9, "rise": 0.6},
+             summary="gradient clipping went from rare to nearly every step"),
+    RuleSpec("q_bias_refuge", "ratio", "qk.q_weight_norm", severity="warning",
+             params={"other": "qk.q_bias_norm", "window": 10, "min_change": 0.2},
+             summary="a head's W_q norm falls while its q bias norm rises (QK-clip's bias "
+             "refuge)"),
+    RuleSpec("k_bias_refuge", "ratio", "qk.k_weight_norm", severity="warning",
+             params={"other": "qk.k_bias_norm", "window": 10, "min_change": 0.2},
+             summary="a head's W_k norm falls while its k bias norm rises (QK-clip's bias "
+             "refuge)"),
+    RuleSpec("no_data", "no_data", "*", severity="warning", params={"seconds": 600.0},
+             summary="the run stopped reporting (hung or crashed)"),
+)
+
+
+def merge_rules(base: Iterable[RuleSpec], override: Iterable[RuleSpec]) -> list[RuleSpec]:
+    """``base`` with every rule of ``override`` replacing the one of the same name."""
+    out = {r.name: r for r in base}
+    for r in override:
+        out[r.name] = r
+    return list(out.values())
+
+
+def load_rules_file(path: str | os.PathLike[str]) -> list[RuleSpec]:
+    """Rules from a YAML (or JSON) file: ``rules: [{name, kind, metric, params, ...}]``.
+
+    A rule with the name of a default replaces it (``enabled: false`` turns it off).
+    Raises :class:`RuleError` saying which rule and field are wrong.
+    """
+    text = Path(path).read_text()
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - yaml is a server dependency
+        import json
+
+        data = json.loads(text)
+    else:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise RuleError(f"{path}: not valid YAML: {e}") from e
+    rules = data.get("rules") if isinstance(data, dict) else data
+    if not isinstance(rules, list):
+        raise RuleError(f"{path}: expected a list of rules under 'rules:'")
+    out = []
+    for i, d in enumerate(rules):
+        try:
+            out.append(RuleSpec.from_dict(d))
+        except (RuleError, TypeError) as e:
+            raise RuleError(f"{path}: rules[{i}]: {e}") from e
+    return out

@@ -1,0 +1,191 @@
+"""The ingest body, parsed and validated fast, with pydantic's answers for anything odd.
+
+``POST /api/v1/ingest`` carries ~1,600 numbers per frame. Validating each through a Python
+callback costs more than storing it, so :func:`parse_ingest` takes a fast path: orjson
+parses the body, each layer x head matrix becomes one numpy array in a single C call, and
+the few per-frame fields are checked explicitly. The fast path only *accepts*: whenever a
+body is anything but plainly valid (a non-finite string, a boolean anywhere, a ragged
+matrix, a float where an int belongs, bad JSON...) it hands the body to the pydantic model
+:class:`~logitwatch.server.schemas.IngestIn`, which accepts or refuses it exactly as
+before, with the same 422 that names the field. So the fast path can never accept what
+the model refuses, and every refusal reads the same.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import numpy as np
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from logitwatch.server.schemas import MAX_RANK, MAX_STEP, FrameIn, IngestIn
+from logitwatch.wire import NONFINITE
+
+try:  # orjson is in the server extra; the stdlib parser is the fallback
+    import orjson
+
+    _loads: Any = orjson.loads
+    _FastError: type[Exception] = orjson.JSONDecodeError
+except ImportError:  # pragma: no cover - depends on the install
+    _loads = json.loads
+    _FastError = ValueError
+
+__all__ = ["ingest_openapi_body", "parse_ingest"]
+
+_NAME = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_KEYS = frozenset(FrameIn.model_fields)
+_REQUIRED = frozenset({"run", "seq", "step", "time"})
+_MAX_FRAMES = 10_000
+_MAX_MATRIX = 65_536
+
+
+class _Slow(Exception):
+    """The fast path is not sure: let the pydantic model decide."""
+
+
+def parse_ingest(body: bytes, content_type: str | None) -> IngestIn:
+    """Parse and validate an ingest body; raise ``RequestValidationError`` (422, the field
+    named, as FastAPI would) when it is invalid.
+
+    Per-head matrices of the result may be float64 ``numpy`` arrays (fast path) or lists
+    of lists (pydantic path); the store accepts both.
+    """
+    if not _is_json(content_type):
+        raise RequestValidationError([{
+            "type": "model_attributes_type", "loc": ("body",),
+            "msg": "Input should be a valid dictionary or object to extract fields from "
+                   "(send Content-Type: application/json)",
+            "input": None,
+        }])
+    if not body:
+        raise RequestValidationError(
+            [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+        )
+    # A boolean anywhere may hide in a matrix, where numpy would read it as 1.0.
+    if b"true" not in body and b"false" not in body:
+        try:
+            return _fast(_loads(body))
+        except (_Slow, _FastError, ValueError, TypeError, OverflowError):
+            pass
+    return _slow(body)
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    main = content_type.split(";", 1)[0].strip().lower()
+    return main == "application/json" or (main.startswith("application/")
+                                          and main.endswith("+json"))
+
+
+def _slow(body: bytes) -> IngestIn:
+    """What FastAPI does with a pydantic body parameter, errors included."""
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise RequestValidationError([{
+            "type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error",
+            "input": {}, "ctx": {"error": e.msg},
+        }]) from None
+    except UnicodeDecodeError as e:
+        raise RequestValidationError([{
+            "type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {e.reason}",
+            "input": {},
+        }]) from None
+    try:
+        return IngestIn.model_validate(data)
+    except ValidationError as e:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors()]
+        raise RequestValidationError(errors) from None
+
+
+def _int(v: Any, hi: int) -> int:
+    if type(v) is not int or not 0 <= v <= hi:
+        raise _Slow
+    return v
+
+
+def _name(v: Any) -> str:
+    if type(v) is not str or _NAME.fullmatch(v) is None:
+        raise _Slow
+    return v
+
+
+def _float(v: Any) -> float:
+    t = type(v)
+    if t is float:
+        return v  # type: ignore[no-any-return]
+    if t is int:
+        return float(v)
+    if t is str and v in NONFINITE:
+        return NONFINITE[v]
+    raise _Slow
+
+
+def _matrix(v: Any) -> np.ndarray:
+    if type(v) is not list or not v:
+        raise _Slow
+    a = np.array(v)  # ragged -> ValueError; strings, None, dicts -> another dtype
+    if a.ndim != 2 or a.dtype.kind not in "fi" or not 0 < a.size <= _MAX_MATRIX:
+        raise _Slow
+    return a.astype(np.float64, copy=False)
+
+
+def _frame(d: Any) -> FrameIn:
+    if type(d) is not dict or not _REQUIRED <= d.keys() or not d.keys() <= _KEYS:
+        raise _Slow
+    time = d["time"]
+    if type(time) is int:
+        time = float(time)
+    if type(time) is not float or not math.isfinite(time) or time < 0:
+        raise _Slow
+    scalars = d.get("scalars", {})
+    heads = d.get("heads", {})
+    if type(scalars) is not dict or len(scalars) > 256:
+        raise _Slow
+    if type(heads) is not dict or len(heads) > 64:
+        raise _Slow
+    return FrameIn.model_construct(
+        _fields_set=set(d),
+        run=_name(d["run"]),
+        project=_name(d["project"]) if "project" in d else "default",
+        rank=_int(d["rank"], MAX_RANK) if "rank" in d else 0,
+        seq=_int(d["seq"], MAX_STEP),
+        step=_int(d["step"], MAX_STEP),
+        time=time,
+        scalars={_name(k): _float(v) for k, v in scalars.items()},
+        heads={_name(k): _matrix(v) for k, v in heads.items()},
+    )
+
+
+def _fast(data: Any) -> IngestIn:
+    if type(data) is not dict or data.keys() != {"frames"}:
+        raise _Slow
+    frames = data["frames"]
+    if type(frames) is not list or not 1 <= len(frames) <= _MAX_FRAMES:
+        raise _Slow
+    return IngestIn.model_construct(frames=[_frame(f) for f in frames])
+
+
+def ingest_openapi_body() -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of the ingest route: the :class:`IngestIn` schema, with
+    its definitions inlined (the route reads the raw body itself)."""
+    schema = IngestIn.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return {"required": True,
+            "content": {"application/json": {"schema": inline(schema)}}}

@@ -1,0 +1,146 @@
+"""Retention: thin the per-head matrices of old frames, keeping every spike.
+
+A frame's per-head matrices are ~99.7 % of its values (4 x 24 x 16 against a handful of
+scalars). After ``older_than`` seconds, :func:`thin_old_frames` keeps them for one frame per
+``bucket_steps`` steps of each (run, rank, metric): the frame whose matrix holds the
+bucket's largest value (a non-finite value counts as the largest), so a spike seen once is
+still there a year later. Scalars (loss, grad norm, lr, ...) are never thinned, and frames
+themselves stay, so step counts and series stay whole.
+
+A pass is idempotent and safe to run from several collectors at once: it only deletes, and
+the frame it keeps in a bucket is the same every time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time as _time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import delete, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from logitwatch.server.db.models import Frame, Metric, Point
+from logitwatch.server.db.session import session_scope
+from logitwatch.server.errors import ApiError
+
+__all__ = ["RetentionResult", "RetentionWorker", "thin_old_frames", "vacuum"]
+
+log = logging.getLogger("logitwatch.retention")
+
+
+@dataclass(slots=True)
+class RetentionResult:
+    """What one pass did."""
+
+    metrics: int = 0
+    matrices_kept: int = 0
+    matrices_deleted: int = 0
+    values_deleted: int = 0
+
+
+def _score(data: bytes) -> float:
+    a = np.frombuffer(data, dtype="<f4")
+    if not np.isfinite(a).all():
+        return float("inf")
+    return float(a.max()) if a.size else float("-inf")
+
+
+def thin_old_frames(
+    session: Session,
+    *,
+    older_than: float,
+    bucket_steps: int,
+    now: float | None = None,
+    run_id: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> RetentionResult:
+    """Delete the per-head matrices of frames older than ``older_than`` seconds, except one
+    per ``bucket_steps`` steps of each (run, rank, metric): the bucket's peak."""
+    if bucket_steps < 1:
+        raise ValueError("bucket_steps must be >= 1")
+    cutoff = (_time.time() if now is None else now) - older_than
+    out = RetentionResult()
+    q = select(Metric).where(Metric.layers > 0)
+    if run_id is not None:
+        q = q.where(Metric.run_id == run_id)
+    for m in session.scalars(q).all():
+        rows = session.execute(
+            select(Frame.id, Frame.rank, Frame.step, Point.data)
+            .join(Point, (Point.frame_id == Frame.id) & (Point.metric_id == m.id))
+            .where(Frame.run_id == m.run_id, Frame.time < cutoff)
+            .order_by(Frame.rank, Frame.step, Frame.id)
+        ).all()
+        if not rows:
+            continue
+        out.metrics += 1
+        best: dict[tuple[int, int], tuple[float, int]] = {}
+        for fid, rank, step, data in rows:
+            key = (rank, step // bucket_steps)
+            score = _score(data)
+            if key not in best or score > best[key][0]:
+                best[key] = (score, fid)
+        keep = {fid for _, fid in best.values()}
+        drop = [r[0] for r in rows if r[0] not in keep]
+        for i in range(0, len(drop), 500):
+            session.execute(
+                delete(Point).where(Point.metric_id == m.id,
+                                    Point.frame_id.in_(drop[i:i + 500]))
+            )
+        out.matrices_kept += len(keep)
+        out.matrices_deleted += len(drop)
+        out.values_deleted += len(drop) * m.layers * m.heads
+        if progress is not None and drop:
+            progress(f"run {m.run_id} {m.name}: kept {len(keep)} matrices, "
+                     f"deleted {len(drop)}")
+    return out
+
+
+def vacuum(session: Session) -> None:
+    """Give freed pages back to the file system (SQLite: incremental vacuum; PostgreSQL's
+    autovacuum does this itself)."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(text("PRAGMA incremental_vacuum"))
+
+
+class RetentionWorker:
+    """Runs :func:`thin_old_frames` every ``interval`` seconds in a daemon thread."""
+
+    def __init__(self, sessions: sessionmaker[Session], *, older_than: float,
+                 bucket_steps: int, interval: float) -> None:
+        self.sessions = sessions
+        self.older_than, self.bucket_steps, self.interval = older_than, bucket_steps, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="logitwatch-retention",
+                                        daemon=True)
+
+    def start(self) -> RetentionWorker:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def run_once(self) -> RetentionResult:
+        with session_scope(self.sessions) as s:
+            result = thin_old_frames(s, older_than=self.older_than,
+                                     bucket_steps=self.bucket_steps)
+        if result.matrices_deleted:
+            with session_scope(self.sessions) as s:
+                vacuum(s)
+            log.info("retention: deleted %d old matrices (%d values), kept %d peaks",
+                     result.matrices_deleted, result.values_deleted, result.matrices_kept)
+        return result
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.run_once()
+            except ApiError as e:  # database unavailable: try again next time
+                log.warning("retention pass skipped: %s", e.message)
+            except Exception:  # never let the thread die silently
+                log.exception("retention pass failed")

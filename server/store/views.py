@@ -1,0 +1,431 @@
+"""Dashboard read views: summaries that keep thousands of per-head series readable.
+
+Built on the public read path (``queries``) and, where a view needs the stored blobs, on
+``Frame``/``Metric``/``Point`` read the way ``queries`` reads them. Nothing here writes.
+
+* :class:`SparklineCache` and :func:`runs_overview`: the runs list with a loss sparkline
+  per run, cached per run and extended incrementally (only new frames are read).
+* :func:`worst_heads`: the k heads with the most extreme value now, with their recent trend.
+* :func:`heads_over_time`: steps x heads of one layer (or steps x layers, the per-layer
+  envelope), bucketed over steps keeping each bucket's extreme so spikes survive.
+* :func:`clip_rate`: the clip-rate series, or one derived from ``grad.clipped``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel, Field
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from logitwatch.server.db.models import Frame, Metric, Point
+from logitwatch.server.errors import BadRequest, NotFound
+from logitwatch.server.schemas import AlertOut, RunOut, SeriesOut, WireFloat
+from logitwatch.server.store import queries
+from logitwatch.server.store.downsample import minmax_downsample
+
+__all__ = [
+    "CLIP_RATE_NAMES",
+    "HeadRow",
+    "HeadsTimeOut",
+    "RunSummaryOut",
+    "SparklineCache",
+    "WorstHeadsOut",
+    "clip_rate",
+    "heads_over_time",
+    "lower_is_worse",
+    "runs_overview",
+    "worst_heads",
+]
+
+#: Scalar names a job may log its clip rate under; otherwise it is derived from grad.clipped.
+CLIP_RATE_NAMES = ("grad.clip_rate", "clip_rate")
+STATUSES = ("active", "idle", "diverged", "empty")
+
+
+def lower_is_worse(name: str) -> bool:
+    """Entropy collapses toward 0: for it the lowest heads are the worst (and a bucket keeps
+    its minimum); for logits, norms and log Z the highest are."""
+    return "entropy" in name
+
+
+class RunSummaryOut(BaseModel):
+    """One row of the runs list."""
+
+    id: int
+    project: str
+    name: str
+    status: str = Field(description="active (a recent frame), idle (none for a while), "
+                        "diverged (last loss non-finite) or empty (no frame yet)")
+    last_step: int | None
+    last_time: float | None
+    open_alerts: int
+    loss_steps: list[int] = Field(description="loss sparkline: steps")
+    loss_values: list[WireFloat] = Field(description="loss sparkline: values")
+    last_loss: WireFloat | None
+
+
+@dataclass(slots=True)
+class _Spark:
+    key: tuple[int | None, float | None]
+    last_frame_id: int = 0
+    steps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
+
+
+class SparklineCache:
+    """Loss sparklines per run, read once and then extended with new frames only.
+
+    Keyed by run id and validated by the run's (last step, last time): an unchanged run costs
+    nothing, a changed one reads the points after the last frame already seen. Bounded:
+    each run keeps at most ``4 * points`` values, re-downsampled with min/max buckets.
+    One cache per application (one database).
+    """
+
+    def __init__(self, points: int = 64, metric: str = "loss") -> None:
+        self.points = points
+        self.metric = metric
+        self._runs: dict[int, _Spark] = {}
+        self._lock = threading.Lock()
+
+    def get(self, session: Session, runs: list[RunOut]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """(steps, values) of each run's sparkline (rank 0)."""
+        with self._lock:
+            stale = [r for r in runs if (s := self._runs.get(r.id)) is None
+                     or s.key != (r.last_step, r.last_time)]
+            if stale:
+                self._refresh(session, stale)
+            return {r.id: _downsample_keep_last(self._runs[r.id].steps,
+                                                self._runs[r.id].values, self.points)
+                    for r in runs}
+
+    def _refresh(self, session: Session, runs: list[RunOut]) -> None:
+        ids = [r.id for r in runs]
+        metric_of = dict(session.execute(
+            select(Metric.run_id, Metric.id).where(Metric.run_id.in_(ids),
+                                                   Metric.name == self.metric)
+        ).all())
+        for r in runs:
+            s = self._runs.get(r.id) or _Spark(key=(None, None))
+            s.key = (r.last_step, r.last_time)
+            self._runs[r.id] = s
+            mid = metric_of.get(r.id)
+            if mid is None:
+                continue
+            rows = session.execute(
+                select(Frame.id, Frame.step, Point.data)
+                .join(Frame, Frame.id == Point.frame_id)
+                .where(Point.metric_id == mid, Point.frame_id > s.last_frame_id,
+                       Frame.rank == 0)
+                .order_by(Frame.step, Frame.seq)
+            ).all()
+            if not rows:
+                continue
+            steps = np.fromiter((row.step for row in rows), dtype=np.int64, count=len(rows))
+            values = np.frombuffer(b"".join(row.data for row in rows), dtype="<f4")
+            s.last_frame_id = max(s.last_frame_id, max(row.id for row in rows))
+            all_steps = np.concatenate([s.steps, steps])
+            all_values = np.concatenate([s.values, values.astype(np.float64)])
+            order = np.argsort(all_steps, kind="stable")
+            all_steps, all_values = all_steps[order], all_values[order]
+            if len(all_steps) > 4 * self.points:
+                all_steps, all_values = _downsample_keep_last(all_steps, all_values,
+                                                              2 * self.points)
+            s.steps, s.values = all_steps, all_values
+
+
+def _downsample_keep_last(
+    steps: np.ndarray, values: np.ndarray, points: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Min/max buckets, plus the newest point (a sparkline ends at the current value)."""
+    s, v = minmax_downsample(steps, values, points)
+    if len(steps) and (not len(s) or s[-1] != steps[-1]):
+        s, v = np.append(s, steps[-1]), np.append(v, values[-1])
+    return s, v
+
+
+def _status(run: RunOut, last_loss: float | None) -> str:
+    if run.last_step is None:
+        return "empty"
+    if last_loss is not None and not math.isfinite(last_loss):
+        return "diverged"
+    return "active" if run.status == "active" else "idle"
+
+
+def runs_overview(
+    session: Session,
+    cache: SparklineCache,
+    *,
+    project: str | None = None,
+    status: str | None = None,
+    alerting: bool = False,
+    q: str | None = None,
+) -> list[RunSummaryOut]:
+    """The runs list, most recently active first, filtered by project, status (one of
+    ``active``, ``idle``, ``diverged``, ``empty``; active/idle as ``queries.list_runs``
+    decides), open alerts and a substring of the run or project name."""
+    if status is not None and status not in STATUSES:
+        raise BadRequest("bad-status", f"status: {status!r} is not one of {', '.join(STATUSES)}",
+                         field="status")
+    runs = queries.list_runs(session, project=project)
+    if q:
+        needle = q.lower()
+        runs = [r for r in runs if needle in r.name.lower() or needle in r.project.lower()]
+    if alerting:
+        runs = [r for r in runs if r.open_alerts > 0]
+    sparks = cache.get(session, runs)
+    out = []
+    for r in runs:
+        steps, values = sparks[r.id]
+        last = float(values[-1]) if len(values) else None
+        st = _status(r, last)
+        if status is not None and st != status:
+            continue
+        out.append(RunSummaryOut(
+            id=r.id, project=r.project, name=r.name, status=st, last_step=r.last_step,
+            last_time=r.last_time, open_alerts=r.open_alerts, loss_steps=steps.tolist(),
+            loss_values=values.tolist(), last_loss=last,
+        ))
+    return out
+
+
+# --- per-head summaries ---------------------------------------------------------------------
+
+
+def _heads_metric(session: Session, run_id: int, name: str) -> Metric | None:
+    """The per-head metric ``name`` of the run; None when the run has not logged it (yet)."""
+    queries.get_run(session, run_id)
+    m = session.scalar(select(Metric).where(Metric.run_id == run_id, Metric.name == name))
+    if m is not None and not m.layers:
+        raise BadRequest("not-per-head", f"{name!r} is a scalar series, not per head",
+                         field="name")
+    return m
+
+
+@dataclass(slots=True)
+class _Row:
+    step: int
+    data: bytes
+
+
+class HeadRow(BaseModel):
+    layer: int
+    head: int
+    value: WireFloat
+    before: WireFloat | None = Field(description="the value at the window's first sample")
+    change: WireFloat | None
+    ratio_to_median: WireFloat | None = Field(description="value / median of all heads now")
+    alert: str | None = Field(description="state of the newest alert on this head, if any")
+    trend_steps: list[int]
+    trend_values: list[WireFloat]
+
+
+class WorstHeadsOut(BaseModel):
+    name: str
+    rank: int
+    step: int | None
+    layers: int
+    heads: int
+    order: str = Field(description="'highest' or 'lowest' first")
+    median: WireFloat | None
+    window: int = Field(description="samples in each trend")
+    rows: list[HeadRow]
+
+
+def _worst_key(v: np.ndarray, low: bool) -> np.ndarray:
+    """Sort keys, smallest = worst: non-finite values first (they are the loudest signal)."""
+    return np.where(np.isfinite(v), v if low else -v, -np.inf)
+
+
+def worst_heads(
+    session: Session, *, run_id: int, name: str, rank: int = 0, k: int = 10, window: int = 50,
+    alerts: list[AlertOut] | None = None,
+) -> WorstHeadsOut:
+    """The ``k`` heads with the highest value of ``name`` now (lowest, for entropy), each
+    with its value ``window`` samples ago and its trend over those samples."""
+    low = lower_is_worse(name)
+    m = _heads_metric(session, run_id, name)
+    empty = WorstHeadsOut(name=name, rank=rank, step=None, layers=0, heads=0,
+                          order="lowest" if low else "highest", median=None, window=window,
+                          rows=[])
+    if m is None:
+        return empty
+    # The newest frames through the (run, step) index first, then their points by key: a
+    # join ordered by step would visit every point of the metric.
+    recent = session.execute(
+        select(Frame.id, Frame.step)
+        .where(Frame.run_id == run_id, Frame.rank == rank)
+        .order_by(Frame.step.desc(), Frame.seq.desc())
+        .limit(4 * window)
+    ).all()
+    data = dict(session.execute(
+        select(Point.frame_id, Point.data)
+        .where(Point.metric_id == m.id, Point.frame_id.in_([f.id for f in recent]))
+    ).all())
+    rows = [_Row(f.step, data[f.id]) for f in recent if f.id in data][:window][::-1]
+    if not rows:
+        return empty
+    size = m.layers * m.heads
+    mat = np.frombuffer(b"".join(r.data for r in rows), dtype="<f4").reshape(len(rows), size)
+    mat = mat.astype(np.float64)
+    steps = [r.step for r in rows]
+    now = mat[-1]
+    finite_now = now[np.isfinite(now)]
+    median = float(np.median(finite_now)) if finite_now.size else None
+    order = np.argsort(_worst_key(now, low), kind="stable")[:k]
+    newest: dict[tuple[int, int], str] = {}  # firing wins over any other state
+    for a in alerts or ():
+        if a.layer is not None and a.head is not None and a.rank == rank:
+            if newest.get((a.layer, a.head)) != "firing":
+                newest[(a.layer, a.head)] = a.state
+    out = []
+    for idx in order.tolist():
+        layer, head = divmod(idx, m.heads)
+        v, b = float(now[idx]), float(mat[0, idx])
+        change = v - b if len(rows) > 1 and math.isfinite(v) and math.isfinite(b) else None
+        ratio = (v / median if median and math.isfinite(v) else None)
+        out.append(HeadRow(
+            layer=layer, head=head, value=v, before=b if len(rows) > 1 else None,
+            change=change, ratio_to_median=ratio, alert=newest.get((layer, head)),
+            trend_steps=steps, trend_values=mat[:, idx].tolist(),
+        ))
+    return WorstHeadsOut(name=name, rank=rank, step=steps[-1], layers=m.layers, heads=m.heads,
+                         order="lowest" if low else "highest", median=median,
+                         window=len(rows), rows=out)
+
+
+class HeadsTimeOut(BaseModel):
+    """A heatmap over time: rows are the heads of one layer (or the layers, each the extreme
+    over its heads), columns are step buckets."""
+
+    name: str
+    rank: int
+    layer: int | None
+    layers: int
+    heads: int
+    reduce: str = Field(description="'max' or 'min': what each bucket (and envelope) keeps")
+    total: int = Field(description="samples in the range")
+    bucket: int = Field(description="samples per column (1 = full resolution)")
+    steps: list[int] = Field(description="first step of each column")
+    values: list[list[WireFloat | None]] = Field(description="rows x columns")
+
+
+def _bucket_reduce(mat: np.ndarray, edges: np.ndarray, low: bool) -> np.ndarray:
+    """Reduce (n, rows) to (buckets, rows) keeping each bucket's extreme; NaN only when a
+    bucket holds nothing else, +/-Inf kept (it is the extreme)."""
+    starts = edges[:-1]
+    nan = np.isnan(mat)
+    if low:
+        filled = np.where(nan, np.inf, mat)
+        red = np.minimum.reduceat(filled, starts, axis=0)
+    else:
+        filled = np.where(nan, -np.inf, mat)
+        red = np.maximum.reduceat(filled, starts, axis=0)
+    all_nan = np.logical_and.reduceat(nan, starts, axis=0)
+    red[all_nan] = np.nan
+    return red
+
+
+def heads_over_time(
+    session: Session, *, run_id: int, name: str, rank: int = 0, layer: int | None = None,
+    start: int | None = None, end: int | None = None, max_cols: int = 300,
+) -> HeadsTimeOut:
+    """Steps x heads of ``layer`` (or, without a layer, steps x layers with each layer's
+    max over its heads: the per-layer envelope), bucketed to at most ``max_cols`` columns.
+
+    A single layer is read as a byte slice of each stored matrix (``substr``), so the cost
+    does not grow with the number of layers.
+    """
+    low = lower_is_worse(name)
+    reduce = "min" if low else "max"
+    m = _heads_metric(session, run_id, name)
+    if m is None:
+        return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=0, heads=0,
+                            reduce=reduce, total=0, bucket=1, steps=[], values=[])
+    if layer is not None and not 0 <= layer < m.layers:
+        raise BadRequest("bad-selector", f"layer: {name!r} has layers 0..{m.layers - 1}",
+                         field="layer")
+    width = m.heads if layer is not None else m.layers * m.heads
+    data = (func.substr(Point.data, layer * m.heads * 4 + 1, m.heads * 4)
+            if layer is not None else Point.data)
+    q = (select(Frame.step, data.label("data"))
+         .join(Frame, Frame.id == Point.frame_id)
+         .where(Point.metric_id == m.id, Frame.rank == rank)
+         .order_by(Frame.step, Frame.seq))
+    if start is not None:
+        q = q.where(Frame.step >= start)
+    if end is not None:
+        q = q.where(Frame.step <= end)
+    rows = session.execute(q).all()
+    n = len(rows)
+    if not n:
+        return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=m.layers, heads=m.heads,
+                            reduce=reduce, total=0, bucket=1, steps=[], values=[])
+    mat = np.frombuffer(b"".join(bytes(r.data) for r in rows), dtype="<f4")
+    mat = mat.reshape(n, width).astype(np.float64)
+    if layer is None:
+        per = mat.reshape(n, m.layers, m.heads)
+        nan = np.isnan(per)
+        if low:
+            env = np.where(nan, np.inf, per).min(axis=2)
+        else:
+            env = np.where(nan, -np.inf, per).max(axis=2)
+        env[nan.all(axis=2)] = np.nan
+        mat = env
+    steps = np.fromiter((r.step for r in rows), dtype=np.int64, count=n)
+    cols = max(1, max_cols)
+    if n > cols:
+        edges = np.linspace(0, n, cols + 1).astype(np.int64)
+        edges = np.unique(edges)
+        mat = _bucket_reduce(mat, edges, low)
+        steps = steps[edges[:-1]]
+        bucket = math.ceil(n / cols)
+    else:
+        bucket = 1
+    values = [[x if math.isfinite(x) else None for x in row] for row in mat.T.tolist()]
+    return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=m.layers, heads=m.heads,
+                        reduce=reduce, total=n, bucket=bucket, steps=steps.tolist(),
+                        values=values)
+
+
+# --- derived scalars ------------------------------------------------------------------------
+
+
+def clip_rate(
+    session: Session, *, run_id: int, rank: int = 0, start: int | None = None,
+    end: int | None = None, max_points: int = 2000, window: int = 20,
+) -> SeriesOut | None:
+    """The fraction of clipped steps: the job's own clip-rate series when it logs one,
+    else the mean of ``grad.clipped`` over the last ``window`` samples at each sample.
+    None when the run has neither."""
+    names = {mo.name for mo in queries.list_metrics(session, run_id)}
+    for name in CLIP_RATE_NAMES:
+        if name in names:
+            return queries.get_series(session, run_id=run_id, name=name, rank=rank,
+                                      start=start, end=end, max_points=max_points)
+    if "grad.clipped" not in names:
+        return None
+    try:
+        full = queries.get_series(session, run_id=run_id, name="grad.clipped", rank=rank,
+                                  max_points=2**62)
+    except NotFound:
+        return None
+    steps = np.asarray(full.steps, dtype=np.int64)
+    v = np.asarray(full.values, dtype=np.float64)
+    clipped = np.where(np.isfinite(v), v > 0, 0.0).astype(np.float64)
+    c = np.concatenate([[0.0], np.cumsum(clipped)])
+    idx = np.arange(len(clipped))
+    lo = np.maximum(0, idx + 1 - window)
+    rate = (c[idx + 1] - c[lo]) / (idx + 1 - lo) if len(clipped) else clipped
+    keep = np.ones(len(steps), dtype=bool)
+    if start is not None:
+        keep &= steps >= start
+    if end is not None:
+        keep &= steps <= end
+    s, r = minmax_downsample(steps[keep], rate[keep], max_points)
+    return SeriesOut(name=f"clip rate ({window}-sample mean of grad.clipped)", rank=rank,
+                     total=int(keep.sum()), steps=s.tolist(), values=r.tolist())

@@ -1,0 +1,256 @@
+"""The alert engine over a real database: lifecycle, restart-resume, grouping, inhibition,
+silences, no data, the persistent webhook outbox, the alerts API and the CLI."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from logitwatch.cli import main as cli
+from logitwatch.server.alerts.engine import AlertEngine
+from logitwatch.server.app import create_app
+from logitwatch.server.db.models import Alert, OutboxItem, Run, Silence
+from logitwatch.server.db.session import make_engine, migrate, session_scope
+from logitwatch.server.notify import WebhookNotifier
+from logitwatch.server.schemas import IngestIn
+from logitwatch.server.settings import Settings
+from logitwatch.server.store.alerts import alert_out, list_alerts
+from logitwatch.server.store.ingest import ingest_frames
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "bench" / "scenarios"
+
+
+def frame(i: int, *, run: str = "r1", heads: Any = None, **scalars: Any) -> dict[str, Any]:
+    return {"run": run, "rank": 0, "seq": i, "step": i * 10, "time": 1000.0 + i,
+            "scalars": scalars, "heads": heads or {}}
+
+
+def logits(i: int, rising: tuple[tuple[int, int], ...] = (), start: int = 20) -> dict[str, Any]:
+    """2 layers x 4 heads of max logits near 5; the ``rising`` cells double each sample
+    from sample ``start``."""
+    m = [[5.0 + 0.1 * ((i + h) % 3) for h in range(4)] for _ in range(2)]
+    for layer, head in rising:
+        if i >= start:
+            m[layer][head] = 5.0 * 2 ** (i - start + 1)
+    return {"attn.logit_max": m}
+
+
+@pytest.fixture
+def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(db_url)
+    migrate(engine)
+    yield sessionmaker(engine, expire_on_commit=False)
+    engine.dispose()
+
+
+def feed(sessions: sessionmaker[Session], engine: AlertEngine,
+         frames: list[dict[str, Any]]) -> list[Alert]:
+    out: list[Alert] = []
+    for f in frames:
+        with session_scope(sessions) as s:
+            stored = ingest_frames(s, IngestIn.model_validate({"frames": [f]}).frames)
+            out.extend(engine.process(s, stored.new_frames))
+    return out
+
+
+def alerts(sessions: sessionmaker[Session]) -> list[Alert]:
+    with sessions() as s:
+        return list(s.scalars(select(Alert).order_by(Alert.id)).all())
+
+
+def test_grouping_one_alert_for_heads_of_a_layer(sessions: sessionmaker[Session]) -> None:
+    eng = AlertEngine()
+    frames = [frame(i, heads=logits(i, rising=((1, 1), (1, 3))), loss=2.0) for i in range(26)]
+    changed = feed(sessions, eng, frames)
+    rising = [a for a in alerts(sessions) if a.rule == "attn_logit_rising"]
+    assert len(rising) == 1, [(a.layer, a.heads) for a in rising]
+    a = rising[0]
+    assert (a.layer, a.head, a.heads) == (1, 1, [1, 3])
+    assert a.started_step == 220 and a.fired_step == 240  # 40 > floor 30 at sample 22
+    assert "layer 1, heads 1, 3" in a.message and "left its range at step 220" in a.message
+    assert any("QK-norm" in r for r in a.remedies)
+    assert a.id in {c.id for c in changed}
+
+
+def test_state_resumes_after_restart(sessions: sessionmaker[Session]) -> None:
+    frames = [frame(i, heads=logits(i, rising=((0, 2),)), loss=2.0) for i in range(30)]
+    one = AlertEngine()
+    feed(sessions, one, frames[:23])  # sample 22: pending, not yet firing
+    assert [a.rule for a in alerts(sessions) if a.rule == "attn_logit_rising"] == []
+    two = AlertEngine()  # a restarted collector
+    feed(sessions, two, frames[23:])
+    got = [(a.rule, a.started_step, a.fired_step) for a in alerts(sessions)]
+    assert ("attn_logit_rising", 220, 240) in got
+    assert len([g for g in got if g[0] == "attn_logit_rising"]) == 1
+    three = AlertEngine()  # restarted again while firing: no second alert
+    feed(sessions, three, [frame(i, heads=logits(i, rising=((0, 2),)), loss=2.0)
+                           for i in range(30, 33)])
+    assert len([a for a in alerts(sessions) if a.rule == "attn_logit_rising"]) == 1
+
+
+def test_inhibition_holds_back_head_alerts_while_loss_diverged(
+        sessions: sessionmaker[Session]) -> None:
+    eng = AlertEngine()
+    frames = [frame(i, heads=logits(i, rising=((0, 0),), start=22),
+                    loss=2.0 if i < 20 else "NaN") for i in range(30)]
+    changed = feed(sessions, eng, frames)
+    by_rule = {a.rule: a for a in alerts(sessions)}
+    assert by_rule["loss_nonfinite"].suppressed is None
+    head = by_rule["attn_logit_rising"]
+    assert head.suppressed == "inhibited" and head.evidence["inhibited_by"] == "loss_nonfinite"
+    assert head.id not in {c.id for c in changed}
+    with sessions() as s:
+        from logitwatch.server.store.alerts import firing_alerts
+
+        assert [a.rule for a in firing_alerts(s, [head.run_id])] == ["loss_nonfinite"]
+
+
+def test_silence_stores_but_does_not_notify(sessions: sessionmaker[Session]) -> None:
+    with session_scope(sessions) as s:
+        now = time.time()
+        s.add(Silence(project=None, run="r1", rule="attn_logit_rising", rank=None, layer=None,
+                      starts_at=now - 1, ends_at=now + 3600, comment="known", created_by="t"))
+    eng = AlertEngine()
+    changed = feed(sessions, eng, [frame(i, heads=logits(i, rising=((1, 2),)), loss=2.0)
+                                   for i in range(26)])
+    a = next(a for a in alerts(sessions) if a.rule == "attn_logit_rising")
+    assert a.suppressed == "silenced" and a.id not in {c.id for c in changed}
+
+
+def test_no_data_fires_then_resolves(sessions: sessionmaker[Session]) -> None:
+    eng = AlertEngine()
+    feed(sessions, eng, [frame(i, loss=2.0) for i in range(5)])
+    with session_scope(sessions) as s:
+        assert eng.check_stale(s, now=1004.0 + 100) == []  # 100 s: fine
+        fired = eng.check_stale(s, now=1004.0 + 700)
+        assert [a.rule for a in fired] == ["no_data"] and "no data for 700 s" in fired[0].message
+        assert eng.check_stale(s, now=1004.0 + 800) == []  # deduplicated
+    feed(sessions, eng, [frame(5, loss=2.0)])
+    nd = next(a for a in alerts(sessions) if a.rule == "no_data")
+    assert nd.state == "resolved" and nd.resolved_step == 50
+
+
+def test_lr_jump_and_loss_jump_say_what_happened(sessions: sessionmaker[Session]) -> None:
+    eng = AlertEngine()
+    frames = [frame(i, loss=2.5 - 0.001 * i, lr=0.01, **{"grad.norm": 0.5}) for i in range(25)]
+    frames.append(frame(25, loss=7.0, lr=0.5, **{"grad.norm": 30.0}))
+    feed(sessions, eng, frames)
+    got = {a.rule: a for a in alerts(sessions)}
+    assert got["lr_jump"].fired_step == 250 and got["loss_jump"].fired_step == 250
+    assert "learning rate changed from 0.01 to 0.5" in got["loss_jump"].message
+    assert "gradient norm jumped" in got["loss_jump"].message
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).received.append(json.loads(body))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *a: Any) -> None:
+        pass
+
+
+def test_webhook_retries_survive_a_collector_restart(sqlite_url: str) -> None:
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    port = server.server_address[1]
+    url = f"http://127.0.0.1:{port}/hook"
+    server.server_close()  # nothing listens yet: deliveries fail and wait in the outbox
+    eng = AlertEngine()
+    feed(sessions, eng, [frame(i, heads=logits(i, rising=((0, 1),)), loss=2.0)
+                         for i in range(25)])
+    with sessions() as s:
+        a = next(a for a in s.scalars(select(Alert)) if a.rule == "attn_logit_rising")
+        run = s.get(Run, a.run_id)
+        assert run is not None
+        out = alert_out(a, run)
+    first = WebhookNotifier(url, retries=50, sessions=sessions, base_delay=0.05)
+    first.notify(out)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with sessions() as s:
+            item = s.scalars(select(OutboxItem)).first()
+            if item is not None and item.attempts >= 1:
+                break
+        time.sleep(0.05)
+    first.close()  # the collector stops with the alert undelivered
+    assert item is not None and item.attempts >= 1 and item.last_error
+    _Hook.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", port), _Hook)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    second = WebhookNotifier(url, retries=50, sessions=sessions, base_delay=0.05)
+    try:
+        deadline = time.time() + 15
+        while time.time() < deadline and not _Hook.received:
+            time.sleep(0.05)
+    finally:
+        second.close()
+        server.shutdown()
+        server.server_close()
+        engine.dispose()
+    assert len(_Hook.received) == 1
+    body = _Hook.received[0]
+    assert body["kind"] == "logitwatch.alert" and "layer 0, head 1" in body["text"]
+    assert body["alert"]["rule"] == "attn_logit_rising" and "What to do" in body["text"]
+
+
+def test_alerts_api_rules_silences_ack(sqlite_url: str) -> None:
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+        rules = c.get("/api/v1/alerts/rules").json()
+        assert {"attn_logit_rising", "loss_jump", "no_data"} <= {r["name"] for r in rules}
+        r = c.put("/api/v1/alerts/rules/big_loss",
+                  json={"kind": "threshold", "metric": "loss", "params": {"value": 8.0},
+                        "severity": "critical"})
+        assert r.status_code == 200, r.text
+        bad = c.put("/api/v1/alerts/rules/x", json={"kind": "threshold", "metric": "loss",
+                                                    "params": {"nope": 1}})
+        assert bad.status_code == 422 and "unknown params" in bad.json()["message"]
+        ans = c.post("/api/v1/ingest", json={"frames": [frame(0, loss=9.0)]}).json()
+        assert [a["rule"] for a in ans["alerts"]] == ["big_loss"]
+        aid = ans["alerts"][0]["id"]
+        acked = c.post(f"/api/v1/alerts/{aid}/ack").json()
+        assert acked["acked_at"] is not None and acked["state"] == "firing"
+        s = c.post("/api/v1/alerts/silences", json={"run": "r1", "duration_s": 60}).json()
+        assert s["active"] and c.get("/api/v1/alerts/silences").json()[0]["id"] == s["id"]
+        assert not c.delete(f"/api/v1/alerts/silences/{s['id']}").json()["active"]
+        assert c.delete("/api/v1/alerts/rules/big_loss").status_code == 200
+        assert "big_loss" not in {r["name"] for r in c.get("/api/v1/alerts/rules").json()}
+
+
+@pytest.mark.skipif(not (SCENARIOS / "lr_jump.jsonl").exists(), reason="no recorded scenarios")
+def test_cli_replay_and_alerts(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    runner = CliRunner()
+    r = runner.invoke(cli, ["replay", str(SCENARIOS / "lr_jump.jsonl"), "--db", db])
+    assert r.exit_code == 0, r.output
+    assert "lr_jump" in r.output and "diverged at step" in r.output
+    r = runner.invoke(cli, ["alerts", "--run", "lr_jump", "--json", "--db", db])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)
+    header = json.loads((SCENARIOS / "lr_jump.jsonl").read_text().splitlines()[0])
+    first = min(a["fired_step"] for a in got if a["severity"] != "info")
+    assert first <= header["divergence_step"]
+    engine = make_engine(db)
+    try:
+        with sessionmaker(engine)() as s:
+            assert len(list_alerts(s, got[0]["run_id"])) == len(got)
+    finally:
+        engine.dispose()

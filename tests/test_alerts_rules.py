@@ -1,0 +1,203 @@
+"""Alert rules as pure state machines: table-driven over (series, rule, [(t, state)])."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from logitwatch.server.alerts.defaults import DEFAULT_RULES, load_rules_file
+from logitwatch.server.alerts.rules import (
+    KINDS,
+    FrameView,
+    Memory,
+    RuleError,
+    RuleSpec,
+    State,
+    Track,
+    kendall_tau,
+    remedies_for,
+    theil_sen,
+)
+
+NAN, INF = math.nan, math.inf
+I, P, F, R = State.INACTIVE, State.PENDING, State.FIRING, State.RESOLVED  # noqa: E741
+
+
+def run_states(rule: RuleSpec, values: list[float], *, step: int = 10,
+               extra: list[dict[str, float]] | None = None) -> list[State]:
+    """Feed ``values`` (one per sample, ``step`` apart) to ``rule``; the state after each."""
+    kind = KINDS[rule.kind]
+    mem, track, out = Memory(), Track(), []
+    for i, v in enumerate(values):
+        scalars = {rule.metric: v, **((extra or [{}] * len(values))[i])}
+        verdict = kind.detect(rule, mem, i * step, v, FrameView(scalars, {}), (None, None))
+        if verdict is not None:
+            track.advance(rule, i * step, verdict)
+        if not (kind.hold_breaches and verdict is not None and verdict.breach):
+            mem.push(i * step, v)
+        else:
+            mem.seen += 1
+            mem.last = (i * step, v)
+        out.append(track.state)
+    return out
+
+
+def rule(kind: str, metric: str = "x", **kw: object) -> RuleSpec:
+    params = kw.pop("params", {})
+    return RuleSpec(f"t_{kind}", kind, metric, params=params, **kw)  # type: ignore[arg-type]
+
+
+FLAT = [5.0] * 10
+CASES = [
+    # (id, rule, series, [(sample index, expected state)])
+    ("threshold-above", rule("threshold", params={"value": 10.0}),
+     [1, 2, 11, 12, 3, 4, 5, 6], [(1, I), (2, F), (4, F), (6, R)]),
+    ("threshold-for-2", rule("threshold", params={"value": 10.0}, for_samples=2),
+     [1, 11, 1, 11, 12, 1], [(1, P), (2, I), (3, P), (4, F)]),
+    ("threshold-below", rule("threshold", params={"value": 1.0, "op": "<"}),
+     [2, 2, 0.5], [(1, I), (2, F)]),
+    ("nonfinite", rule("nonfinite"), [1, 2, NAN, 3], [(1, I), (2, F)]),
+    ("nonfinite-inf", rule("nonfinite"), [1, INF], [(1, F)]),
+    ("departure-fires-on-4x", rule("departure", params={"factor": 4.0, "floor": 0.0}),
+     [*FLAT, 21, 5, 5, 5], [(9, I), (10, F), (13, R)]),
+    ("departure-below-floor", rule("departure", params={"factor": 4.0, "floor": 30.0}),
+     [*FLAT, 21, 25], [(10, I), (11, I)]),
+    ("departure-nodata-early", rule("departure", params={"factor": 2.0, "floor": 0.0}),
+     [5, 50, 500], [(2, I)]),  # under min_history: not judged
+    ("departure-nonfinite", rule("departure"), [*FLAT, NAN], [(10, F)]),
+    ("departure-ceiling", rule("departure", params={"ceiling": 8.0, "floor": 0.0}),
+     [*FLAT, 9], [(10, F)]),
+    ("baseline-early", rule("baseline", params={"samples": 5, "factor": 3.0}),
+     [2, 2, 2, 2, 2, 3, 4, 5, 7, 8], [(7, I), (8, F)]),
+    ("baseline-below", rule("baseline", params={"samples": 3, "factor": 0.5, "below": True}),
+     [4, 4, 4, 3, 1.5], [(3, I), (4, F)]),
+    ("trend-p99-8-12-18", rule("trend", params={"window": 4, "min_ratio": 2.0}),
+     [8, 8.1, 7.9, 8, 8, 12, 18, 27], [(4, I), (5, I), (6, F)]),
+    ("trend-noisy-flat", rule("trend", params={"window": 6}),
+     [8, 9, 8, 9, 8, 9, 8, 9, 8, 9], [(9, I)]),
+    ("forecast-fp16", rule("forecast", params={"window": 4, "horizon": 50.0,
+                                               "critical": 1000.0}),
+     [10, 20, 40, 80, 160, 320], [(2, I), (3, F)]),
+    ("forecast-flat-high", rule("forecast", params={"window": 4, "horizon": 500.0}),
+     [3e4] * 8, [(7, I)]),  # high but flat: never on course to cross
+    ("forecast-crossed", rule("forecast", params={"window": 4}), [1, 2, 1, 70000],
+     [(3, F)]),
+    ("spike-robust-z", rule("spike", params={"z": 6.0, "min_scale": 0.01}),
+     [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 9.0, 1.0, 1.0, 1.0],
+     [(6, I), (7, F), (10, R)]),
+    ("spike-small-bump", rule("spike", params={"z": 6.0, "min_scale": 0.5}),
+     [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 2.0], [(7, I)]),
+    ("lr-jump", rule("lr_jump", "lr", params={"factor": 2.0}),
+     [0.01, 0.011, 0.012, 0.6, 0.6, 0.6, 0.6], [(2, I), (3, F), (6, R)]),
+    ("lr-warmup-ramp", rule("lr_jump", "lr", params={"factor": 2.0}),
+     [0.001 * (i + 1) for i in range(2, 30)], [(27, I)]),
+    ("entropy-collapse", rule("entropy_collapse", params={"samples": 3, "fraction": 0.25}),
+     [3.0, 3.0, 3.0, 2.5, 0.5], [(3, I), (4, F)]),
+    ("clip-rate-rising", rule("clip_rate", params={"window": 3, "rate": 0.9, "rise": 0.5}),
+     [0, 0, 0, 0, 0, 0, 1, 1, 1], [(7, I), (8, F)]),
+    ("clip-rate-always-high", rule("clip_rate", params={"window": 3, "rate": 0.9, "rise": 0.5}),
+     [1] * 10, [(9, I)]),  # clipping on most steps from the start (a healthy run) is no news
+    ("first-loss-ok", rule("first_loss", params={"vocab": 256}), [5.6, 9.0], [(0, I), (1, I)]),
+    ("first-loss-far", rule("first_loss", params={"vocab": 256}), [12.0], [(0, F)]),
+    ("first-loss-nan", rule("first_loss"), [NAN], [(0, F)]),
+]
+
+
+@pytest.mark.parametrize(("spec", "series", "expected"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_rule_table(spec: RuleSpec, series: list[float],
+                    expected: list[tuple[int, State]]) -> None:
+    states = run_states(spec, [float(x) for x in series])
+    for t, want in expected:
+        assert states[t] is want, f"sample {t}: {states[t].value} != {want.value}; {states}"
+
+
+def test_loss_jump_says_what_happened() -> None:
+    r = rule("loss_jump", "loss", params={"z": 6.0, "min_jump": 0.5})
+    mem, fv_rows = Memory(), []
+    losses = [2.5, 2.49, 2.48, 2.5, 2.47, 2.46, 2.45, 6.0]
+    lrs = [0.01] * 7 + [0.5]
+    grads = [0.5] * 7 + [40.0]
+    verdict = None
+    for i, (loss, lr, g) in enumerate(zip(losses, lrs, grads, strict=True)):
+        fv = FrameView({"loss": loss, "lr": lr, "grad.norm": g}, {})
+        fv_rows.append(fv)
+        verdict = KINDS["loss_jump"].detect(r, mem, i * 10, loss, fv, (None, None))
+        mem.push(i * 10, loss)
+    assert verdict is not None and verdict.breach
+    causes = " ".join(verdict.evidence["causes"])
+    assert "learning rate changed from 0.01 to 0.5" in causes
+    assert "gradient norm jumped to 40" in causes
+
+
+def test_ratio_bias_refuge() -> None:
+    r = rule("ratio", "qk.q_weight_norm", params={"other": "qk.q_bias_norm", "window": 4,
+                                                 "min_change": 0.2})
+    mem, track = Memory(), Track()
+    weights = [10, 9, 8, 7, 6]
+    biases = [1, 1.2, 1.4, 1.6, 1.8]
+    states = []
+    for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
+        fv = FrameView({}, {"qk.q_weight_norm": [[w]], "qk.q_bias_norm": [[b]]})
+        v = KINDS["ratio"].detect(r, mem, i, float(w), fv, (0, 0))
+        if v is not None:
+            track.advance(r, i, v)
+        states.append(track.state)
+    assert states[2] is I and states[3] is F  # weights -30 %, biases +60 % over 4 samples
+
+
+def test_no_data_series_does_not_evaluate() -> None:
+    r = rule("departure", "final.hidden_rms")
+    assert KINDS["departure"].detect(r, Memory(), 0, 1.0, FrameView({}, {}), (None, None)) \
+        is None
+
+
+def test_trend_records_where_it_left_its_range() -> None:
+    r = rule("trend", params={"window": 4, "min_ratio": 2.0})
+    states = run_states(r, [8, 8, 8, 8, 12, 18, 27, 40])
+    assert F in states
+
+
+def test_robust_stats() -> None:
+    assert theil_sen([0, 1, 2, 3, 4], [0, 2, 4, 6, 100]) == 2.0
+    assert kendall_tau([1, 2, 3, 4]) == 1.0 and kendall_tau([4, 3, 2, 1]) == -1.0
+
+
+@pytest.mark.parametrize(("d", "msg"), [
+    ({"name": "x", "kind": "nope", "metric": "m"}, "kind 'nope' is not one of"),
+    ({"name": "x", "kind": "spike", "metric": "m", "params": {"zz": 1}}, "unknown params"),
+    ({"name": "x y", "kind": "spike", "metric": "m"}, "use letters"),
+    ({"name": "x", "kind": "spike", "metric": "m", "for_samples": 0}, "for_samples"),
+    ({"name": "x", "kind": "spike", "metric": "m", "severity": "loud"}, "severity"),
+    ({"name": "x", "kind": "spike", "metric": "m", "bogus": 1}, "unknown fields"),
+    ({"kind": "spike", "metric": "m"}, "name (a string) is required"),
+])
+def test_bad_rules_say_what_is_wrong(d: dict[str, object], msg: str) -> None:
+    with pytest.raises(RuleError, match=re.escape(msg)):
+        RuleSpec.from_dict(d)
+
+
+def test_defaults_round_trip_and_remedies() -> None:
+    names = [r.name for r in DEFAULT_RULES]
+    assert len(names) == len(set(names))
+    for r in DEFAULT_RULES:
+        assert RuleSpec.from_dict(r.to_dict()) == r
+    attn = " ".join(remedies_for("attn.logit_max", "departure"))
+    assert "QK-norm" in attn and "tau" in attn and "biases" in attn and "checkpoint" in attn
+    assert "z-loss" in " ".join(remedies_for("final.logz", "departure"))
+
+
+def test_yaml_rules_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    p = tmp_path / "rules.yaml"
+    p.write_text("rules:\n  - name: attn_logit_rising\n    kind: departure\n"
+                 "    metric: attn.logit_max\n    enabled: false\n"
+                 "  - name: big_loss\n    kind: threshold\n    metric: loss\n"
+                 "    params: {value: 8}\n")
+    rules = load_rules_file(p)
+    assert [r.name for r in rules] == ["attn_logit_rising", "big_loss"]
+    assert not rules[0].enabled and rules[1].param("value") == 8
+    p.write_text("rules:\n  - name: bad\n    kind: threshold\n")
+    with pytest.raises(RuleError, match=r"rules\[0\]: rule 'bad': metric"):
+        load_rules_file(p)

@@ -1,0 +1,467 @@
+"""Coverage on real architectures: every attention signal against an explicit reference.
+
+HF models are built from tiny configs (random weights, no downloads). The reference is
+an independent attention implementation registered with transformers (with the eager
+mask, so causal, padding and sliding-window masks are HF's own) that records the explicit
+``q·kᵀ·scale`` logits; the monitored copy runs the stock ``eager`` or ``sdpa`` path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from logitwatch.client import Client
+from logitwatch.hooks import Monitor, attach, record_attention
+from logitwatch.hooks._cost import CostMeter
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+ATTN = ("attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
+        "attn.entropy_mean", "attn.entropy_min")
+REF: list[tuple[int, np.ndarray, np.ndarray, float | None]] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def reference_attention(module, query, key, value, attention_mask, scaling=None,
+                        dropout=0.0, softcap=None, **kwargs):
+    """Records explicit float64 logits and the valid pairs, then runs the model's eager."""
+    k = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    logits = (query.detach().double() @ k.detach().double().transpose(-1, -2)) * scale
+    t, s = logits.shape[-2:]
+    if attention_mask is None:
+        valid = np.ones((1, 1, t, s), bool)
+    else:
+        m = attention_mask[..., :s].detach()
+        valid = (m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2).numpy()
+    REF.append((module.layer_idx, logits.numpy(), np.broadcast_to(valid, logits.shape), softcap))
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    return eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                 softcap=softcap, **kwargs)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def register_reference() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register("lw_ref", reference_attention)
+    AttentionMaskInterface.register("lw_ref", eager_mask)
+
+
+def signals(logits: np.ndarray, valid: np.ndarray, softcap: float | None) -> dict:
+    """Every per-head signal from explicit logits (B, H, T, S) over valid pairs."""
+    capped = np.tanh(logits / softcap) * softcap if softcap else logits
+    out: dict[str, list[float]] = {}
+    for h in range(logits.shape[1]):
+        vals, v = logits[:, h][valid[:, h]], valid[:, h]
+        ents = []
+        for row, ok in zip(capped[:, h].reshape(-1, logits.shape[-1]),
+                           v.reshape(-1, logits.shape[-1]), strict=True):
+            if ok.any():
+                p = np.exp(row[ok] - row[ok].max())
+                p /= p.sum()
+                ents.append(-(p[p > 0] * np.log(p[p > 0])).sum())
+        values = {"attn.logit_max": vals.max(), "attn.logit_p99": np.percentile(vals, 99),
+                  "attn.logit_mean": vals.mean(), "attn.logit_std": vals.std(),
+                  "attn.entropy_mean": np.mean(ents), "attn.entropy_min": np.min(ents)}
+        if softcap:
+            cv = capped[:, h][valid[:, h]]
+            values["attn.capped_logit_max"] = cv.max()
+            values["attn.capped_logit_p99"] = np.percentile(cv, 99)
+        for name, value in values.items():
+            out.setdefault(name, []).append(value)
+    return out
+
+
+def capturing_client() -> tuple[Client, list[dict]]:
+    frames: list[dict] = []
+    client = Client(None, run="r")
+    client.send = lambda step, scalars, heads, time=None: frames.append(  # type: ignore
+        {"step": step, "scalars": scalars, "heads": heads})
+    return client, frames
+
+
+def batch(vocab: int, b: int = 2, t: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(1, vocab, (b, t), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(b, t, dtype=torch.long)
+    mask[1, 10:] = 0  # right padding (no query row fully masked under a window of 4)
+    return ids, mask
+
+
+CONFIGS = {
+    "gpt2": lambda: transformers.GPT2Config(
+        n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=32, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "llama": lambda: transformers.LlamaConfig(  # RoPE, GQA 4 query heads : 2 kv heads
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=64, max_position_embeddings=32, bos_token_id=0,
+        eos_token_id=0, pad_token_id=0),
+    "qwen3": lambda: transformers.Qwen3Config(  # q_norm/k_norm; a sliding-window layer
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=64, max_position_embeddings=32,
+        use_sliding_window=True, sliding_window=4, max_window_layers=0,
+        layer_types=["sliding_attention", "full_attention"], bos_token_id=0,
+        eos_token_id=0, pad_token_id=0),
+    "gemma2": lambda: transformers.Gemma2Config(  # soft-cap 2 so that it bites; sliding
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, vocab_size=64, max_position_embeddings=32,
+        attn_logit_softcapping=2.0, final_logit_softcapping=None, sliding_window=4,
+        query_pre_attn_scalar=8, bos_token_id=0, eos_token_id=0, pad_token_id=0),
+}
+CASES = [("gpt2", "eager"), ("gpt2", "sdpa"), ("llama", "eager"), ("llama", "sdpa"),
+         ("qwen3", "eager"), ("qwen3", "sdpa"), ("gemma2", "eager")]
+
+
+def build(name: str, impl: str) -> nn.Module:
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(CONFIGS[name](),
+                                                         attn_implementation=impl)
+
+
+@pytest.mark.parametrize(("name", "impl"), CASES)
+def test_hf_models_every_signal_matches_the_explicit_reference(name: str, impl: str) -> None:
+    model = build(name, impl)
+    ref_model = build(name, "lw_ref")
+    ref_model.load_state_dict(model.state_dict())
+    vocab = model.config.vocab_size
+    ids, mask = batch(vocab)
+    labels = ids.masked_fill(mask == 0, -100)
+    REF.clear()
+    final: dict[str, torch.Tensor] = {}
+    head = ref_model.get_output_embeddings()
+    handle = head.register_forward_hook(
+        lambda m, a, o: final.update(hidden=a[0].detach(), logits=o.detach()))
+    ref_model.train()
+    ref_loss = ref_model(input_ids=ids, attention_mask=mask, labels=labels).loss.item()
+    handle.remove()
+    reference = sorted(REF, key=lambda r: r[0])
+    assert len(reference) == model.config.num_hidden_layers
+
+    client, frames = capturing_client()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: parameters stay put
+    with attach(model, opt, run="r", client=client, overhead_budget=None, sample_every=5):
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        opt.step()
+    frame = frames[0]
+    softcap = reference[0][3]
+    expected_names = set(ATTN) | ({"attn.capped_logit_max", "attn.capped_logit_p99"}
+                                  if softcap else set())
+    assert expected_names <= set(frame["heads"])
+    for layer, (_, logits, valid, cap) in enumerate(reference):
+        ref = signals(logits, valid, cap)
+        for metric, values in ref.items():
+            np.testing.assert_allclose(frame["heads"][metric][layer], values, rtol=1e-4,
+                                       atol=1e-5, err_msg=f"{name}/{impl} {metric} {layer}")
+    s = frame["scalars"]
+    assert s["loss"] == pytest.approx(ref_loss, rel=1e-5)
+    assert s["loss.first_over_ln_vocab"] == pytest.approx(ref_loss / math.log(vocab), rel=1e-5)
+    hidden, logits = final["hidden"].double(), final["logits"].double()
+    assert s["final.hidden_rms"] == pytest.approx(hidden.square().mean().sqrt().item(), rel=1e-5)
+    assert s["final.logz"] == pytest.approx(torch.logsumexp(logits, -1).mean().item(), rel=1e-5)
+    assert s["final.logit_max"] == pytest.approx(logits.max().item(), rel=1e-5)
+    check_qk_norms(model, frame["heads"])
+
+
+def check_qk_norms(model: nn.Module, heads: dict) -> None:
+    """Per-head q/k weight and bias norms from an explicit split of the parameters."""
+    config = model.config
+    n_head = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_head
+    for layer, attn in enumerate(m for m in model.modules() if type(m).__name__.endswith(
+            "Attention")):
+        if hasattr(attn, "c_attn"):  # GPT-2: Conv1D weight (in, 3E), columns q | k | v
+            e = config.n_embd
+            w, b = attn.c_attn.weight.detach(), attn.c_attn.bias.detach()
+            hd = e // n_head
+            q_w = [w[:, h * hd:(h + 1) * hd].norm() for h in range(n_head)]
+            k_w = [w[:, e + h * hd:e + (h + 1) * hd].norm() for h in range(n_head)]
+            q_b = [b[h * hd:(h + 1) * hd].norm() for h in range(n_head)]
+            k_b = [b[e + h * hd:e + (h + 1) * hd].norm() for h in range(n_head)]
+            np.testing.assert_allclose(heads["qk.q_bias_norm"][layer], q_b, rtol=1e-5)
+            np.testing.assert_allclose(heads["qk.k_bias_norm"][layer], k_b, rtol=1e-5)
+        else:
+            hd = attn.head_dim
+            q_w = [attn.q_proj.weight[h * hd:(h + 1) * hd].norm().item() for h in range(n_head)]
+            k_w = [attn.k_proj.weight[h * hd:(h + 1) * hd].norm().item() for h in range(n_kv)]
+        np.testing.assert_allclose(heads["qk.q_weight_norm"][layer], q_w, rtol=1e-5)
+        np.testing.assert_allclose(heads["qk.k_weight_norm"][layer], k_w, rtol=1e-5)
+
+
+# -- torch.nn.MultiheadAttention / TransformerEncoder ---------------------------------------
+
+
+class EncoderLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(32, 16)
+        layer = nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.lm_head = nn.Linear(16, 32)
+
+    def forward(self, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool).triu(1)  # True = not allowed
+        x = self.encoder(self.emb(ids), mask=causal, src_key_padding_mask=pad, is_causal=True)
+        return self.lm_head(x)
+
+
+def test_transformer_encoder_fused_in_proj() -> None:
+    torch.manual_seed(0)
+    model = EncoderLM()
+    ids = torch.randint(0, 32, (2, 7))
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    inputs: list[torch.Tensor] = []
+    handles = [layer.self_attn.register_forward_pre_hook(
+        lambda m, a: inputs.append(a[0].detach())) for layer in model.encoder.layers]
+    client, frames = capturing_client()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with attach(model, opt, run="r", client=client, overhead_budget=None):
+        F.cross_entropy(model(ids, pad).reshape(-1, 32), ids.reshape(-1)).backward()
+        opt.step()
+    for h in handles:
+        h.remove()
+    heads = frames[0]["heads"]
+    valid = np.tril(np.ones((7, 7), bool))[None, None] & ~pad.numpy()[:, None, None, :]
+    valid = np.broadcast_to(valid, (2, 4, 7, 7))
+    for layer, (x, mod) in enumerate(zip(inputs, model.encoder.layers, strict=True)):
+        attn = mod.self_attn
+        wq, wk, _ = attn.in_proj_weight.detach().double().chunk(3)
+        bq, bk, _ = attn.in_proj_bias.detach().double().chunk(3)
+        q = (x.double() @ wq.T + bq).view(2, 7, 4, 4).transpose(1, 2)
+        k = (x.double() @ wk.T + bk).view(2, 7, 4, 4).transpose(1, 2)
+        ref = signals((q @ k.transpose(-1, -2) / 2.0).numpy(), valid, None)
+        for metric, values in ref.items():
+            np.testing.assert_allclose(heads[metric][layer], values, rtol=1e-4, atol=1e-5,
+                                       err_msg=metric)
+        q_norms = [wq[h * 4:(h + 1) * 4].norm().item() for h in range(4)]
+        np.testing.assert_allclose(heads["qk.q_weight_norm"][layer], q_norms, rtol=1e-5)
+        np.testing.assert_allclose(heads["qk.k_bias_norm"][layer],
+                                   [bk[h * 4:(h + 1) * 4].norm().item() for h in range(4)],
+                                   rtol=1e-5)
+
+
+# -- the adapter for any other attention -----------------------------------------------------
+
+
+class HandWritten(nn.Module):
+    """softmax(q kᵀ) by hand: invisible to the monitor without the adapter."""
+
+    def __init__(self, layer: int) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        self.seen = (q.detach(), k.detach())
+        record_attention(q, k, is_causal=True, scale=0.5, softcap=3.0, layer=self.layer)
+        logits = torch.tanh(q @ k.transpose(-1, -2) * 0.5 / 3.0) * 3.0
+        logits = logits.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
+        return (logits.softmax(-1) @ v).transpose(1, 2).reshape(b, t, 16)
+
+
+def test_record_attention_adapter() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(32, 16), HandWritten(1), HandWritten(0))
+    ids = torch.randint(0, 32, (2, 6))
+    client, frames = capturing_client()
+    record_attention(torch.ones(1, 1, 2, 2), torch.ones(1, 1, 2, 2))  # no monitor: no-op
+    with attach(model, run="r", client=client, overhead_budget=None, lm_head=False) as mon:
+        model(ids).sum().backward()
+        mon.step()
+        model.eval()
+        with torch.no_grad():
+            model(ids)  # not a training forward: the adapter records nothing
+        mon.step()
+    assert [f["step"] for f in frames] == [0]
+    heads = frames[0]["heads"]
+    valid = np.broadcast_to(np.tril(np.ones((6, 6), bool)), (2, 2, 6, 6))
+    for layer, module in ((1, model[1]), (0, model[2])):
+        q, k = module.seen
+        ref = signals((q.double() @ k.double().transpose(-1, -2) * 0.5).numpy(), valid, 3.0)
+        for metric, values in ref.items():
+            np.testing.assert_allclose(heads[metric][layer], values, rtol=1e-4, atol=1e-5)
+
+
+# -- sampling, cost, budget -------------------------------------------------------------------
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(32, 16)
+        self.q_proj, self.k_proj = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.num_heads = 2
+        self.lm_head = nn.Linear(16, 32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, 2, 8).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, 2, 8).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, k, is_causal=True)
+        return self.lm_head(x + y.transpose(1, 2).reshape(b, t, 16))
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, mon: Monitor | None = None,
+          between=None) -> None:
+    gen = torch.Generator().manual_seed(1)
+    for i in range(steps):
+        ids = torch.randint(0, 32, (2, 8), generator=gen)
+        loss = F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1))
+        loss.backward()
+        if mon is not None:
+            mon.log(loss=loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
+        opt.step()
+        opt.zero_grad()
+        if between is not None:
+            between(i)
+
+
+def test_sampling_changes_at_run_time_and_on_demand() -> None:
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    client, frames = capturing_client()
+    mon = attach(model, opt, run="r", client=client, sample_every=4, overhead_budget=None)
+
+    def between(i: int) -> None:
+        if i == 4:
+            mon.sample_every = 2  # from the next scheduling decision on
+        if i == 9:
+            mon.request_sample()  # step 10 sampled although 8 + 4 > 10
+
+    train(model, opt, 11, mon, between)
+    mon.sample_every = 4
+    train(model, opt, 3, mon)
+    mon.close()
+    assert [f["step"] for f in frames] == [0, 4, 6, 8, 10]  # then 14, after the last step
+    assert [f["scalars"]["hooks.sample_every"] for f in frames] == [4, 4, 2, 2, 2]
+    with pytest.raises(ValueError, match="sample_every"):
+        mon.sample_every = 0
+
+
+def test_clip_rate_counts_every_step_on_the_device() -> None:
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    client, frames = capturing_client()
+    norms: list[float] = []
+    original = torch.nn.utils.clip_grad_norm_
+    with attach(model, opt, run="r", client=client, sample_every=3, overhead_budget=None):
+        wrapped = torch.nn.utils.clip_grad_norm_
+
+        def spy(params, max_norm, *a, **k):
+            total = wrapped(params, max_norm, *a, **k)
+            norms.append(total.item())
+            return total
+
+        torch.nn.utils.clip_grad_norm_ = spy
+        try:
+            train(model, opt, 6)
+        finally:
+            torch.nn.utils.clip_grad_norm_ = wrapped
+    assert torch.nn.utils.clip_grad_norm_ is original
+    hits = [n > 0.3 for n in norms]
+    assert [f["step"] for f in frames] == [0, 3]
+    assert frames[0]["scalars"]["grad.clip_rate"] == float(hits[0])
+    assert frames[1]["scalars"]["grad.clip_rate"] == pytest.approx(sum(hits[1:4]) / 3)
+
+
+def test_cost_meter_widens_and_narrows_the_interval() -> None:
+    meter = CostMeter(budget=0.01)
+    now = 0.0
+    meter.step_end(False, now)  # the clock starts
+    meter.step_end(True, now)  # the first sampled step is warm-up: not measured
+    for _ in range(5):  # plain steps of 100 ms
+        now += 0.1
+        meter.step_end(False, now)
+    now += 0.1 + 0.05  # a sampled step costing 50 ms extra
+    meter.step_end(True, now)
+    assert meter.interval(10) == 50  # 50 ms / (1 % of 100 ms)
+    assert meter.overhead(50) == pytest.approx(0.01)
+    for _ in range(5):  # sampled steps got cheap again (the median of the last 5 is used)
+        now += 0.1 + 0.001
+        meter.step_end(True, now)
+    assert meter.interval(10) == 10
+    assert CostMeter(budget=None).interval(7) == 7
+
+
+def test_the_budget_is_on_by_default_and_off_for_an_explicit_interval() -> None:
+    model = Tiny()
+    with attach(model, run="r") as mon:
+        assert mon.sample_every == 10 and mon.overhead_budget == 0.01
+    with attach(model, run="r", sample_every=4) as mon:
+        assert mon.sample_every == 4 and mon.overhead_budget is None
+    with attach(model, run="r", sample_every=4, overhead_budget=0.05) as mon:
+        assert mon.overhead_budget == 0.05
+        mon.overhead_budget = None
+        assert mon.overhead_budget is None
+    with pytest.raises(ValueError, match="overhead_budget"):
+        attach(model, run="r", overhead_budget=2.0)
+
+
+def test_overhead_budget_reports_cost_and_widens() -> None:
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    client, frames = capturing_client()
+    # a budget a tiny model (sub-millisecond steps) cannot meet sampling every step
+    mon = attach(model, opt, run="r", client=client, sample_every=1, overhead_budget=0.5)
+    train(model, opt, 60, mon)
+    mon.close()
+    assert mon.effective_sample_every > 1 and len(frames) < 60
+    later = [f["scalars"] for f in frames[2:]]  # step 0 (warm-up) is not measured
+    assert later and all({"hooks.host_ms", "hooks.cost_ms", "hooks.overhead", "hooks.bytes",
+                          "hooks.sample_every"} <= set(s) for s in later)
+    assert max(s["hooks.sample_every"] for s in later) > 1
+    assert all(s["hooks.syncs"] == 0.0 for s in later)  # CPU tensors: nothing to transfer
+    assert all(s["hooks.bytes"] > 0 and s["hooks.host_ms"] > 0 for s in later)
+
+
+# -- torch.compile ----------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_torch_compile_with_the_monitor_attached() -> None:
+    torch.manual_seed(0)
+    plain = Tiny()
+    compiled_src = Tiny()
+    compiled_src.load_state_dict(plain.state_dict())
+    opt_a = torch.optim.SGD(plain.parameters(), lr=0.1)
+    train(plain, opt_a, 3)
+    opt_b = torch.optim.SGD(compiled_src.parameters(), lr=0.1)
+    client, frames = capturing_client()
+    mon = attach(compiled_src, opt_b, run="r", client=client, sample_every=1,
+                 overhead_budget=None)
+    compiled = torch.compile(compiled_src, backend="aot_eager")
+    train(compiled, opt_b, 3, mon)
+    mon.close()
+    torch._dynamo.reset()
+    for a, b in zip(plain.parameters(), compiled_src.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert [f["step"] for f in frames] == [0, 1, 2]
+    for frame in frames:  # what is captured under compile: the optimizer side + weights
+        assert {"loss", "grad.norm", "grad.clipped", "lr"} <= set(frame["scalars"])
+        assert {"qk.q_weight_norm", "qk.k_weight_norm"} <= set(frame["heads"])
+        assert "attn.logit_max" not in frame["heads"]
+    for module in compiled_src.modules():
+        assert not module._forward_hooks and not module._forward_pre_hooks

@@ -1,0 +1,116 @@
+"""Framework integrations on real tiny training runs: HF Trainer and PyTorch Lightning."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from logitwatch.client import Client
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def capturing_client(run: str = "r") -> tuple[Client, list[dict]]:
+    frames: list[dict] = []
+    client = Client(None, run=run)
+    client.send = lambda step, scalars, heads, time=None: frames.append(  # type: ignore
+        {"step": step, "scalars": scalars, "heads": heads, "rank": client.rank})
+    return client, frames
+
+
+def test_hf_trainer_callback(tmp_path) -> None:
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from logitwatch.hooks.hf import LogitwatchCallback
+
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64,
+                                     n_positions=32, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids}
+            for ids in torch.randint(0, 64, (16, 12), generator=gen)]
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=5, per_device_train_batch_size=4,
+        learning_rate=1e-3, max_grad_norm=0.5, report_to=[], save_strategy="no",
+        logging_strategy="no", use_cpu=True, dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    client, frames = capturing_client()
+    callback = LogitwatchCallback(run="r", client=client, sample_every=2, overhead_budget=None)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
+                                   callbacks=[callback])
+    trainer.train()
+    client.shutdown(5.0)
+    assert callback.monitor is None  # closed at on_train_end
+    assert [f["step"] for f in frames] == [0, 2, 4]
+    for frame in frames:
+        s = frame["scalars"]
+        assert {"loss", "grad.norm", "grad.clipped", "grad.clip_rate", "lr",
+                "final.logz"} <= set(s)
+        assert math.isfinite(s["loss"]) and s["grad.norm"] > 0
+        assert s["grad.clipped"] == float(s["grad.norm"] > 0.5)
+        assert len(frame["heads"]["attn.logit_max"]) == 2
+        assert len(frame["heads"]["qk.q_weight_norm"][0]) == 4
+    # the first step's loss of a random model is close to ln(vocab)
+    assert frames[0]["scalars"]["loss.first_over_ln_vocab"] == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_callback() -> None:
+    pl = pytest.importorskip("lightning.pytorch")
+    from logitwatch.hooks.lightning import LogitwatchCallback
+
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (nn.Linear(16, 16) for _ in range(3))
+            self.num_heads = 2
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            q, k, v = (p(x).view(b, t, 2, 8).transpose(1, 2)
+                       for p in (self.q_proj, self.k_proj, self.v_proj))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return y.transpose(1, 2).reshape(b, t, 16)
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(32, 16)
+            self.attn = Attn()
+            self.lm_head = nn.Linear(16, 32)
+
+        def training_step(self, batch, batch_idx):  # does not go through forward()
+            (ids,) = batch
+            logits = self.lm_head(self.attn(self.emb(ids)))
+            return F.cross_entropy(logits[:, :-1].reshape(-1, 32), ids[:, 1:].reshape(-1))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 32, (24, 10))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+    client, frames = capturing_client()
+    callback = LogitwatchCallback(run="r", client=client, sample_every=2, overhead_budget=None)
+    trainer = pl.Trainer(max_steps=3, accelerator="cpu", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, gradient_clip_val=0.05,
+                         accumulate_grad_batches=2, callbacks=[callback])
+    trainer.fit(Module(), loader)
+    client.shutdown(5.0)
+    assert callback.monitor is None
+    assert [f["step"] for f in frames] == [0, 2]  # optimizer steps, two batches each
+    for frame in frames:
+        s = frame["scalars"]
+        assert {"loss", "grad.norm", "grad.clipped", "lr", "final.hidden_rms"} <= set(s)
+        assert s["lr"] == pytest.approx(0.1) and s["grad.clipped"] == 1.0
+        assert len(frame["heads"]["attn.entropy_mean"]) == 1
+        assert len(frame["heads"]["qk.k_weight_norm"][0]) == 2
