@@ -424,17 +424,21 @@ def test_overhead_budget_reports_cost_and_widens() -> None:
     model = Tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     client, frames = capturing_client()
-    # a budget a tiny model (sub-millisecond steps) cannot meet sampling every step
-    mon = attach(model, opt, run="r", client=client, sample_every=1, overhead_budget=0.5)
-    train(model, opt, 60, mon)
+    # a budget no measured step can meet (any cost > 0 exceeds it), so the outcome does not
+    # depend on how loaded the machine is
+    mon = attach(model, opt, run="r", client=client, sample_every=1, overhead_budget=1e-9)
+    train(model, opt, 20, mon)
+    assert mon.effective_sample_every > 1 and len(frames) < 20  # widened after measuring
+    for _ in range(2):  # on demand: the next step is measured whatever the interval; a
+        mon.request_sample()  # frame reports the cost measured on the sampled step before it
+        train(model, opt, 1, mon)
     mon.close()
-    assert mon.effective_sample_every > 1 and len(frames) < 60
-    later = [f["scalars"] for f in frames[2:]]  # step 0 (warm-up) is not measured
-    assert later and all({"hooks.host_ms", "hooks.cost_ms", "hooks.overhead", "hooks.bytes",
-                          "hooks.sample_every"} <= set(s) for s in later)
-    assert max(s["hooks.sample_every"] for s in later) > 1
-    assert all(s["hooks.syncs"] == 0.0 for s in later)  # CPU tensors: nothing to transfer
-    assert all(s["hooks.bytes"] > 0 and s["hooks.host_ms"] > 0 for s in later)
+    last = frames[-1]["scalars"]
+    assert {"hooks.host_ms", "hooks.cost_ms", "hooks.overhead", "hooks.bytes",
+            "hooks.sample_every", "hooks.syncs"} <= set(last)
+    assert last["hooks.sample_every"] > 1
+    assert last["hooks.syncs"] == 0.0  # CPU tensors: nothing to transfer
+    assert last["hooks.bytes"] > 0 and last["hooks.host_ms"] > 0
 
 
 # -- torch.compile ----------------------------------------------------------------------------
