@@ -17,6 +17,7 @@ non-sampled and on a sampled step.
 
     python bench/bench_hooks.py                      # 4 layers, d 256, seq 256, batch 2
     python bench/bench_hooks.py --rounds 5 --steps 20 --no-wandb
+    python bench/bench_hooks.py --rounds 5 --steps 30 --threads 1 --clock thread
 """
 
 from __future__ import annotations
@@ -135,10 +136,11 @@ class Runner:
         try:
             for _ in range(warmup):
                 self.step()
-            t0 = time.perf_counter()
+            clock = time.thread_time if self.args.clock == "thread" else time.perf_counter
+            t0 = clock()
             for _ in range(steps):
                 self.step()
-            return (time.perf_counter() - t0) / steps
+            return (clock() - t0) / steps
         finally:
             self.stop()
 
@@ -183,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--no-wandb", action="store_true")
+    p.add_argument("--clock", default="wall", choices=["wall", "thread"],
+                   help="wall: perf_counter; thread: CPU time of the training thread, "
+                   "steadier on a shared machine (with --threads 1) but blind to work in "
+                   "other threads or processes (wandb's)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -199,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     state = build(args).state_dict()
     print(f"model: GPT-2 style, {args.layers} layers, d_model {args.d_model}, "
           f"{args.heads} heads, seq {args.seq}, vocab {args.vocab}, batch {args.batch}, "
-          f"attn {args.attn}, torch threads {torch.get_num_threads()}", flush=True)
+          f"attn {args.attn}, torch threads {torch.get_num_threads()}, clock {args.clock}",
+          flush=True)
     Runner("none", args, state).timed(2, 1)  # one-time costs (lazy imports, allocator)
     times: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(args.rounds):

@@ -65,6 +65,12 @@ class StepBuffer:
         self.logged: dict[str, Scalar] = {}
         self.grad_norm: torch.Tensor | None = None
         self.max_norm: Any = None
+        self.dtype_max: float | None = None
+
+    def add_dtype_max(self, value: float) -> None:
+        """Keep the smallest ``finfo(dtype).max`` of the attention calls seen (host float)."""
+        if self.dtype_max is None or value < self.dtype_max:
+            self.dtype_max = value
 
     def add_attention(self, layer: int, stats: HeadStats) -> None:
         old = self.attn.get(layer)
@@ -108,6 +114,8 @@ class StepBuffer:
             scalars["lr"] = lr.detach() if isinstance(lr, torch.Tensor) else float(lr)
         if self.final is not None:
             scalars.update(self.final.metrics())
+        if self.dtype_max is not None:
+            scalars["attn.dtype_max"] = self.dtype_max  # a host float: no transfer
         scalars.update(self.logged)  # Monitor.log() wins, including over the auto loss
         if ln_vocab is not None and "loss" in scalars:
             loss = scalars["loss"]

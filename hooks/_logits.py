@@ -8,7 +8,8 @@ temporaries stay within ``budget`` bytes: a 32k-token sequence never holds a ful
 ``T x T`` matrix per head.
 
 p99 is **exact** (NumPy's 'linear' percentile) while the top 1 % of one head's pairs fits
-in a quarter of the budget (kept across query blocks and merged with ``topk``); beyond
+in a quarter of the budget (selected per block by :func:`_block_top`, kept across query
+blocks and merged with ``topk``); beyond
 that it comes from a 4096-bin histogram over ``[min, max]`` in a second pass over the
 blocks, with an absolute error of at most one bin width, ``(max - min) / 4096``.
 
@@ -35,8 +36,9 @@ __all__ = [
 
 #: Default bytes a sampled attention call may use for its statistics (256 MiB).
 DEFAULT_BUDGET = 256 << 20
-#: Float32-sized temporaries alive at once per block element (logits, masked copy, float
-#: mask, centred values, softmax, its xlogy, bool masks), measured by the memory test.
+#: Float32-sized temporaries alive at once per block element (logits, masked and zeroed
+#: copies, centred values, softmax, the soft-capped copies, the top-value candidates),
+#: with margin; measured by the memory test.
 _TEMPS = 9
 #: Bins of the p99 histogram used when the exact top 1 % does not fit in the budget.
 HIST_BINS = 4096
@@ -232,7 +234,7 @@ class _Mask:
             causal = torch.arange(s, device=device).unsqueeze(0) <= rows
             v = causal if v is None else v & causal
         assert v is not None
-        return v.expand(b, h1 - h0, t1 - t0, s)
+        return v  # broadcastable to (b, h1 - h0, t1 - t0, s), never expanded
 
 
 def _blocks(q, k, valid, group, h0, h1, tq, scale):
@@ -273,79 +275,84 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
     minimum = torch.full((hn,), math.inf, device=dev)
     ent_min = torch.full((hn,), math.inf, device=dev)
     per_head = b * t * s
-    k_top = min(per_head, ((100 - PERCENT) * per_head + 99) // 100 + 2)
+    causal_only = valid is not None and valid.mask is None and valid.is_causal
+    # the top values needed for the p99 of n valid pairs: n is known from shapes when the
+    # mask is causal only (about half the pairs), else bounded by all pairs
+    n_max = b * _causal_pairs(0, t, s) if causal_only else per_head
+    k_top = min(n_max, ((100 - PERCENT) * n_max + 99) // 100 + 2)
     top: torch.Tensor | None = None
     dims = (0, 2, 3)
-    causal_only = valid is not None and valid.mask is None and valid.is_causal
     t0_next = 0
     for raw, v in _blocks(q, k, valid, group, h0, h1, tq, scale):
-        # Per-block reductions in float32 (pairwise summation), merged in float64.
+        # One masked copy of the block (additive 0/-inf bias) and one zeroed copy (times
+        # a 0/1 float mask) feed every statistic; the masks stay broadcast (a causal one
+        # is T x S). Per-block reductions in float32 (pairwise summation), merged in
+        # float64 across blocks.
+        shape = raw.shape
         if v is None:
-            n_b = torch.full((hn,), float(b * raw.shape[2] * s), **f64)
-            masked, vf = raw, None
+            n_b = torch.full((hn,), float(b * shape[2] * s), **f64)
+            masked, zeroed, vf = raw, raw, None
         else:
-            v = v.contiguous()  # ops on broadcast bool masks are slow on CPU
             if causal_only:  # counts from shapes: row i sees min(i + 1, S) keys
                 t0 = t0_next
-                n_b = torch.full((hn,), float(b * _causal_pairs(t0, t0 + raw.shape[2], s)),
+                n_b = torch.full((hn,), float(b * _causal_pairs(t0, t0 + shape[2], s)),
                                  **f64)
             else:
-                n_b = v.sum(dim=dims).double()
+                n_b = v.expand(shape).sum(dim=dims).double()
             vf = v.to(raw.dtype)
-            masked = raw.masked_fill(~v, -math.inf)
-        t0_next += raw.shape[2]
+            bias = torch.zeros((), dtype=raw.dtype, device=dev).expand(v.shape)
+            bias = bias.masked_fill(~v, -math.inf)
+            masked = raw + bias
+            zeroed = raw * vf
+        t0_next += shape[2]
         maximum = torch.maximum(maximum, masked.amax(dim=dims))
         if not exact:
-            low = raw if v is None else raw.masked_fill(~v, math.inf)
+            low = raw if v is None else torch.where(v, raw, math.inf)
             minimum = torch.minimum(minimum, low.amin(dim=dims))
             del low
         # mean and M2 of this block, merged (Chan et al.)
-        zeroed = raw if vf is None else raw * vf
         mean_b = zeroed.sum(dim=dims).double() / n_b.clamp(min=1)
-        del zeroed
         centred = raw - mean_b.float().view(1, hn, 1, 1)
         if vf is not None:
             centred.mul_(vf)
         m2_b = centred.mul_(centred).sum(dim=dims).double()
-        del centred, vf
+        del centred
         delta = mean_b - mean
         n = count + n_b
         mean = mean + delta * n_b / n.clamp(min=1)
         m2 = m2 + m2_b + delta * delta * count * n_b / n.clamp(min=1)
         count = n
-        # entropy of each softmax row: -sum p log p (rows without a valid key excluded)
-        z = masked
+        # entropy of each softmax row, -sum p log p = logsumexp(z) - sum p z, with
+        # logsumexp(z) = max(z) - log(max p) read off the softmax (no log per element)
+        z, z0 = masked, zeroed
         if softcap is not None:
-            z = _cap(raw, softcap)
-            if v is not None:
-                z.masked_fill_(~v, -math.inf)  # tanh(-inf) is -1: mask after the cap
+            zc = _cap(raw, softcap)  # mask after the cap: tanh(-inf) is -1
+            z, z0 = (zc, zc) if v is None else (zc + bias, zc * vf)
+            del zc
         p = torch.softmax(z, dim=-1)
-        del z
-        ent = torch.special.xlogy(p, p).sum(dim=-1).neg_()  # (B, hn, tq)
-        del p
+        zmax = z.amax(dim=-1)
+        lse = zmax - p.amax(dim=-1).log()
+        ent = (lse - torch.linalg.vecdot(p, z0, dim=-1)).clamp_(min=0)  # (B, hn, tq)
+        del p, z, z0
         if v is None or causal_only:  # every query row sees at least one key
-            rows = rows + float(b * raw.shape[2])
+            rows = rows + float(b * shape[2])
             ent_sum = ent_sum + ent.sum(dim=(0, 2)).double()
             ent_min = torch.minimum(ent_min, ent.amin(dim=(0, 2)))
         else:
-            row_ok = v.any(dim=-1)
+            row_ok = v.any(dim=-1).expand(shape[:3])
+            ent = torch.where(row_ok, ent, 0.0)  # rows without a key: NaN from the softmax
             rows = rows + row_ok.sum(dim=(0, 2)).double()
-            ent_sum = ent_sum + ent.masked_fill(~row_ok, 0.0).sum(dim=(0, 2)).double()
+            ent_sum = ent_sum + ent.sum(dim=(0, 2)).double()
             ent_min = torch.minimum(ent_min,
-                                    ent.masked_fill(~row_ok, math.inf).amin(dim=(0, 2)))
+                                    torch.where(row_ok, ent, math.inf).amin(dim=(0, 2)))
+        del raw, zeroed, vf  # only the masked copy is needed from here
         if exact:
-            # top values per (batch, head), then per head: no transposed copy of the block
-            per_bh = masked.reshape(b, hn, -1)
-            kk = min(k_top, per_bh.shape[2])
-            block_top = per_bh.topk(kk, dim=2, sorted=False).values
-            block_top = block_top.transpose(0, 1).reshape(hn, -1)
-            if block_top.shape[1] > k_top:
-                block_top = block_top.topk(k_top, dim=1, sorted=False).values
+            block_top = _block_top(masked, k_top)
             top = block_top if top is None else torch.cat([top, block_top], dim=1)
             if top.shape[1] > k_top:
                 top = top.topk(k_top, dim=1, sorted=False).values
-            del per_bh, block_top
-        del raw, masked
+            del block_top
+        del masked
     count_i = count.round().to(torch.int64)
     capped_max = capped_p99 = None
     if exact and top is not None:
@@ -362,6 +369,39 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
     return HeadStats(count=count, mean=mean, m2=m2, maximum=maximum, p99=p99, rows=rows,
                      ent_sum=ent_sum, ent_min=ent_min, capped_max=capped_max,
                      capped_p99=capped_p99)
+
+
+#: Largest group size tried by :func:`_block_top` (a power of two; smaller ones if needed).
+_GROUP = 8
+
+
+def _block_top(masked: torch.Tensor, k_top: int) -> torch.Tensor:
+    """``(hn, kk)``: the ``kk = min(k_top, B·T·S)`` largest values of each head of a
+    ``(B, hn, T, S)`` block (``-inf`` for masked pairs), in any order. Exact.
+
+    Each head's values are split into groups of ``g`` (strided, so that the group maxima
+    are one elementwise pass); the top ``kk`` values all lie in the ``kk`` groups with the
+    largest maxima (every value above the ``kk``-th group maximum ``tau`` is in a group
+    with a larger maximum, and the chosen groups hold at least ``kk`` values ``>= tau``).
+    So ``topk`` runs on the group maxima and on ``g·kk`` candidates instead of on the
+    whole block: about a quarter of the cost on CPU. Fixed shapes, no host sync.
+    """
+    b, hn = masked.shape[:2]
+    n = masked[0, 0].numel()
+    kk = min(k_top, b * n)
+    g = _GROUP
+    while g > 1 and (n % g or b * (n // g) < 2 * kk):
+        g //= 2
+    if g == 1:
+        part = masked.reshape(b, hn, n).topk(min(kk, n), dim=2, sorted=False).values
+        part = part.transpose(0, 1).reshape(hn, -1)
+        return part if part.shape[1] == kk else part.topk(kk, dim=1, sorted=False).values
+    ng = n // g
+    # (hn, g, B·ng): group j of a head = column j (member i at row i)
+    grouped = masked.reshape(b, hn, g, ng).permute(1, 2, 0, 3).reshape(hn, g, b * ng)
+    best = grouped.amax(dim=1).topk(kk, dim=1, sorted=False).indices  # (hn, kk)
+    cand = grouped.gather(2, best.unsqueeze(1).expand(hn, g, kk)).reshape(hn, g * kk)
+    return cand.topk(kk, dim=1, sorted=False).values
 
 
 def _hist_p99(q, k, valid, group, h0, h1, tq, scale, minimum, maximum, count) -> torch.Tensor:

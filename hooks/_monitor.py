@@ -35,6 +35,33 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
+def _autocast_dtype(device: str) -> torch.dtype | None:
+    """The autocast dtype in force for ``device`` (None: off, or no autocast there)."""
+    try:
+        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    except RuntimeError:  # a device type autocast does not know (meta, ...)
+        return None
+
+
+def attention_dtype_max(query: torch.Tensor, key: torch.Tensor) -> float | None:
+    """``torch.finfo(dtype).max`` of the dtype the attention scores are computed in.
+
+    The smaller of ``query``'s and ``key``'s floating dtypes; under ``torch.autocast`` for
+    their device type, the autocast dtype (attention matmuls and SDPA run in it). Read from
+    dtypes and the autocast state only: no tensor value, no sync. None for non-float inputs.
+    """
+    best: float | None = None
+    for t in (query, key):
+        dtype = t.dtype
+        if not dtype.is_floating_point:
+            continue
+        if dtype in (torch.float32, torch.float64):
+            dtype = _autocast_dtype(t.device.type) or dtype
+        value = float(torch.finfo(dtype).max)
+        best = value if best is None or value < best else best
+    return best
+
+
 class Monitor:
     """Watches one model (and optimizer) while training; built by :func:`attach`.
 
@@ -373,6 +400,9 @@ class Monitor:
         try:
             index = self._calls if layer is None else layer
             self._calls += 1
+            dtype_max = attention_dtype_max(query, key)
+            if dtype_max is not None:
+                self._buffer.add_dtype_max(dtype_max)
             if getattr(query, "is_nested", False):
                 return
             cap = float(softcap) if isinstance(softcap, (int, float)) and softcap else None

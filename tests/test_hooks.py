@@ -31,7 +31,8 @@ COST = {"hooks.host_ms", "hooks.syncs", "hooks.bytes", "hooks.sample_every"}
 #: Present once the monitor has measured a sampled step against plain ones / on frame 0.
 LATER = {"hooks.cost_ms", "hooks.overhead", "loss.first_over_ln_vocab"}
 FINAL = {"final.hidden_rms", "final.logz", "final.logit_max"}
-SCALARS = {"loss", "grad.norm", "grad.clipped", "grad.clip_rate", "lr"} | FINAL | COST
+SCALARS = ({"loss", "grad.norm", "grad.clipped", "grad.clip_rate", "lr", "attn.dtype_max"}
+           | FINAL | COST)
 ATTN = {"attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
         "attn.entropy_mean", "attn.entropy_min"}
 QK = {"qk.q_weight_norm", "qk.k_weight_norm", "qk.q_bias_norm", "qk.k_bias_norm"}
@@ -219,6 +220,53 @@ def test_custom_sdpa_model_frames(recorder) -> None:
         assert frame["rank"] == 0 and frame["run"] == "r"
 
 
+def train_demo_gpt(client: Client, attn_dtypes: list[str], steps: int = 3) -> None:
+    """The demo GPT, one layer per entry of ``attn_dtypes`` (the dtype its attention runs in)."""
+    from logitwatch.demo.model import GPTConfig, TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(GPTConfig(d_model=32, n_layer=len(attn_dtypes), n_head=4, seq_len=16))
+    for block, dtype in zip(model.blocks, attn_dtypes, strict=True):
+        block.attn.attn_dtype = dtype
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with watch(model, opt, run="r", client=client, sample_every=2):
+        for ids in batches(steps, b=2, t=16):
+            _, loss = model(ids, ids.roll(-1, 1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize(("attn_dtypes", "expected"), [
+    (["float32", "float32"], 3.4028235e38),
+    (["float16", "float16"], 65504.0),
+    (["float32", "float16"], 65504.0),  # layers differ: the smallest maximum
+])
+def test_attention_dtype_max_is_sent_on_sampled_steps(attn_dtypes, expected, recorder) -> None:
+    rec, client = recorder
+    train_demo_gpt(client, attn_dtypes)
+    assert [f["step"] for f in rec.frames] == [0, 2]
+    for frame in rec.frames:
+        assert frame["scalars"]["attn.dtype_max"] == pytest.approx(expected, rel=1e-7)
+        # read from dtypes on the host: nothing added to the one transfer (lr is a float too)
+        per_head = sum(len(row) for rows in frame["heads"].values() for row in rows)
+        tensor_scalars = set(frame["scalars"]) - COST - LATER - {"attn.dtype_max", "lr"}
+        assert frame["scalars"]["hooks.bytes"] == 4 * (per_head + len(tensor_scalars))
+
+
+def test_attention_dtype_max_reads_dtypes_only() -> None:
+    meta = lambda dtype: torch.empty(2, 4, 8, 16, device="meta", dtype=dtype)  # noqa: E731
+    dtype_max = _monitor.attention_dtype_max
+    assert dtype_max(meta(torch.float32), meta(torch.float32)) == torch.finfo(torch.float32).max
+    assert dtype_max(meta(torch.bfloat16), meta(torch.bfloat16)) == torch.finfo(
+        torch.bfloat16).max
+    assert dtype_max(meta(torch.float32), meta(torch.float16)) == 65504.0
+    assert dtype_max(meta(torch.int64), meta(torch.int64)) is None
+    q = torch.zeros(1, 1, 2, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the kernel runs in bfloat16
+        assert dtype_max(q, q) == torch.finfo(torch.bfloat16).max
+
+
 def test_grad_norm_without_a_clip_call(recorder) -> None:
     rec, client = recorder
     torch.manual_seed(0)
@@ -243,7 +291,7 @@ def test_no_clip_threshold_means_no_grad_clipped(recorder) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with watch(model, opt, run="r", client=client) as mon:
         train_tiny(model, opt, mon, batches(1), clip=None)
-    assert keys(rec.frames[0]) == {"loss", "grad.norm", "lr"} | FINAL | COST
+    assert keys(rec.frames[0]) == {"loss", "grad.norm", "lr", "attn.dtype_max"} | FINAL | COST
 
 
 @pytest.fixture(scope="module")
@@ -542,7 +590,7 @@ def test_without_optimizer_monitor_step_ends_steps(recorder) -> None:
         model.zero_grad()
     mon.close()
     assert [f["step"] for f in rec.frames] == [0, 2]
-    assert keys(rec.frames[0]) == {"loss", "grad.norm"} | FINAL | COST
+    assert keys(rec.frames[0]) == {"loss", "grad.norm", "attn.dtype_max"} | FINAL | COST
 
 
 def test_attach_validates_arguments(monkeypatch) -> None:

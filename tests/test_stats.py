@@ -168,6 +168,52 @@ def test_more_than_2_pow_24_pairs_per_head() -> None:
     np.testing.assert_allclose(got_p99.numpy(), [np.percentile(logits, 99)], rtol=1e-5)
 
 
+def _hard_blocks() -> list[torch.Tensor]:
+    """(B, H, T, S) blocks that stress the grouped top-k: ties, -inf, clustered maxima."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 3, 64, 96, generator=gen)
+    causal = torch.ones(64, 96, dtype=torch.bool).tril()
+    clustered = torch.arange(2 * 3 * 64 * 96, dtype=torch.float32).view(2, 3, 64, 96)
+    one_group = torch.zeros(2, 3, 64, 96)
+    one_group.view(2, 3, -1)[:, :, :: 64 * 96 // 8] = 5.0  # every member of one group
+    return [
+        x,
+        x.masked_fill(~causal, -math.inf),
+        x.round(),  # many ties
+        torch.zeros(2, 3, 64, 96),  # all tied
+        clustered,  # the largest values all in the last rows
+        one_group,
+        torch.full((2, 3, 64, 96), -math.inf).masked_fill(torch.rand(
+            2, 3, 64, 96, generator=gen) > 0.995, 1.0),  # fewer valid pairs than k
+    ]
+
+
+@pytest.mark.parametrize("k_top", [1, 123, 2 * 64 * 96 // 100 + 2, 2 * 64 * 96])
+def test_grouped_block_top_equals_topk(k_top: int) -> None:
+    for i, block in enumerate(_hard_blocks()):
+        got = _logits._block_top(block, k_top).sort(dim=1, descending=True).values
+        want = block.transpose(0, 1).reshape(3, -1).topk(
+            min(k_top, 2 * 64 * 96), dim=1).values
+        assert torch.equal(got, want), i
+
+
+def test_grouped_block_top_is_the_path_taken_on_the_bench_shape() -> None:
+    """The grouped selection (not the plain topk fallback) runs for GPT-2-like blocks."""
+    taken = []
+    real_topk = torch.Tensor.topk
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is real_topk:
+                taken.append(args[0].shape[-1])
+            return func(*args, **(kwargs or {}))
+
+    block = torch.randn(2, 4, 256, 256)
+    with Spy():
+        _logits._block_top(block, 2 * 256 * 256 // 100 + 2)
+    assert max(taken) < 256 * 256  # never a topk over a whole (batch, head) row
+
+
 def test_no_host_sync_and_no_autograd_graph() -> None:
     q = torch.randn(2, 4, 6, 8, requires_grad=True)
     k = torch.randn(2, 2, 6, 8, requires_grad=True)

@@ -19,6 +19,12 @@ Around the pure rules (:mod:`.rules`) the engine adds:
 
 Suppressed alerts are not returned by :meth:`process`, so they are neither notified nor
 streamed as new.
+
+Cost: a per-head rule whose kind has a whole-matrix screen (:data:`~.rules.SCREENS`) keeps
+its cells' memory in arrays (:class:`~.rules.CellMemory`) and judges all layers x heads of
+a sample with numpy; only the cells the screen cannot clear (near or past their limit, or
+with a pending/firing lifecycle) go through the rule's own detector, so the decisions are
+the per-cell ones. Other rules run per cell.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ from sqlalchemy.orm import Session
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.rules import (
     KINDS,
+    SCREENS,
+    CellMemory,
     FrameView,
     Memory,
     RuleSpec,
@@ -59,6 +67,30 @@ RESTORE_FRAMES = 400  # frames of history replayed to rebuild state after a rest
 
 
 @dataclass(slots=True)
+class _Cells:
+    """All cells of one screened per-head rule on one (run, rank)."""
+
+    mem: CellMemory
+    judged: np.ndarray  # cells whose detector gave a verdict once (the per-cell path's Tracks)
+    tracks: dict[tuple[int, int], Track]  # cells whose lifecycle is not at rest
+    calm: np.ndarray  # Track.calm of the cells at rest (a resolved one keeps its count)
+
+    def track(self, cell: tuple[int, int]) -> Track:
+        """The cell's Track, as the per-cell path holds it (at rest: rebuilt)."""
+        t = self.tracks.get(cell)
+        if t is None:
+            t = self.tracks[cell] = Track(calm=int(self.calm[cell]))
+        return t
+
+    def settle(self, cell: tuple[int, int]) -> None:
+        """Drop the cell's Track if it is at rest (then a rebuilt one behaves the same)."""
+        t = self.tracks[cell]
+        if t.streak == 0 and t.state in (State.INACTIVE, State.RESOLVED):
+            self.calm[cell] = t.calm
+            del self.tracks[cell]
+
+
+@dataclass(slots=True)
 class _Pending:
     rule: RuleSpec
     layer: int | None
@@ -77,6 +109,8 @@ class AlertEngine:
         self._rules: list[RuleSpec] = list(DEFAULT_RULES if rules is None else rules)
         self._mem: dict[Key, Memory] = {}
         self._tracks: dict[Key, Track] = {}
+        self._cells_of: dict[tuple[str, int, int], _Cells] = {}  # rule, run_id, rank
+        self._per_cell: set[tuple[str, int, int]] = set()  # screened rules gone per cell
         self._loaded: set[tuple[int, int]] = set()
         self._lock = threading.RLock()
 
@@ -91,6 +125,8 @@ class AlertEngine:
             self._rules = list(rules)
             self._mem.clear()
             self._tracks.clear()
+            self._cells_of.clear()
+            self._per_cell.clear()
             self._loaded.clear()
 
     # -- ingest ------------------------------------------------------------------------------
@@ -100,16 +136,20 @@ class AlertEngine:
         changed that people should hear about (suppressed ones are stored, not returned)."""
         changed: list[Alert] = []
         with self._lock:
+            seen_runs: set[int] = set()
             for f in sorted(frames, key=lambda f: (f.run_id, f.rank, f.step)):
                 if (f.run_id, f.rank) not in self._loaded:
                     self._restore(session, f.run_id, f.rank, before_step=f.step)
-                changed.extend(self._resolve_no_data(session, f))
+                if f.run_id not in seen_runs:  # the run's first frame resolves no_data
+                    seen_runs.add(f.run_id)
+                    changed.extend(self._resolve_no_data(session, f))
                 pending = self._advance(f.run_id, f.rank, f.step, f.scalars, f.heads)
                 changed.extend(self._persist(session, f, pending))
         return changed
 
     def _cells(self, rule: RuleSpec, scalars: dict[str, float],
-               heads: dict[str, list[list[float]]]) -> list[tuple[Cell, float]]:
+               heads: dict[str, list[list[float]]],
+               arrays: dict[str, np.ndarray]) -> list[tuple[Cell, float]]:
         if rule.metric in scalars:
             return [((None, None), float(scalars[rule.metric]))]
         m = heads.get(rule.metric)
@@ -117,24 +157,39 @@ class AlertEngine:
             return []
         if rule.over == "cell":
             return [((li, hi), float(x)) for li, row in enumerate(m) for hi, x in enumerate(row)]
-        flat = [float(x) for row in m for x in row]
-        if not flat:
+        a = _matrix(arrays, heads, rule.metric)
+        if a is None:  # not a plain matrix: as the per-cell path always did
+            flat = [float(x) for row in m for x in row]
+            if not flat:
+                return []
+            if any(math.isnan(x) for x in flat):
+                return [((None, None), math.nan)]
+            return [((None, None), max(flat) if rule.over == "max" else min(flat))]
+        if not a.size:
             return []
-        if any(math.isnan(x) for x in flat):
+        if np.isnan(a).any():
             return [((None, None), math.nan)]
-        return [((None, None), max(flat) if rule.over == "max" else min(flat))]
+        return [((None, None), float(a.max() if rule.over == "max" else a.min()))]
 
     def _advance(self, run_id: int, rank: int, step: int, scalars: dict[str, float],
                  heads: dict[str, list[list[float]]]) -> list[_Pending]:
         """Run every rule over one frame; return the transitions, grouped per layer."""
         fv = FrameView(scalars, heads)
+        arrays: dict[str, np.ndarray] = {}
         out: list[_Pending] = []
         for rule in self._rules:
             if not rule.enabled or rule.kind == "no_data":
                 continue
             kind = KINDS[rule.kind]
+            if (rule.over == "cell" and rule.kind in SCREENS and rule.metric not in scalars
+                    and rule.metric in heads):
+                a = _matrix(arrays, heads, rule.metric)
+                if self._screened(rule, run_id, rank, a):
+                    assert a is not None
+                    out.extend(self._advance_screened(rule, run_id, rank, step, a, fv))
+                    continue
             groups: dict[tuple[State, int | None], _Pending] = {}
-            for cell, value in self._cells(rule, scalars, heads):
+            for cell, value in self._cells(rule, scalars, heads, arrays):
                 key = (rule.name, run_id, rank, *cell)
                 mem = self._mem.get(key)
                 if mem is None:
@@ -159,6 +214,60 @@ class AlertEngine:
                     mem.last = (step, value)
             out.extend(groups.values())
         return out
+
+    def _screened(self, rule: RuleSpec, run_id: int, rank: int, a: np.ndarray | None) -> bool:
+        """Whether this rule's cells go the whole-matrix way on (run, rank); a matrix whose
+        shape changed moves them to the per-cell path for good (same memory, same tracks)."""
+        key = (rule.name, run_id, rank)
+        if key in self._per_cell:
+            return False
+        c = self._cells_of.get(key)
+        if a is not None and a.ndim == 2 and (c is None or c.mem.shape == a.shape):
+            if c is None:
+                self._cells_of[key] = _Cells(CellMemory(a.shape), np.zeros(a.shape, bool), {},
+                                             np.zeros(a.shape, dtype=np.int64))
+            return True
+        self._per_cell.add(key)
+        if c is not None:
+            del self._cells_of[key]
+            for li, hi in zip(*np.nonzero(c.mem.count >= 0), strict=True):
+                cell = (int(li), int(hi))
+                self._mem[(*key, *cell)] = c.mem.memory(*cell)
+                if c.judged[cell] or cell in c.tracks:
+                    self._tracks[(*key, *cell)] = c.track(cell)
+        return False
+
+    def _advance_screened(self, rule: RuleSpec, run_id: int, rank: int, step: int,
+                          a: np.ndarray, fv: FrameView) -> list[_Pending]:
+        """One screened per-head rule over one sample: the screen clears the calm cells at
+        rest, the rule's detector judges the others (in layer, head order)."""
+        kind = KINDS[rule.kind]
+        c = self._cells_of[(rule.name, run_id, rank)]
+        with np.errstate(all="ignore"):
+            judged, todo = SCREENS[rule.kind](rule, c.mem, step, a)
+        for cell in c.tracks:
+            todo[cell] = True
+        c.judged |= judged & ~todo
+        keep = np.ones(a.shape, dtype=bool)
+        groups: dict[tuple[State, int | None], _Pending] = {}
+        for li, hi in zip(*np.nonzero(todo), strict=True):
+            cell = (int(li), int(hi))
+            verdict = kind.detect(rule, c.mem.memory(*cell), step, float(a[cell]), fv, cell)
+            if verdict is None:
+                continue
+            c.judged[cell] = True
+            t = c.track(cell).advance(rule, step, verdict)
+            if t is not None:
+                g = groups.get((t.state, cell[0]))
+                if g is None:
+                    groups[(t.state, cell[0])] = _Pending(rule, cell[0], [cell[1]], t)
+                else:
+                    g.heads.append(cell[1])
+            c.settle(cell)
+            if kind.hold_breaches and verdict.breach:
+                keep[cell] = False
+        c.mem.push(step, a, keep)
+        return list(groups.values())
 
     # -- persistence -----------------------------------------------------------------------
 
@@ -339,6 +448,25 @@ class AlertEngine:
                                                                  a.started_step, 0)
             elif track.state is State.FIRING:
                 track.state = State.RESOLVED  # its alert was resolved (or never stored)
+        for (rule, rid, rk), c in self._cells_of.items():
+            if (rid, rk) != (run_id, rank):
+                continue
+            for (r_name, layer), a in firing.items():
+                if r_name != rule or layer is None or not 0 <= layer < c.mem.shape[0]:
+                    continue
+                for head in a.evidence.get("active_heads") or a.heads or []:
+                    if (isinstance(head, int) and 0 <= head < c.mem.shape[1]
+                            and (c.judged[layer, head] or (layer, head) in c.tracks)):
+                        track = c.track((layer, head))
+                        track.state, track.started_step, track.streak = (State.FIRING,
+                                                                         a.started_step, 0)
+            for cell, track in list(c.tracks.items()):
+                a = firing.get((rule, cell[0]))
+                active = a is not None and cell[1] in (
+                    a.evidence.get("active_heads") or a.heads or [])
+                if not active and track.state is State.FIRING:
+                    track.state = State.RESOLVED
+                c.settle(cell)
 
     # -- no data ---------------------------------------------------------------------------
 
@@ -394,6 +522,22 @@ class AlertEngine:
             a.state = State.RESOLVED.value
             a.resolved_step = f.step
         return [a for a in rows if a.suppressed is None]
+
+
+def _matrix(arrays: dict[str, np.ndarray], heads: dict[str, list[list[float]]],
+            name: str) -> np.ndarray | None:
+    """``heads[name]`` as a float64 matrix (converted once per sample), None if it is not
+    a plain rectangular matrix of numbers."""
+    if name in arrays:
+        return arrays[name]
+    try:
+        a = np.asarray(heads[name], dtype=float)
+    except (TypeError, ValueError):
+        return None
+    if a.ndim != 2:
+        return None
+    arrays[name] = a
+    return a
 
 
 def _finite(x: float | None) -> float | None:

@@ -56,9 +56,13 @@ from enum import Enum
 from statistics import median
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "DETECTORS",
     "KINDS",
+    "SCREENS",
+    "CellMemory",
     "REMEDIES",
     "FrameView",
     "Memory",
@@ -614,3 +618,161 @@ KINDS: dict[str, Kind] = {
     "no_data": Kind(_no_data, {"seconds": 600.0}),
 }
 DETECTORS = {k: v.detect for k, v in KINDS.items()}
+
+
+# -- whole-matrix memory and screens (the engine's fast path for per-head rules) ------------
+
+RECENT_MAX = 64  # Memory.recent's maxlen
+EARLY_MAX = 32  # Memory.push's keep_early
+
+
+class CellMemory:
+    """The :class:`Memory` of every cell of one per-head metric (layers x heads), as arrays.
+
+    It holds exactly what :meth:`Memory.push` would hold for each cell (the newest
+    ``RECENT_MAX`` finite samples in ring buffers, the first ``EARLY_MAX`` finite ones, the
+    count seen, the last sample); :meth:`memory` rebuilds one cell's :class:`Memory` for its
+    detector.
+    """
+
+    def __init__(self, shape: tuple[int, int]) -> None:
+        layers, heads = shape
+        self.shape = shape
+        self.vals = np.zeros((RECENT_MAX, layers, heads))
+        self.steps = np.zeros((RECENT_MAX, layers, heads), dtype=np.int64)
+        self.pos = np.zeros(shape, dtype=np.int64)  # each cell's next ring slot
+        self.count = np.zeros(shape, dtype=np.int64)  # len(Memory.recent)
+        self.early = np.zeros((EARLY_MAX, layers, heads))
+        self.early_n = np.zeros(shape, dtype=np.int64)
+        self.seen = 0  # every cell sees every sample of its metric
+        self.last_step = 0
+        self.last_val = np.full(shape, math.nan)
+        self._li, self._hi = np.indices(shape)
+
+    def recent_idx(self, k: int, skip: int = 0) -> np.ndarray:
+        """Ring slots of each cell's ``k`` newest samples before its ``skip`` newest, oldest
+        first, shape (k, layers, heads); slots beyond a short history hold stale values."""
+        back = np.arange(k - 1 + skip, skip - 1, -1)[:, None, None]
+        return (self.pos[None] - 1 - back) % RECENT_MAX
+
+    def take(self, arr: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """``arr`` (ring-buffer shaped) at the slots ``idx`` of :meth:`recent_idx`."""
+        return arr[idx, self._li, self._hi]
+
+    def push(self, step: int, v: np.ndarray, keep: np.ndarray) -> None:
+        """Record one sample of every cell, as :meth:`Memory.push` does for the cells in
+        ``keep`` (the others: counted and remembered as last, kept out of the history)."""
+        self.seen += 1
+        self.last_step = step
+        self.last_val = v.copy()
+        li, hi = np.nonzero(keep & np.isfinite(v))
+        if not li.size:
+            return
+        p = self.pos[li, hi]
+        self.vals[p, li, hi] = v[li, hi]
+        self.steps[p, li, hi] = step
+        self.pos[li, hi] = (p + 1) % RECENT_MAX
+        self.count[li, hi] = np.minimum(self.count[li, hi] + 1, RECENT_MAX)
+        e = self.early_n[li, hi] < EARLY_MAX
+        le, he = li[e], hi[e]
+        self.early[self.early_n[le, he], le, he] = v[le, he]
+        self.early_n[le, he] += 1
+
+    def memory(self, layer: int, head: int) -> Memory:
+        """One cell's :class:`Memory`, as the per-cell path would hold it."""
+        m = Memory()
+        n, p = int(self.count[layer, head]), int(self.pos[layer, head])
+        for j in range(p - n, p):
+            q = j % RECENT_MAX
+            m.recent.append((int(self.steps[q, layer, head]), float(self.vals[q, layer, head])))
+        m.early = self.early[: int(self.early_n[layer, head]), layer, head].tolist()
+        m.seen = self.seen
+        if self.seen:
+            m.last = (self.last_step, float(self.last_val[layer, head]))
+        return m
+
+
+Screen = Callable[[RuleSpec, CellMemory, int, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+_REL = 1e-9  # screens keep every cell within this of its limit for the exact detector
+
+
+def _median0(x: np.ndarray) -> np.ndarray:
+    """Median over axis 0 (``statistics.median``'s rule: the mean of the two middle values
+    of an even count); sorting each cell's short row beats ``np.median``'s partition here."""
+    k = x.shape[0]
+    s = np.sort(x.reshape(k, -1).T, axis=1)
+    mid = s[:, k // 2] if k % 2 else (s[:, k // 2 - 1] + s[:, k // 2]) / 2
+    return mid.reshape(x.shape[1:])
+
+
+def _all_cells(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(v.shape, dtype=bool), np.ones(v.shape, dtype=bool)
+
+
+def _screen_departure(r: RuleSpec, cm: CellMemory, step: int,
+                      v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    lag, window, min_hist = int(r.param("lag")), int(r.param("window")), \
+        int(r.param("min_history"))
+    if lag < 0 or window < 1 or min_hist < 1 or lag + window > RECENT_MAX:
+        return _all_cells(v)
+    past = np.maximum(cm.count - lag, 0)
+    judged = np.minimum(past, window) >= min_hist
+    base = _median0(cm.take(cm.vals, cm.recent_idx(window, lag)))
+    limit = np.maximum(float(r.param("floor")), float(r.param("factor")) * base)
+    if r.param("ceiling") is not None:
+        limit = np.minimum(limit, float(r.param("ceiling")))
+    calm = v < limit - _REL * (np.abs(limit) + 1.0)  # False for NaN and inf
+    return judged, judged & ((past < window) | ~calm)
+
+
+def _screen_trend(r: RuleSpec, cm: CellMemory, step: int,
+                  v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    w = int(r.param("window"))
+    if w < 2 or w > RECENT_MAX:
+        return _all_cells(v)
+    idx = cm.recent_idx(w - 1)
+    ys = np.concatenate([cm.take(cm.vals, idx), v[None]])
+    xs = np.concatenate([cm.take(cm.steps, idx), np.full((1, *v.shape), step)]).astype(float)
+    # a verdict needs w positive samples, this one (finite) included
+    judged = (cm.count >= w - 1) & np.isfinite(v) & (ys > 0).all(axis=0)
+    i, j = np.triu_indices(w, 1)
+    d = ys[j] - ys[i]
+    # Kendall's S on the values bounds the one on their logs from above (log may merge two
+    # values a few ulps apart into a tie, never reorder them)
+    s_up = (d > 0).sum(axis=0) - ((d < 0) & (-d > 1e-12 * np.abs(ys[i]))).sum(axis=0)
+    tau_up = s_up / (w * (w - 1) / 2)
+    logs = np.log(np.where(ys > 0, ys, 1.0))
+    dx = xs[j] - xs[i]
+    ties = (dx == 0).any(axis=0)
+    slope = _median0((logs[j] - logs[i]) / np.where(dx == 0, 1.0, dx))
+    growth = np.exp(slope * (xs[-1] - xs[0]))
+    maybe = ((tau_up >= float(r.param("min_tau")) - 1e-12)
+             & (growth >= float(r.param("min_ratio")) * (1 - 1e-6))
+             & (v >= float(r.param("floor"))))
+    return judged, judged & (ties | maybe)
+
+
+def _screen_entropy_collapse(r: RuleSpec, cm: CellMemory, step: int,
+                             v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = int(r.param("samples"))
+    if n < 1:
+        return _all_cells(v)
+    judged = (cm.early_n >= n) & np.isfinite(v)
+    if n > EARLY_MAX:
+        return judged, judged
+    limit = _median0(cm.early[:n]) * float(r.param("fraction"))
+    calm = v >= limit + _REL * (np.abs(limit) + 1.0)
+    return judged, judged & ~calm
+
+
+#: Whole-matrix screens, per rule kind: ``(judged, candidates)`` over all cells of a
+#: per-head metric. ``judged``: the cells whose detector returns a verdict (exact outside
+#: the candidates). Outside ``candidates`` the detector's verdict is surely no breach (or
+#: none), so a cell at rest there needs no detector call: the screens over-include (a
+#: relative margin for rounding), and the exact detector decides every candidate.
+SCREENS: dict[str, Screen] = {
+    "departure": _screen_departure,
+    "trend": _screen_trend,
+    "entropy_collapse": _screen_entropy_collapse,
+}
