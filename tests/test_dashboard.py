@@ -8,9 +8,7 @@ frames and waits for them to arrive live, without a reload.
 from __future__ import annotations
 
 import math
-import socket
 import struct
-import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -19,10 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
-from logitwatch.server.app import create_app
-from logitwatch.server.settings import Settings
+from logitwatch.demo.runner import Collector as LiveCollector
 
 pytestmark = pytest.mark.browser
 
@@ -49,29 +45,15 @@ def chromium() -> Iterator[Any]:
         b.close()
 
 
-class Collector:
+class Collector(LiveCollector):
     """A real collector on 127.0.0.1:<free port>, served by uvicorn in a background thread."""
 
     def __init__(self, db: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        app = create_app(Settings(db_url=f"sqlite:///{db}", stream_interval=0.2))
-        self.server = uvicorn.Server(uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2,
-        ))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            assert self.thread.is_alive(), "the collector failed to start"
-            assert time.monotonic() < deadline, "the collector did not start within 15 s"
-            time.sleep(0.02)
+        super().__init__(f"sqlite:///{db}", stream_interval=0.2)
+        self.__enter__()
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.__exit__(None, None, None)
         assert not self.thread.is_alive(), "the collector did not stop"
 
 

@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import math
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,14 +20,12 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from sqlalchemy import update
 from sqlalchemy.orm import sessionmaker
 
-from logitwatch.server.app import create_app
+from logitwatch.demo.runner import Collector as LiveCollector
 from logitwatch.server.db.models import Alert, Run
 from logitwatch.server.db.session import make_engine, migrate, session_scope
-from logitwatch.server.settings import Settings
 from logitwatch.server.store.tokens import create_token
 
 pytestmark = pytest.mark.browser
@@ -70,28 +66,15 @@ def tab(chromium: Any) -> Iterator[Any]:
     context.close()
 
 
-class Collector:
+class Collector(LiveCollector):
     """uvicorn on a free loopback port, in a thread."""
 
     def __init__(self, db_url: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        app = create_app(Settings(db_url=db_url, stream_interval=0.2, auth_cache_seconds=0))
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                    log_level="warning",
-                                                    timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 15
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "no collector"
-            time.sleep(0.02)
+        super().__init__(db_url, stream_interval=0.2, auth_cache_seconds=0)
+        self.__enter__()
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.__exit__(None, None, None)
 
 
 @pytest.fixture
