@@ -58,8 +58,14 @@ WORKER = NET + textwrap.dedent('''
         opt.step()
         opt.zero_grad()
     mon.close()
+    with open(sys.argv[1], "w") as f:
+        json.dump(frames, f)
     dist.destroy_process_group()
-    json.dump(frames, open(sys.argv[1], "w"))
+    # gloo's background threads can abort the interpreter's own teardown ("terminate
+    # called without an active exception"); the result is written, so leave at once.
+    import os
+    sys.stdout.flush()
+    os._exit(0)
 ''')
 
 
@@ -101,8 +107,16 @@ def test_ddp_two_process_gloo_grad_norm_is_global(tmp_path) -> None:
                "HOME": str(tmp_path), "PYTHONWARNINGS": "ignore"}
         procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / f"{rank}.json")],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    for proc in procs:
-        out, _ = proc.communicate(timeout=120)
+    outs = []
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=120)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    for proc, out in zip(procs, outs, strict=True):
         assert proc.returncode == 0, out.decode()[-3000:]
     frames = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
     expected = reference_norms()
