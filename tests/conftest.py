@@ -51,3 +51,26 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'lw.db'}"
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run"]
+
+
+# Named ``chromium`` (not ``browser``) to stay clear of pytest-playwright's fixtures.
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[object]:
+    """Debian's headless Chromium driven by Playwright. Skipped when absent, unless
+    ``LOGITWATCH_REQUIRE_BROWSER`` is set (scripts/test.sh sets it), which fails instead."""
+    if not CHROMIUM.exists():
+        if os.environ.get("LOGITWATCH_REQUIRE_BROWSER"):
+            pytest.fail("LOGITWATCH_REQUIRE_BROWSER is set but /usr/bin/chromium is missing")
+        pytest.skip("needs Debian's Chromium at /usr/bin/chromium (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                              args=CHROMIUM_ARGS)
+        yield b
+        b.close()

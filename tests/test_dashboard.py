@@ -22,27 +22,12 @@ from logitwatch.demo.runner import Collector as LiveCollector
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--disable-background-networking", "--disable-component-update", "--no-first-run"]
 LAYERS, HEADS = 2, 4
 RUN = "dash-run"
 WAIT_MS = 10_000
 
 
 # --- fixtures -------------------------------------------------------------------------------
-
-
-# Fixture names avoid pytest-playwright's (``browser``, ``page``) should that plugin be installed.
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
-        yield b
-        b.close()
 
 
 class Collector(LiveCollector):

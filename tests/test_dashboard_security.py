@@ -30,9 +30,6 @@ from logitwatch.server.store.tokens import create_token
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--disable-background-networking", "--disable-component-update", "--no-first-run"]
 WAIT_MS = 10_000
 
 PWN = "window.__pwned=1"
@@ -42,17 +39,6 @@ HOSTILE_MESSAGE = f"</p><img src=x onerror={PWN}> '\"><script>{PWN}</script> & %
 HOSTILE_METRIC = f"<img src=x onerror={PWN}>%{{y}}"
 HOSTILE_RULE = f"<b onmouseover={PWN}>rule</b>"
 HOSTILE_REMEDY = f'<a href="javascript:{PWN}">click</a>'
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip("needs Debian's Chromium at /usr/bin/chromium (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from logitwatch.server.errors import NotFound, Unauthorized
 from logitwatch.server.settings import Settings
 
 __all__ = [
+    "run_visible_to",
     "COOKIE",
     "AnyPrincipalDep",
     "IngestDep",
@@ -81,6 +82,11 @@ def visible_run(
 ) -> int:
     """The path's run id, once the caller may read it. Another project's run answers the
     same 404 as a missing one, so ids do not reveal what other projects hold."""
+    return run_visible_to(principal, run_id, request)
+
+
+def run_visible_to(principal: Principal, run_id: int, request: Request) -> int:
+    """``run_id`` if ``principal`` may see that run, else the 404 of a missing run."""
     if principal.project is not None:
         with session_scope(request.app.state.sessions) as s:
             project = s.scalar(select(Run.project).where(Run.id == run_id))

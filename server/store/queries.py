@@ -202,6 +202,14 @@ def _frames_query(
         select(*cols)
         .join(Point, (Point.frame_id == Frame.id) & (Point.metric_id == metric_id))
     )
+    return _where_frames(q, rank, start, end, start_time, end_time)
+
+
+def _where_frames(
+    q: Any, rank: int | None, start: int | None, end: int | None,
+    start_time: float | None, end_time: float | None,
+) -> Any:
+    """Restrict a query over ``Frame`` to a rank and step/time ranges (None: no bound)."""
     if rank is not None:
         q = q.where(Frame.rank == rank)
     if start is not None:
@@ -233,16 +241,7 @@ def _read_series(
     )
     if scalar:
         q = q.where(func.length(Point.data) == 4)  # the partial index's condition
-    if rank is not None:
-        q = q.where(Frame.rank == rank)
-    if start is not None:
-        q = q.where(Frame.step >= start)
-    if end is not None:
-        q = q.where(Frame.step <= end)
-    if start_time is not None:
-        q = q.where(Frame.time >= start_time)
-    if end_time is not None:
-        q = q.where(Frame.time <= end_time)
+    q = _where_frames(q, rank, start, end, start_time, end_time)
     rows = session.connection().execute(q).all()
     n = len(rows)
     steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)

@@ -14,9 +14,9 @@ from logitwatch.server.api.deps import (
     SessionDep,
     SettingsDep,
     credentials,
+    run_visible_to,
 )
 from logitwatch.server.db.models import Run
-from logitwatch.server.db.session import session_scope
 from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import (
     MAX_RANK,
@@ -82,12 +82,7 @@ def writable_run(
     """The path's run id, once the caller may change it: open mode, or an ``ingest`` token
     of the run's project (another project's run answers 404, as for reads)."""
     principal = request.app.state.auth.authorize(credentials(request), scope="ingest")
-    if principal.project is not None:
-        with session_scope(request.app.state.sessions) as s:
-            project = s.scalar(select(Run.project).where(Run.id == run_id))
-        if project is None or not principal.sees(project):
-            raise NotFound("run-not-found", f"no run with id {run_id}")
-    return run_id
+    return run_visible_to(principal, run_id, request)
 
 
 @router.delete(
