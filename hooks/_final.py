@@ -14,6 +14,8 @@ import math
 import torch
 from torch import nn
 
+from ._logits import CPU_BLOCK_ELEMENTS, workspace
+
 __all__ = ["FinalStats", "find_output_head", "final_stats", "vocab_size"]
 
 _HEAD_NAMES = ("lm_head", "head", "output", "embed_out", "out_head")
@@ -67,6 +69,9 @@ class FinalStats:
             v = lg.shape[-1]
             rows = lg.reshape(-1, v)
             chunk = max(1, budget // (4 * 3 * max(1, v)))
+            if lg.device.type == "cpu":  # cache-sized chunks, as the attention statistics
+                chunk = min(chunk, max(1, CPU_BLOCK_ELEMENTS // max(1, v)))
+            ws = workspace(lg.device)
             lse_sum = torch.zeros((), dtype=torch.float64, device=lg.device)
             lmax = torch.full((), -math.inf, device=lg.device)
             for r0 in range(0, rows.shape[0], chunk):
@@ -74,8 +79,10 @@ class FinalStats:
                 top = part.amax(dim=-1)
                 lmax = torch.maximum(lmax, top.amax())
                 # logsumexp = max - log(largest softmax probability): the softmax kernel
-                # is several times faster than exp() of the shifted copy on CPU
-                p_max = torch.softmax(part, dim=-1).amax(dim=-1)
+                # is several times faster than exp() of the shifted copy on CPU; its
+                # output goes to the reused scratch buffer (no fresh pages per call)
+                p = ws.get("final", part.shape, torch.float32, lg.device, chunk * v)
+                p_max = torch.softmax(part, dim=-1, out=p).amax(dim=-1)
                 lse_sum = lse_sum + (top - p_max.log()).sum().double()
             self.lse_sum = lse_sum
             self.n_rows = float(rows.shape[0])

@@ -20,6 +20,7 @@ only. See ``docs/HOOKS.md``.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, fields
 
 import torch
@@ -32,6 +33,7 @@ __all__ = [
     "HeadStats",
     "attention_head_stats",
     "merge_head_stats",
+    "release_workspace",
 ]
 
 #: Default bytes a sampled attention call may use for its statistics (256 MiB).
@@ -40,6 +42,11 @@ DEFAULT_BUDGET = 256 << 20
 #: copies, centred values, softmax, the soft-capped copies, the top-value candidates),
 #: with margin; measured by the memory test.
 _TEMPS = 9
+#: Logits per block on CPU. Each statistic is a pass over the block and its few
+#: temporaries; blocks that stay in the core's L2 cache make those passes about twice as
+#: fast as one block per call (``bench/README.md``, *Hooks*). Devices with their own
+#: memory (CUDA) take blocks as large as the budget allows: fewer kernel launches.
+CPU_BLOCK_ELEMENTS = 1 << 19
 #: Bins of the p99 histogram used when the exact top 1 % does not fit in the budget.
 HIST_BINS = 4096
 PERCENT = 99
@@ -126,9 +133,13 @@ def _cap(x: torch.Tensor, softcap: float) -> torch.Tensor:
     return torch.tanh(x / softcap) * softcap
 
 
-def _plan(b: int, h: int, t: int, s: int, budget: int) -> tuple[int, int, bool]:
-    """(heads per block, query rows per block, exact p99?) for ``budget`` bytes."""
+def _plan(b: int, h: int, t: int, s: int, budget: int,
+          block_elements: int | None = None) -> tuple[int, int, bool]:
+    """(heads per block, query rows per block, exact p99?) for ``budget`` bytes, blocks
+    of at most ``block_elements`` logits when given (see :data:`CPU_BLOCK_ELEMENTS`)."""
     elements = max(1, (budget - budget // 4) // (4 * _TEMPS))  # a quarter for the top 1 %
+    if block_elements is not None:
+        elements = min(elements, block_elements)
     per_head = b * t * s
     k_top = min(per_head, ((100 - PERCENT) * per_head + 99) // 100 + 2)
     top_bytes = 4 * 3 * k_top  # kept top values, the merge's concatenation, its topk
@@ -200,7 +211,8 @@ def attention_head_stats(
                     mask = _as_bhtd(torch.broadcast_to(mask, full_shape))
                 mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
             valid = _Mask(mask, is_causal)
-        hc, tq, exact = _plan(b, h, t, s, budget)
+        cap = CPU_BLOCK_ELEMENTS if q.device.type == "cpu" else None
+        hc, tq, exact = _plan(b, h, t, s, budget, cap)
         parts: list[HeadStats] = []
         for h0 in range(0, h, hc):
             h1 = min(h, h0 + hc)
@@ -237,18 +249,102 @@ class _Mask:
         return v  # broadcastable to (b, h1 - h0, t1 - t0, s), never expanded
 
 
-def _blocks(q, k, valid, group, h0, h1, tq, scale):
-    """Yield ``(logits, valid_block)`` for heads ``h0:h1`` in query blocks of ``tq``."""
+class _Workspace:
+    """Block-sized scratch tensors reused across blocks and, on CPU, across calls.
+
+    A fresh multi-MB CPU tensor is often served by a new ``mmap`` whose pages fault in on
+    first touch; in the first profile of the bench model that cost as much as the arithmetic
+    itself (a layer's statistics 2.4 ms with reused memory, 5-6 ms without). So every
+    full-size temporary is written with ``out=`` into one of a few named buffers. On CPU
+    they are kept per thread between calls (a few blocks of :data:`CPU_BLOCK_ELEMENTS`
+    float32 values, ~5 MiB) and freed by :func:`release_workspace`; elsewhere the device's
+    caching allocator already reuses memory, and the buffers live for one call.
+    """
+
+    def __init__(self) -> None:
+        self._flat: dict[str, torch.Tensor] = {}
+        self._masks: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, name: str, shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
+            device: torch.device, limit: int = 0) -> torch.Tensor:
+        """A ``shape`` tensor of uninitialised values from buffer ``name``; an existing
+        buffer is reused if it has between ``n`` and ``max(n, limit)`` values, so no more
+        than one planned block per buffer stays allocated (the memory budget holds)."""
+        n = math.prod(shape)
+        buf = self._flat.get(name)
+        if (buf is None or not n <= buf.numel() <= max(n, limit) or buf.dtype != dtype
+                or buf.device != device):
+            self._flat.pop(name, None)
+            buf = torch.empty(n, dtype=dtype, device=device)
+            self._flat[name] = buf
+        return (buf if buf.numel() == n else buf[:n]).view(shape)
+
+    def mask_parts(self, v: torch.Tensor, shapes_only: bool,
+                   key: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(0/1 float mask, additive 0/-inf bias)`` of a bool "attend" block ``v``;
+        kept for the next call when ``v`` depends on shapes only (a causal mask)."""
+        if shapes_only:
+            hit = self._masks.get(key)
+            if hit is not None and hit[0].device == v.device:
+                return hit
+        vf = v.to(torch.float32)
+        bias = torch.zeros((), dtype=torch.float32, device=v.device).expand(
+            v.shape).masked_fill(~v, -math.inf)
+        if shapes_only:
+            if len(self._masks) >= 2:  # bounded: a model has one or two such shapes
+                self._masks.clear()
+            self._masks[key] = (vf, bias)
+        return vf, bias
+
+
+_local = threading.local()
+
+
+def workspace(device: torch.device) -> _Workspace:
+    """This thread's scratch buffers on CPU; fresh ones (for one call) elsewhere."""
+    if device.type != "cpu":
+        return _Workspace()
+    ws = getattr(_local, "workspace", None)
+    if ws is None:
+        ws = _local.workspace = _Workspace()
+    return ws
+
+
+def release_workspace() -> None:
+    """Free this thread's cached CPU scratch buffers (the monitor calls it on close)."""
+    _local.workspace = None
+
+
+def _blocks(q, k, valid, group, h0, h1, tq, scale, ws: _Workspace | None = None):
+    """Yield ``(logits, valid_block)`` for heads ``h0:h1`` in query blocks of ``tq``.
+
+    With ``ws`` the logits are written into its ``raw`` buffer, overwritten by the next
+    block: use each block before asking for the next.
+    """
     b, _, t, _ = q.shape
     s = k.shape[2]
+    # contiguous (B, H, L, D) copies: row copies are cheap, and ``kᵀ`` as a transposed
+    # view is read by the batched matmul as is (models hand over strided views of a
+    # fused projection, which the matmul would otherwise transpose-copy)
     kv = k[:, h0 // group : (h1 - 1) // group + 1].float()
     if group > 1:
         kv = kv.repeat_interleave(group, dim=1)[:, h0 % group : h0 % group + (h1 - h0)]
-    kt = kv.transpose(-1, -2)
+    if ws is None:
+        kt = kv.contiguous().transpose(-1, -2)
+    else:
+        kt = ws.get("k", kv.shape, torch.float32, k.device).copy_(kv).transpose(-1, -2)
     for t0 in range(0, t, tq):
         t1 = min(t, t0 + tq)
-        logits = torch.matmul(q[:, h0:h1, t0:t1].float(), kt)
-        logits.mul_(scale)
+        qb = q[:, h0:h1, t0:t1]
+        # the scale is applied to q (T x D values, not T x S): same logits to rounding
+        if ws is None:
+            logits = torch.matmul(qb.float() * scale, kt)
+        else:
+            qs = ws.get("q", qb.shape, torch.float32, q.device,
+                        b * (h1 - h0) * tq * q.shape[3]).copy_(qb).mul_(scale)
+            out = ws.get("raw", (b, h1 - h0, t1 - t0, s), torch.float32, q.device,
+                         b * (h1 - h0) * tq * s)
+            logits = torch.matmul(qs, kt, out=out)
         v = None if valid is None else valid.block(b, h0, h1, t0, t1, s, q.device)
         yield logits, v
 
@@ -265,6 +361,8 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
     s = k.shape[2]
     hn = h1 - h0
     dev = q.device
+    ws = workspace(dev)
+    lim = b * hn * tq * s  # one planned block
     f64 = dict(dtype=torch.float64, device=dev)
     count = torch.zeros(hn, **f64)
     mean = torch.zeros(hn, **f64)
@@ -283,15 +381,21 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
     top: torch.Tensor | None = None
     dims = (0, 2, 3)
     t0_next = 0
-    for raw, v in _blocks(q, k, valid, group, h0, h1, tq, scale):
-        # One masked copy of the block (additive 0/-inf bias) and one zeroed copy (times
-        # a 0/1 float mask) feed every statistic; the masks stay broadcast (a causal one
-        # is T x S). Per-block reductions in float32 (pairwise summation), merged in
+    for raw, v in _blocks(q, k, valid, group, h0, h1, tq, scale, ws):
+        # Every statistic reads the raw logits, or the masked copy (additive 0/-inf bias:
+        # max, softmax, top values); a 0/1 float mask zeroes what a sum must not count.
+        # The masks stay broadcast (a causal one is T x S). Full-size temporaries go to
+        # the workspace. Per-block reductions in float32 (pairwise summation), merged in
         # float64 across blocks.
         shape = raw.shape
+
+        def scratch(name: str, shape: torch.Size = shape) -> torch.Tensor:
+            return ws.get(name, shape, torch.float32, dev, lim)
+
         if v is None:
             n_b = torch.full((hn,), float(b * shape[2] * s), **f64)
-            masked, zeroed, vf = raw, raw, None
+            masked, vf, bias = raw, None, None
+            sum_b = raw.sum(dim=dims)
         else:
             if causal_only:  # counts from shapes: row i sees min(i + 1, S) keys
                 t0 = t0_next
@@ -299,40 +403,39 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
                                  **f64)
             else:
                 n_b = v.expand(shape).sum(dim=dims).double()
-            vf = v.to(raw.dtype)
-            bias = torch.zeros((), dtype=raw.dtype, device=dev).expand(v.shape)
-            bias = bias.masked_fill(~v, -math.inf)
-            masked = raw + bias
-            zeroed = raw * vf
+            # a causal mask of all query rows is the same at the next call: kept
+            vf, bias = ws.mask_parts(v, causal_only and shape[2] == t, (t, s))
+            masked = torch.add(raw, bias, out=scratch("masked"))
+            sum_b = torch.mul(raw, vf, out=scratch("tmp")).sum(dim=dims)
         t0_next += shape[2]
-        maximum = torch.maximum(maximum, masked.amax(dim=dims))
+        zrow = masked.amax(dim=-1)  # (B, hn, tq): the max and the softmax's log Z
+        maximum = torch.maximum(maximum, zrow.amax(dim=(0, 2)))
         if not exact:
-            low = raw if v is None else torch.where(v, raw, math.inf)
+            low = torch.where(v, raw, math.inf) if v is not None else raw
             minimum = torch.minimum(minimum, low.amin(dim=dims))
             del low
         # mean and M2 of this block, merged (Chan et al.)
-        mean_b = zeroed.sum(dim=dims).double() / n_b.clamp(min=1)
-        centred = raw - mean_b.float().view(1, hn, 1, 1)
+        mean_b = sum_b.double() / n_b.clamp(min=1)
+        centred = torch.sub(raw, mean_b.float().view(1, hn, 1, 1), out=scratch("tmp"))
         if vf is not None:
             centred.mul_(vf)
         m2_b = centred.mul_(centred).sum(dim=dims).double()
-        del centred
         delta = mean_b - mean
         n = count + n_b
         mean = mean + delta * n_b / n.clamp(min=1)
         m2 = m2 + m2_b + delta * delta * count * n_b / n.clamp(min=1)
         count = n
         # entropy of each softmax row, -sum p log p = logsumexp(z) - sum p z, with
-        # logsumexp(z) = max(z) - log(max p) read off the softmax (no log per element)
-        z, z0 = masked, zeroed
-        if softcap is not None:
-            zc = _cap(raw, softcap)  # mask after the cap: tanh(-inf) is -1
-            z, z0 = (zc, zc) if v is None else (zc + bias, zc * vf)
-            del zc
-        p = torch.softmax(z, dim=-1)
-        zmax = z.amax(dim=-1)
+        # logsumexp(z) = max(z) - log(max p) read off the softmax (no log per element);
+        # sum p z over the raw logits: p is 0 where the mask excludes a pair
+        z, z0, zmax = masked, raw, zrow
+        if softcap is not None:  # the mask after the cap: tanh(-inf) is -1
+            z0 = torch.div(raw, softcap, out=scratch("capped")).tanh_().mul_(softcap)
+            z = z0 if bias is None else torch.add(z0, bias, out=scratch("tmp"))
+            zmax = z.amax(dim=-1)
+        p = torch.softmax(z, dim=-1, out=scratch("p"))
         lse = zmax - p.amax(dim=-1).log()
-        ent = (lse - torch.linalg.vecdot(p, z0, dim=-1)).clamp_(min=0)  # (B, hn, tq)
+        ent = (lse - p.mul_(z0).sum(dim=-1)).clamp_(min=0)  # (B, hn, tq)
         del p, z, z0
         if v is None or causal_only:  # every query row sees at least one key
             rows = rows + float(b * shape[2])
@@ -345,14 +448,13 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
             ent_sum = ent_sum + ent.sum(dim=(0, 2)).double()
             ent_min = torch.minimum(ent_min,
                                     torch.where(row_ok, ent, math.inf).amin(dim=(0, 2)))
-        del raw, zeroed, vf  # only the masked copy is needed from here
         if exact:
-            block_top = _block_top(masked, k_top)
+            block_top = _block_top(masked, k_top, ws)
             top = block_top if top is None else torch.cat([top, block_top], dim=1)
             if top.shape[1] > k_top:
                 top = top.topk(k_top, dim=1, sorted=False).values
             del block_top
-        del masked
+        del masked, raw, vf
     count_i = count.round().to(torch.int64)
     capped_max = capped_p99 = None
     if exact and top is not None:
@@ -371,37 +473,58 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
                      capped_p99=capped_p99)
 
 
-#: Largest group size tried by :func:`_block_top` (a power of two; smaller ones if needed).
-_GROUP = 8
+#: Group size of :func:`_block_top`'s levels.
+_GROUP = 4
+#: Row length up to which ``topk`` is fast on CPU (measured, torch 2.x: ~1 ns per value up
+#: to 4,096 values a row, 5-10 ns beyond); :func:`_block_top` groups until it gets there.
+_TOPK_ROW = 4096
 
 
-def _block_top(masked: torch.Tensor, k_top: int) -> torch.Tensor:
+def _block_top(masked: torch.Tensor, k_top: int, ws: _Workspace | None = None) -> torch.Tensor:
     """``(hn, kk)``: the ``kk = min(k_top, B·T·S)`` largest values of each head of a
     ``(B, hn, T, S)`` block (``-inf`` for masked pairs), in any order. Exact.
 
-    Each head's values are split into groups of ``g`` (strided, so that the group maxima
-    are one elementwise pass); the top ``kk`` values all lie in the ``kk`` groups with the
-    largest maxima (every value above the ``kk``-th group maximum ``tau`` is in a group
-    with a larger maximum, and the chosen groups hold at least ``kk`` values ``>= tau``).
-    So ``topk`` runs on the group maxima and on ``g·kk`` candidates instead of on the
-    whole block: about a quarter of the cost on CPU. Fixed shapes, no host sync.
+    Each head's ``n = T·S`` values of a batch row are split into groups of ``g``
+    (strided: member ``i`` of group ``j`` is value ``i·n/g + j``, so that the group maxima
+    are one elementwise pass over a view, no copy), and the group maxima again, level by
+    level, until a level is short enough for a fast ``topk`` (:data:`_TOPK_ROW`). The
+    ``kk`` largest values of a level all lie in the ``kk`` groups of the next level with
+    the largest maxima (every value above the ``kk``-th group maximum ``tau`` is in a
+    group with a larger maximum, and the chosen groups hold at least ``kk`` values
+    ``>= tau``). So the selection walks back down: ``topk`` of the top level, then of the
+    ``g·kk`` members of the chosen groups, level by level, down to the values. Fixed
+    shapes, no host sync.
     """
     b, hn = masked.shape[:2]
     n = masked[0, 0].numel()
     kk = min(k_top, b * n)
     g = _GROUP
-    while g > 1 and (n % g or b * (n // g) < 2 * kk):
-        g //= 2
-    if g == 1:
-        part = masked.reshape(b, hn, n).topk(min(kk, n), dim=2, sorted=False).values
-        part = part.transpose(0, 1).reshape(hn, -1)
-        return part if part.shape[1] == kk else part.topk(kk, dim=1, sorted=False).values
-    ng = n // g
-    # (hn, g, B·ng): group j of a head = column j (member i at row i)
-    grouped = masked.reshape(b, hn, g, ng).permute(1, 2, 0, 3).reshape(hn, g, b * ng)
-    best = grouped.amax(dim=1).topk(kk, dim=1, sorted=False).indices  # (hn, kk)
-    cand = grouped.gather(2, best.unsqueeze(1).expand(hn, g, kk)).reshape(hn, g * kk)
-    return cand.topk(kk, dim=1, sorted=False).values
+    levels = [masked.reshape(b, hn, n)]  # a view of a contiguous block
+    size = n
+    while b * size > _TOPK_ROW and size % g == 0 and b * (size // g) >= 2 * kk:
+        size //= g
+        out = None if ws is None else ws.get(f"level{len(levels)}", (b, hn, size),
+                                             masked.dtype, masked.device)
+        levels.append(torch.amax(levels[-1].view(b, hn, g, size), dim=2, out=out))
+    top = levels.pop()
+    flat = top.transpose(0, 1).reshape(hn, b * size)
+    if not levels:
+        return flat.topk(kk, dim=1, sorted=False).values
+    chosen = flat.topk(kk, dim=1, sorted=False).indices  # (hn, kk) groups (batch, j)
+    rows, cols = chosen // size, chosen % size
+    heads = torch.arange(hn, device=masked.device).view(hn, 1, 1)
+    members = torch.arange(g, device=masked.device) * size  # group j: j + i·size
+    while levels:
+        below = levels.pop()
+        pos = cols.unsqueeze(-1) + members  # (hn, kk, g)
+        cand = below[rows.unsqueeze(-1).expand_as(pos), heads, pos].reshape(hn, kk * g)
+        if not levels:
+            return cand.topk(kk, dim=1, sorted=False).values
+        pick = cand.topk(kk, dim=1, sorted=False).indices
+        rows = rows.gather(1, pick // g)
+        cols = pos.reshape(hn, kk * g).gather(1, pick)
+        members = torch.arange(g, device=masked.device) * below.shape[2]
+    raise AssertionError("unreachable")
 
 
 def _hist_p99(q, k, valid, group, h0, h1, tq, scale, minimum, maximum, count) -> torch.Tensor:

@@ -197,6 +197,27 @@ def test_grouped_block_top_equals_topk(k_top: int) -> None:
         assert torch.equal(got, want), i
 
 
+def _deep_blocks() -> list[torch.Tensor]:
+    """(2, 2, 128, 256) blocks: several grouping levels (65,536 values a head)."""
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(2, 2, 128, 256, generator=gen)
+    causal = torch.ones(128, 256, dtype=torch.bool).tril()
+    deep = torch.zeros(2, 2, 128, 256)
+    n = 128 * 256
+    for stride in (n // 4, n // 16, n // 64):  # whole groups of levels 1, 2 and 3
+        deep.view(2, 2, -1)[:, :, ::stride] += 1.0
+    return [x, x.masked_fill(~causal, -math.inf), x.round(), deep,
+            torch.arange(2 * 2 * n, dtype=torch.float32).view(2, 2, 128, 256).flip(-1)]
+
+
+@pytest.mark.parametrize("k_top", [1, 100, 2 * 128 * 256 // 100 + 2, 5000])
+def test_multi_level_block_top_equals_topk(k_top: int) -> None:
+    for i, block in enumerate(_deep_blocks()):
+        got = _logits._block_top(block, k_top).sort(dim=1, descending=True).values
+        want = block.transpose(0, 1).reshape(2, -1).topk(k_top, dim=1).values
+        assert torch.equal(got, want), i
+
+
 def test_grouped_block_top_is_the_path_taken_on_the_bench_shape() -> None:
     """The grouped selection (not the plain topk fallback) runs for GPT-2-like blocks."""
     taken = []
@@ -210,8 +231,10 @@ def test_grouped_block_top_is_the_path_taken_on_the_bench_shape() -> None:
 
     block = torch.randn(2, 4, 256, 256)
     with Spy():
-        _logits._block_top(block, 2 * 256 * 256 // 100 + 2)
-    assert max(taken) < 256 * 256  # never a topk over a whole (batch, head) row
+        # the top 1 % of the causal pairs, as attention_head_stats asks for
+        _logits._block_top(block, 2 * _logits._causal_pairs(0, 256, 256) // 100 + 2)
+    assert max(taken) <= _logits._TOPK_ROW  # only short rows: never a whole (batch, head)
+    assert len(taken) >= 3  # the top level and at least two levels back down
 
 
 def test_no_host_sync_and_no_autograd_graph() -> None:
@@ -328,8 +351,8 @@ def test_histogram_p99_is_within_one_bin_of_exact() -> None:
 
 
 class LiveBytes(TorchDispatchMode):
-    """Peak bytes of tensors created under the mode and still alive (views counted fully:
-    an over-estimate)."""
+    """Peak bytes of tensors created under the mode and still alive (views of other
+    tensors and in-place/``out=`` results allocate nothing and are not counted)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -342,7 +365,8 @@ class LiveBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and not func._schema.is_mutable:
+            if isinstance(t, torch.Tensor) and not func._schema.is_mutable and not any(
+                    r.alias_info is not None for r in func._schema.returns):
                 n = t.numel() * t.element_size()
                 self.live += n
                 self.peak = max(self.peak, self.live)
