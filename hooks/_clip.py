@@ -1,21 +1,31 @@
-"""Observe ``torch.nn.utils.clip_grad_norm_`` to get the norm *before* clipping.
+"""Observe ``clip_grad_norm_`` calls to get the gradient norm *before* clipping.
 
 While at least one monitor listens, ``torch.nn.utils.clip_grad_norm_`` is replaced by a
 wrapper that calls the original unchanged and then tells every listener the returned
-total norm (a device tensor) and ``max_norm``. Code that bound the function earlier
-(``from torch.nn.utils import clip_grad_norm_`` at import time) is not seen; the monitor
-then falls back to computing the norm itself in the optimizer's step pre-hook.
+total norm (a device tensor) and ``max_norm``. FSDP1's own method,
+``FullyShardedDataParallel.clip_grad_norm_`` (the right call for sharded FSDP1 gradients:
+its norm is reduced across ranks), is wrapped the same way when ``torch.distributed.fsdp``
+has been imported by the time a monitor attaches. A clip call made inside another
+observed one (FSDP1 delegates to ``torch.nn.utils`` under ``NO_SHARD``) is reported once,
+by the outer call. A DTensor norm (FSDP2) is handed over as a plain tensor.
+
+Code that bound the function earlier (``from torch.nn.utils import clip_grad_norm_`` at
+import time) is not seen; the monitor then falls back to computing the norm itself in the
+optimizer's step pre-hook.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+
+from ._shard import plain
 
 __all__ = ["ClipListener", "add_listener", "remove_listener"]
 
@@ -24,10 +34,29 @@ log = logging.getLogger("logitwatch.hooks")
 #: ``listener(total_norm, parameters, max_norm)``; must not raise.
 ClipListener = Callable[[torch.Tensor, list[torch.Tensor], Any], None]
 
+_FSDP1_MODULE = "torch.distributed.fsdp.fully_sharded_data_parallel"
+
 _lock = threading.Lock()
 _listeners: list[ClipListener] = []
-_original: Callable[..., torch.Tensor] | None = None
-_wrapper: Callable[..., torch.Tensor] | None = None
+_inside = threading.local()  # depth of observed clip calls on this thread
+#: ``(owner, attribute, original, wrapper)`` for every patch in place.
+_patches: list[tuple[Any, str, Any, Any]] = []
+
+
+def _notify(total: torch.Tensor, params: list[torch.Tensor], max_norm: Any) -> None:
+    total = plain(total)
+    for listener in list(_listeners):
+        listener(total, params, max_norm)
+
+
+def _enter() -> bool:
+    depth = getattr(_inside, "depth", 0)
+    _inside.depth = depth + 1
+    return depth == 0
+
+
+def _leave() -> None:
+    _inside.depth -= 1
 
 
 def _make_wrapper(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -38,36 +67,68 @@ def _make_wrapper(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
         if not _listeners:
             return original(parameters, max_norm, *args, **kwargs)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        total = original(params, max_norm, *args, **kwargs)
-        for listener in list(_listeners):
-            listener(total, params, max_norm)
+        outer = _enter()
+        try:
+            total = original(params, max_norm, *args, **kwargs)
+        finally:
+            _leave()
+        if outer:
+            _notify(total, params, max_norm)
         return total
 
     return clip_grad_norm_
 
 
+def _make_method_wrapper(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @functools.wraps(original)
+    def clip_grad_norm_(self: torch.nn.Module, max_norm: Any, *args: Any,
+                        **kwargs: Any) -> torch.Tensor:
+        if not _listeners:
+            return original(self, max_norm, *args, **kwargs)
+        outer = _enter()
+        try:
+            total = original(self, max_norm, *args, **kwargs)
+        finally:
+            _leave()
+        if outer:
+            _notify(total, list(self.parameters()), max_norm)
+        return total
+
+    return clip_grad_norm_
+
+
+def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    original = getattr(owner, name)
+    wrapper = make(original)
+    setattr(owner, name, wrapper)
+    _patches.append((owner, name, original, wrapper))
+
+
 def add_listener(listener: ClipListener) -> None:
-    """Start observing; patches ``torch.nn.utils.clip_grad_norm_`` for the first listener."""
-    global _original, _wrapper
+    """Start observing; the first listener patches ``torch.nn.utils.clip_grad_norm_``, and
+    ``FullyShardedDataParallel.clip_grad_norm_`` is patched once FSDP1 is imported."""
     with _lock:
         if not _listeners:
-            _original = torch.nn.utils.clip_grad_norm_
-            _wrapper = _make_wrapper(_original)
-            torch.nn.utils.clip_grad_norm_ = _wrapper
+            _patch(torch.nn.utils, "clip_grad_norm_", _make_wrapper)
+        fsdp1 = getattr(sys.modules.get(_FSDP1_MODULE), "FullyShardedDataParallel", None)
+        if (fsdp1 is not None and callable(getattr(fsdp1, "clip_grad_norm_", None))
+                and not any(owner is fsdp1 for owner, *_ in _patches)):
+            _patch(fsdp1, "clip_grad_norm_", _make_method_wrapper)  # imported since
         _listeners.append(listener)
 
 
 def remove_listener(listener: ClipListener) -> None:
-    """Stop observing; the last listener restores the original function."""
-    global _original, _wrapper
+    """Stop observing; the last listener restores the original functions."""
     with _lock:
         if listener not in _listeners:
             return
         _listeners.remove(listener)
         if _listeners:
             return
-        if torch.nn.utils.clip_grad_norm_ is _wrapper:
-            torch.nn.utils.clip_grad_norm_ = _original
-        else:  # someone patched over us: keep theirs; ours passes through when unused
-            log.warning("logitwatch: torch.nn.utils.clip_grad_norm_ was replaced; left as is")
-        _original = _wrapper = None
+        for owner, name, original, wrapper in reversed(_patches):
+            if getattr(owner, name) is wrapper:
+                setattr(owner, name, original)
+            else:  # someone patched over us: keep theirs; ours passes through when unused
+                log.warning("logitwatch: %s.%s was replaced; left as is",
+                            getattr(owner, "__name__", owner), name)
+        _patches.clear()

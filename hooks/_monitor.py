@@ -12,13 +12,14 @@ import torch
 
 from logitwatch.client import Client
 
-from . import _adapter, _clip, _eager
+from . import _adapter, _clip, _eager, _logits
 from ._buffer import StepBuffer, collect
 from ._cost import CostMeter
 from ._final import final_stats, find_output_head, vocab_size
 from ._logits import DEFAULT_BUDGET, attention_head_stats
 from ._qk import find_qk, qk_norms
 from ._sdpa import SdpaCapture, parse_call
+from ._shard import find_sharding
 from ._stats import global_grad_norm
 
 __all__ = ["Monitor"]
@@ -86,6 +87,11 @@ class Monitor:
     Any exception inside the monitor is logged once with its traceback, disables that
     part (see :data:`PARTS`), and training goes on unchanged.
 
+    Sharded parameters (FSDP2/DTensor, FSDP1): the grad and q/k norms need a collective,
+    so every rank must sample the same steps. The ranks agree on the interval at the end
+    of each sampled step (the widest proposal wins, one small ``all_reduce``); then
+    :meth:`request_sample` must be called on every rank at the same step.
+
     Use as a context manager or call :meth:`close`; closing removes every hook and patch.
     """
 
@@ -137,7 +143,13 @@ class Monitor:
         self.lm_head: torch.nn.Module | None = head
         vocab = vocab_size(head, model)
         self._ln_vocab = math.log(vocab) if vocab else None
-        self._qk = find_qk(model)
+        try:
+            self._shard = find_sharding(model)
+        except Exception:  # sharding internals we cannot read: no part may enter a collective
+            self._shard = None
+            self.disabled.add("qk")
+            self._fail("grad")
+        self._qk = find_qk(model, self._shard.shape_of if self._shard is not None else None)
         self._handles = [
             model.register_forward_pre_hook(self._pre_forward),
             model.register_forward_hook(self._post_forward, always_call=True),
@@ -257,7 +269,7 @@ class Monitor:
         if self.sampled and "grad" not in self.disabled and not self._clip_seen:
             t0 = time.perf_counter()
             try:
-                self._buffer.grad_norm = global_grad_norm(self.model.parameters())
+                self._buffer.grad_norm = self._grad_norm(self.model.parameters())
             except Exception:
                 self._fail("grad")
             self._cost.add_host(time.perf_counter() - t0)
@@ -276,6 +288,7 @@ class Monitor:
             handle.remove()
         self._handles.clear()
         self._stop_capture()
+        _logits.release_workspace()  # this thread's CPU scratch buffers (a few MiB)
         _eager.uninstall(self._eager_token)
         _clip.remove_listener(self._on_clip)
         if self._owns_client:
@@ -438,10 +451,15 @@ class Monitor:
                 return
             t0 = time.perf_counter()
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            self._buffer.grad_norm = global_grad_norm(params)
+            self._buffer.grad_norm = self._grad_norm(params)
             self._cost.add_host(time.perf_counter() - t0)
         except Exception:
             self._fail("grad")
+
+    def _grad_norm(self, params: Any) -> torch.Tensor | None:
+        if self._shard is not None:
+            return self._shard.grad_norm(params)  # a collective on every rank
+        return global_grad_norm(params)
 
     def _post_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._end_step()
@@ -464,12 +482,16 @@ class Monitor:
             self._step = step + 1
         try:
             self._cost.step_end(sampled)
-            self._reschedule()
+            self._reschedule(agree=sampled)
         except Exception:
             self._fail("step")
 
-    def _reschedule(self) -> None:
-        self._effective_every = self._cost.interval(self.sample_every)
+    def _reschedule(self, agree: bool = False) -> None:
+        proposal = self._cost.interval(self.sample_every)
+        if self._shard is None:
+            self._effective_every = proposal
+        elif agree:  # the end of a sampled step, on every rank alike
+            self._effective_every = self._shard.agree_interval(proposal)
         force, self._force_next = self._force_next, False
         self._sampled = (
             force
@@ -492,7 +514,7 @@ class Monitor:
         heads = self._buffer.heads()
         if self._qk and "qk" not in self.disabled:
             try:
-                heads.update(qk_norms(self._qk))
+                heads.update(qk_norms(self._qk, self._shard))
             except Exception:
                 self._fail("qk")
         host_ms = 1e3 * (self._cost.host_seconds + time.perf_counter() - t0)

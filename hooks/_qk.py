@@ -13,14 +13,23 @@ optimizer update). Layouts understood:
 The norm of head ``h`` is the Frobenius norm of its slice (weight) or the L2 norm of its
 slice of the bias. Keys have ``H_kv`` heads under GQA, so the ``k`` matrices are
 ``layers x H_kv``.
+
+Sharded parameters (FSDP2 DTensors, FSDP1 flat shards) are measured from each rank's
+local piece and summed across ranks in one collective (see ``_shard.Sharding``); the
+layout is then read from the unsharded shapes FSDP1 records.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from ._shard import Sharding
 
 __all__ = ["Part", "QKSource", "find_qk", "qk_norms"]
 
@@ -34,6 +43,8 @@ class Part:
     axis: int = 0
     start: int = 0
     stop: int | None = None
+    owner: nn.Module | None = None  # the module holding it as attribute ``name``
+    name: str | None = None
 
     def get(self) -> torch.Tensor:
         t = self.param.detach()
@@ -53,8 +64,13 @@ class QKSource:
     head_dim: int
 
 
-def _opt(t: object, start: int = 0, stop: int | None = None) -> Part | None:
-    return Part(t, 0, start, stop) if isinstance(t, torch.Tensor) else None
+ShapeOf = Callable[[nn.Module, str], "torch.Size | None"]
+
+
+def _part(owner: nn.Module, name: str, axis: int = 0, start: int = 0,
+          stop: int | None = None) -> Part | None:
+    t = getattr(owner, name, None)
+    return Part(t, axis, start, stop, owner, name) if isinstance(t, torch.Tensor) else None
 
 
 def _int(x: object) -> int | None:
@@ -76,66 +92,102 @@ def _head_dim(module: nn.Module, q_out: int) -> int | None:
     return q_out // heads if heads and q_out % heads == 0 else None
 
 
-def _source(module: nn.Module) -> QKSource | None:
+def _source(module: nn.Module, shape_of: ShapeOf) -> QKSource | None:
     if isinstance(module, nn.MultiheadAttention):
         e, hd = module.embed_dim, module.head_dim
-        bias = module.in_proj_bias
-        qb, kb = _opt(bias, 0, e), _opt(bias, e, 2 * e)
+        qb = _part(module, "in_proj_bias", 0, 0, e)
+        kb = _part(module, "in_proj_bias", 0, e, 2 * e)
         if module.in_proj_weight is not None:
-            w = module.in_proj_weight
-            return QKSource("rows", Part(w, 0, 0, e), Part(w, 0, e, 2 * e), qb, kb, hd)
-        return QKSource("rows", Part(module.q_proj_weight), Part(module.k_proj_weight),
-                        qb, kb, hd)
+            q, k = _part(module, "in_proj_weight", 0, 0, e), _part(module, "in_proj_weight", 0,
+                                                                   e, 2 * e)
+        else:
+            q, k = _part(module, "q_proj_weight"), _part(module, "k_proj_weight")
+        return QKSource("rows", q, k, qb, kb, hd) if q is not None and k is not None else None
     c_attn = getattr(module, "c_attn", None)
     if c_attn is not None and not getattr(module, "is_cross_attention", False):
         w = getattr(c_attn, "weight", None)
         e = _int(getattr(module, "embed_dim", None))
         hd = _int(getattr(module, "head_dim", None))
-        if isinstance(w, torch.Tensor) and w.dim() == 2 and e and hd and w.shape[1] == 3 * e:
-            b = getattr(c_attn, "bias", None)
-            return QKSource("cols", Part(w, 1, 0, e), Part(w, 1, e, 2 * e),
-                            _opt(b, 0, e), _opt(b, e, 2 * e), hd)
+        shape = shape_of(c_attn, "weight") or (w.shape if isinstance(w, torch.Tensor) else None)
+        if isinstance(w, torch.Tensor) and shape is not None and len(shape) == 2 and e and hd \
+                and shape[1] == 3 * e:
+            return QKSource("cols", Part(w, 1, 0, e, c_attn, "weight"),
+                            Part(w, 1, e, 2 * e, c_attn, "weight"),
+                            _part(c_attn, "bias", 0, 0, e), _part(c_attn, "bias", 0, e, 2 * e), hd)
     for q_name, k_name in (("q_proj", "k_proj"), ("query", "key")):
         q, k = getattr(module, q_name, None), getattr(module, k_name, None)
         if isinstance(q, nn.Linear) and isinstance(k, nn.Linear):
             hd = _head_dim(module, q.out_features)
             if hd and q.out_features % hd == 0 and k.out_features % hd == 0:
-                return QKSource("rows", Part(q.weight), Part(k.weight), _opt(q.bias),
-                                _opt(k.bias), hd)
+                return QKSource("rows", Part(q.weight, owner=q, name="weight"),
+                                Part(k.weight, owner=k, name="weight"), _part(q, "bias"),
+                                _part(k, "bias"), hd)
     return None
 
 
-def find_qk(model: nn.Module) -> list[QKSource]:
+def _no_shape(owner: nn.Module, name: str) -> torch.Size | None:
+    return None
+
+
+def find_qk(model: nn.Module, shape_of: ShapeOf | None = None) -> list[QKSource]:
     """One :class:`QKSource` per attention module of ``model``, in module order.
 
     Parameters are referenced, not copied, and sliced at measurement time, so every
     in-place optimizer update is seen (a parameter *replaced* later is not followed).
+    ``shape_of(owner, name)`` gives a parameter's unsharded shape where sharding
+    flattened it (FSDP1, ``Sharding.shape_of``).
     """
-    return [src for module in model.modules() if (src := _source(module)) is not None]
+    shape_of = shape_of or _no_shape
+    return [src for module in model.modules() if (src := _source(module, shape_of)) is not None]
 
 
-def qk_norms(sources: list[QKSource]) -> dict[str, list[torch.Tensor]]:
-    """``{"qk.q_weight_norm": [per layer (H,)], ...}``; biases only where present."""
-    out: dict[str, list[torch.Tensor]] = {}
-    with torch.no_grad():
-        for src in sources:
-            hd = src.head_dim
-            for name, w in (("qk.q_weight_norm", src.q_weight), ("qk.k_weight_norm",
-                                                                  src.k_weight)):
-                w = w.get()
-                if src.kind == "rows":
-                    per = w.reshape(-1, hd, w.shape[-1])
-                    norm = torch.linalg.vector_norm(per, dim=(1, 2), dtype=torch.float32)
-                else:
-                    per = w.reshape(w.shape[0], -1, hd)
-                    norm = torch.linalg.vector_norm(per, dim=(0, 2), dtype=torch.float32)
-                out.setdefault(name, []).append(norm)
-            for name, b in (("qk.q_bias_norm", src.q_bias), ("qk.k_bias_norm", src.k_bias)):
-                if b is not None:
-                    norm = torch.linalg.vector_norm(b.get().reshape(-1, hd), dim=1,
-                                                    dtype=torch.float32)
-                    out.setdefault(name, []).append(norm)
+def qk_norms(
+    sources: list[QKSource], sharding: Sharding | None = None
+) -> dict[str, list[torch.Tensor]]:
+    """``{"qk.q_weight_norm": [per layer (H,)], ...}``; biases only where present.
+
+    With ``sharding`` (FSDP), a collective: every rank must call it at the same point.
+    """
+    if sharding is not None:
+        out = _sharded_norms(sources, sharding)
+    else:
+        out = {}
+        with torch.no_grad():
+            for src in sources:
+                for name, part in _named_parts(src):
+                    out.setdefault(name, []).append(_norm(part, src.kind, src.head_dim))
     for name in ("qk.q_bias_norm", "qk.k_bias_norm"):
         if name in out and len(out[name]) != len(sources):
             del out[name]  # biases on some layers only: rows would not line up with layers
+    return out
+
+
+def _named_parts(src: QKSource) -> list[tuple[str, Part]]:
+    parts = [("qk.q_weight_norm", src.q_weight), ("qk.k_weight_norm", src.k_weight)]
+    parts += [(n, b) for n, b in (("qk.q_bias_norm", src.q_bias), ("qk.k_bias_norm",
+                                                                    src.k_bias)) if b is not None]
+    return parts
+
+
+def _norm(part: Part, kind: str, hd: int) -> torch.Tensor:
+    t = part.get()
+    if t.dim() == 1:
+        return torch.linalg.vector_norm(t.reshape(-1, hd), dim=1, dtype=torch.float32)
+    if kind == "rows":
+        per = t.reshape(-1, hd, t.shape[-1])
+        return torch.linalg.vector_norm(per, dim=(1, 2), dtype=torch.float32)
+    per = t.reshape(t.shape[0], -1, hd)
+    return torch.linalg.vector_norm(per, dim=(0, 2), dtype=torch.float32)
+
+
+def _sharded_norms(sources: list[QKSource], sharding: Sharding) -> dict[str, list[torch.Tensor]]:
+    """Per-head norms from per-index squared sums along the head axis (rows of a Linear,
+    columns of a Conv1D, entries of a bias), all reduced in one ``all_reduce``."""
+    named = [(name, part, src.head_dim) for src in sources for name, part in _named_parts(src)]
+    sums = sharding.axis_square_sums([(p.param, p.owner, p.name, p.axis) for _, p, _ in named])
+    out: dict[str, list[torch.Tensor]] = {}
+    for (name, part, hd), per_index in zip(named, sums, strict=True):
+        stop = per_index.shape[0] if part.stop is None else part.stop
+        heads = per_index[part.start : stop].reshape(-1, hd).sum(dim=1).sqrt()
+        out.setdefault(name, []).append(heads)
     return out

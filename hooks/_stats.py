@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 import torch
 
+from ._shard import plain
+
 __all__ = [
     "MASKED_BELOW",
     "global_grad_norm",
@@ -101,7 +103,10 @@ def global_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor | None:
     """Global L2 norm of the ``.grad`` of ``parameters`` (float32, on the device), or None.
 
     Same value as ``torch.nn.utils.clip_grad_norm_`` returns (grouped ``_foreach_norm``),
-    without clipping and without a host sync.
+    without clipping and without a host sync. DTensor gradients (FSDP2, tensor parallel)
+    are reduced across their mesh by ``get_total_norm`` (a collective: every rank must
+    call this at the same point); the replicated result is returned as a plain tensor.
+    FSDP1's flat shards are not recognisable here: see ``Sharding.grad_norm``.
     """
     with torch.no_grad():
         grads = [p.grad.detach() for p in parameters if p.grad is not None]
@@ -109,9 +114,7 @@ def global_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor | None:
             return None
         get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
         if get_total_norm is not None:  # torch >= 2.6
-            total = get_total_norm(grads, 2.0, False, None)
-            full = getattr(total, "full_tensor", None)  # DTensor grads (FSDP2): reduce
-            return (full() if callable(full) else total).float()
+            return plain(get_total_norm(grads, 2.0, False, None)).float()
         device = grads[0].device
         norms = [n.to(device) for n in torch._foreach_norm(grads, 2.0)]
         return torch.linalg.vector_norm(torch.stack(norms).float(), 2.0)

@@ -1,0 +1,253 @@
+"""Two real processes, a gloo group and FSDP (FSDP2 ``fully_shard``, FSDP1 with flat and
+original parameters): on every rank the frame's ``grad.norm`` is the *global* norm (with and
+without the job clipping), the clip flag, the q/k norms of sharded parameters, attention and
+final statistics equal a single-process reference, frames carry their rank, and the ranks
+sample the same steps even when only one of them is told to sample less often."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+STEPS = 3
+MAX_NORM = 1.0
+
+MODEL = textwrap.dedent('''
+    import torch, torch.nn.functional as F
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    VOCAB = 64
+
+    def make_model():
+        torch.manual_seed(0)
+        cfg = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16, n_layer=2, n_head=2,
+                         attn_implementation="sdpa", bos_token_id=0, eos_token_id=0,
+                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        return GPT2LMHeadModel(cfg)
+
+    def batches():
+        """One batch per rank: (rank, batch, time)."""
+        return torch.randint(0, VOCAB, (2, 2, 8), generator=torch.Generator().manual_seed(1))
+''')
+
+WORKER = MODEL + textwrap.dedent('''
+    import json, os, sys
+    import torch.distributed as dist
+    from logitwatch.hooks import attach
+
+    MODE, OUT = sys.argv[1], sys.argv[2]
+    STEPS, MAX_NORM = int(sys.argv[3]), float(sys.argv[4])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    def wrap(model):
+        if MODE == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+            for block in model.transformer.h:
+                fully_shard(block)
+            return fully_shard(model)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        return FSDP(model, device_id=torch.device("cpu"), use_orig_params=MODE == "fsdp1-orig")
+
+    def clip_fns():
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        return [torch.nn.utils.clip_grad_norm_, FSDP.clip_grad_norm_]
+
+    def run(clip, steps, control_at=None):
+        model = wrap(make_model())
+        originals = clip_fns()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        frames = []
+        mon = attach(model, opt, run="fsdp", sample_every=1, overhead_budget=None,
+                     max_grad_norm=MAX_NORM)
+        mon.client.send = lambda step, scalars, heads, time=None: frames.append(
+            {"step": step, "rank": mon.client.rank, "scalars": scalars, "heads": heads})
+        ids = batches()[rank]  # a different batch on each rank
+        for step in range(steps):
+            if step == control_at and rank == 0:  # the collector reached rank 0 first
+                mon.client._control = {"sample_every": 3}
+            model(ids, labels=ids).loss.backward()
+            if clip:
+                if MODE == "fsdp2":
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+                else:
+                    model.clip_grad_norm_(MAX_NORM)
+            opt.step()
+            opt.zero_grad()
+        mon.close()
+        return {"frames": frames, "disabled": sorted(mon.disabled),
+                "restored": all(a is b for a, b in zip(clip_fns(), originals))}
+
+    result = {"plain": run(False, STEPS), "clip": run(True, STEPS),
+              "control": run(False, 8, control_at=1)}
+    with open(OUT, "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+    # gloo's background threads can abort the interpreter's own teardown ("terminate
+    # called without an active exception"); the result is written, so leave at once.
+    sys.stdout.flush()
+    os._exit(0)
+''')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_workers(tmp_path, mode: str) -> list[dict]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "PATH": "/usr/bin:/bin",
+               "HOME": str(tmp_path), "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1",
+               "OMP_NUM_THREADS": "1"}
+        argv = [sys.executable, str(script), mode, str(tmp_path / f"{rank}.json"),
+                str(STEPS), str(MAX_NORM)]
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT))
+    outs = []
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=120)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    for proc, out in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, out.decode()[-3000:]
+    return [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+
+
+def reference(clip: bool) -> list[dict]:
+    """One process, both ranks' batches: the mean loss has FSDP's averaged gradient.
+
+    Per step: the global grad norm, the clip flag, each rank's attention/final/loss
+    statistics (a monitor on the same weights, one forward per rank's batch) and the
+    q/k norms after the update.
+    """
+    from logitwatch.hooks import attach
+    from logitwatch.hooks._qk import find_qk, qk_norms
+
+    ns: dict = {}
+    exec(MODEL, ns)
+    net = ns["make_model"]()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    data = ns["batches"]()
+    qk = find_qk(net)
+    out = []
+    for _ in range(STEPS):
+        per_rank: list[tuple[dict, dict]] = []
+        mon = attach(net, run="ref", sample_every=1, overhead_budget=None)
+        mon.client.send = lambda step, scalars, heads, time=None, sink=per_rank: sink.append(
+            (scalars, heads))
+        losses = []
+        for ids in data:
+            losses.append(net(ids, labels=ids).loss)
+            mon.step()
+        mon.close()
+        (sum(losses) / 2).backward()
+        norm = torch.linalg.vector_norm(
+            torch.stack([p.grad.norm() for p in net.parameters() if p.grad is not None])).item()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), MAX_NORM)
+        opt.step()
+        opt.zero_grad()
+        qk_after = {k: [v.tolist() for v in rows] for k, rows in qk_norms(qk).items()}
+        out.append({"norm": norm, "clipped": norm > MAX_NORM, "ranks": per_rank, "qk": qk_after})
+    return out
+
+
+def close(a: float, b: float, rel: float = 1e-5, abs_: float = 1e-6) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def check_heads(got: dict, want: dict, names: list[str]) -> None:
+    for name in names:
+        assert name in got, f"{name} missing from the frame"
+        g, w = torch.tensor(got[name]), torch.tensor(want[name])
+        assert g.shape == w.shape, name
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=name)
+
+
+ATTN = ["attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
+        "attn.entropy_mean", "attn.entropy_min"]
+QK = ["qk.q_weight_norm", "qk.k_weight_norm", "qk.q_bias_norm", "qk.k_bias_norm"]
+FINAL = ["final.hidden_rms", "final.logz", "final.logit_max", "loss"]
+
+
+@pytest.mark.parametrize("mode", ["fsdp2", "fsdp1", "fsdp1-orig"])
+def test_fsdp_two_process_gloo_whole_catalog(tmp_path, mode: str) -> None:
+    results = run_workers(tmp_path, mode)
+    for clip in (False, True):
+        expected = reference(clip)
+        flags = [e["clipped"] for e in expected]
+        assert any(flags) and not all(flags), f"MAX_NORM must split the steps: {flags}"
+        for rank, result in enumerate(results):
+            run = result["clip" if clip else "plain"]
+            assert run["disabled"] == [], run["disabled"]
+            frames = run["frames"]
+            assert [f["step"] for f in frames] == list(range(STEPS))
+            for frame, want in zip(frames, expected, strict=True):
+                s = frame["scalars"]
+                assert frame["rank"] == rank
+                assert close(s["grad.norm"], want["norm"]), (s["grad.norm"], want["norm"])
+                assert s["grad.clipped"] == float(want["clipped"])
+                if clip:  # observed from the job's own clip call, every step
+                    assert s["grad.clip_rate"] == float(want["clipped"])
+                ref_scalars, ref_heads = want["ranks"][rank]
+                for name in FINAL:
+                    assert close(s[name], ref_scalars[name], abs_=1e-5), name
+                check_heads(frame["heads"], ref_heads, ATTN)
+                check_heads(frame["heads"], want["qk"], QK)
+            assert run["restored"], "close() left a clip_grad_norm_ patched"
+    # rank 0 alone is told sample_every=3 after step 1 (the collector reached it first):
+    # both ranks still sample the same steps (a mismatch would hang or fail the run)
+    for result in results:
+        frames = result["control"]["frames"]
+        assert result["control"]["disabled"] == []
+        assert [f["step"] for f in frames] == [0, 1, 4, 7]
+        assert [f["scalars"]["hooks.sample_every"] for f in frames] == [1.0, 1.0, 3.0, 3.0]
+
+
+def test_unreadable_sharding_disables_the_collective_parts(monkeypatch, caplog) -> None:
+    """If the sharding layout cannot be read (FSDP internals changed), attach still works,
+    logs once, and the parts that would enter a collective (grad, qk) stay off."""
+    from logitwatch.hooks import _monitor, attach
+
+    def broken(model):
+        raise AttributeError("'FlatParameter' object has no attribute '_shard_param_infos'")
+
+    monkeypatch.setattr(_monitor, "find_sharding", broken)
+    ns: dict = {}
+    exec(MODEL, ns)
+    net = ns["make_model"]()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    frames = []
+    with caplog.at_level("WARNING", logger="logitwatch.hooks"):
+        mon = attach(net, opt, run="x", sample_every=1, overhead_budget=None)
+    mon.client.send = lambda step, scalars, heads, time=None: frames.append((scalars, heads))
+    ids = ns["batches"]()[0]
+    net(ids, labels=ids).loss.backward()
+    opt.step()
+    mon.close()
+    assert mon.disabled == {"grad", "qk"}
+    assert sum("'grad' part" in r.getMessage() for r in caplog.records) == 1
+    scalars, heads = frames[0]
+    assert "grad.norm" not in scalars and "loss" in scalars
+    assert "attn.logit_max" in heads and not any(k.startswith("qk.") for k in heads)
