@@ -2,11 +2,15 @@
 
 For each detector: recall (diverging scenarios alarmed no later than the step the loss
 diverged), median and worst lead in steps (divergence step - first alarm step, over the
-caught ones), and false-alarm runs (healthy scenarios with any alarm).
+caught ones), and false-alarm runs (healthy scenarios with any alarm). For logitwatch also
+the number of alerts of every severity each run got (noise), with the default rules and
+with every rule's hold (``keep_firing_for``) set to 0, the lifecycle before holds existed
+(an alert resolved after 3 calm samples and a new breach opened a new one).
 
 * logitwatch: ``logitwatch.server.alerts.replay.replay`` (schema validation, storage,
   ``AlertEngine.process``) with the default rules; an alarm is a ``warning`` or
-  ``critical`` alert (``info`` alerts are shown on the dashboard, never paged).
+  ``critical`` alert (``info`` alerts are shown on the dashboard, never paged); an alert
+  stored as ``info`` by a downgrade and escalated later alarms at its ``escalated_step``.
 * the peers, implemented as their projects describe them:
   - Megatron-LM: loss or grad norm above 10x the maximum of the first 100 values, or a
     NaN/Inf loss (its check_for_nan_in_loss_and_grad);
@@ -26,6 +30,7 @@ Usage: ``python bench/bench_alerts.py [--scenarios DIR] [--json OUT]``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -36,6 +41,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.replay import read_frames, replay
 from logitwatch.wire import decode_float
 
@@ -145,12 +151,17 @@ def peers(header: dict[str, Any], frames: list[dict[str, Any]]) -> dict[str, int
     }
 
 
-def logitwatch_first(frames: list[dict[str, Any]]) -> tuple[int | None, list[str]]:
+NO_HOLD = [dataclasses.replace(r, keep_firing_for=0) for r in DEFAULT_RULES]
+
+
+def logitwatch_first(frames: list[dict[str, Any]]) -> tuple[int | None, list[str], int]:
+    """First alarm step, the rules that alarmed then, and how many alerts were stored."""
     res = replay(frames)
-    alarms = sorted((a.fired_step, a.rule) for a in res.alerts if a.severity in ALARM)
+    alarms = sorted((int(a.evidence.get("escalated_step", a.fired_step)), a.rule)
+                    for a in res.alerts if a.severity in ALARM)
     first = alarms[0][0] if alarms else None
     rules = sorted({r for s, r in alarms if first is not None and s == first})
-    return first, rules
+    return first, rules, len(res.alerts)
 
 
 def summarize(name: str, rows: Sequence[dict[str, Any]],
@@ -186,24 +197,30 @@ def main(argv: list[str] | None = None) -> int:
         header, frames = read_frames(path)
         if header is None:
             p.error(f"{path}: no header line (label, divergence_step)")
-        first, rules = logitwatch_first(frames)
+        first, rules, count = logitwatch_first(frames)
+        no_hold = len(replay(frames, rules=NO_HOLD).alerts)
         row = {"scenario": header["scenario"], "label": header["label"],
                "divergence_step": header["divergence_step"], "logitwatch": first,
-               "logitwatch_rules": rules, **peers(header, frames)}
+               "logitwatch_rules": rules, "alerts": count, "alerts_no_hold": no_hold,
+               **peers(header, frames)}
         rows.append(row)
         print(f"[{i}/{len(files)}] {row['scenario']:20s} {row['label']:9s} "
               f"div {row['divergence_step']!s:>5}  logitwatch {first!s:>5} "
               f"{','.join(rules)}", file=sys.stderr, flush=True)
     names = ["logitwatch", *[k for k in rows[0] if k not in
                              ("scenario", "label", "divergence_step", "logitwatch",
-                              "logitwatch_rules")]]
+                              "logitwatch_rules", "alerts", "alerts_no_hold")]]
     print("\nFirst alarm step per scenario (divergence step: the demo's divergence_step):")
     short = [n.split()[0] for n in names]
     print(f"{'scenario':20s} {'label':9s} {'diverges':>8s} " +
-          " ".join(f"{s:>11.11s}" for s in short))
+          " ".join(f"{s:>11.11s}" for s in short) + "   alerts (all severities; hold 0)")
     for r in rows:
         print(f"{r['scenario']:20s} {r['label']:9s} {r['divergence_step']!s:>8s} " +
-              " ".join(f"{r[n]!s:>11s}" for n in names))
+              " ".join(f"{r[n]!s:>11s}" for n in names) +
+              f"   {r['alerts']:>6d} ({r['alerts_no_hold']})")
+    print(f"{'all':20s} {'':9s} {'':8s} {'':>11s} " + " ".join(f"{'':>11s}" for _ in names[1:])
+          + f"   {sum(r['alerts'] for r in rows):>6d} "
+          f"({sum(r['alerts_no_hold'] for r in rows)})")
     summary = [summarize(n, rows, lambda r, n=n: r[n]) for n in names]
     print(f"\n{'detector':32s} {'recall':>7s} {'median lead':>12s} {'worst lead':>11s} "
           f"{'lead>=50':>9s} {'false-alarm runs':>17s}")

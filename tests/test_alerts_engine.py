@@ -18,7 +18,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.cli import main as cli
+from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.engine import AlertEngine
+from logitwatch.server.alerts.rules import RuleSpec
 from logitwatch.server.app import create_app
 from logitwatch.server.db.models import Alert, OutboxItem, Run, Silence
 from logitwatch.server.db.session import make_engine, migrate, session_scope
@@ -223,6 +225,16 @@ def test_alerts_api_rules_silences_ack(sqlite_url: str) -> None:
         bad = c.put("/api/v1/alerts/rules/x", json={"kind": "threshold", "metric": "loss",
                                                     "params": {"nope": 1}})
         assert bad.status_code == 422 and "unknown params" in bad.json()["message"]
+        held = c.put("/api/v1/alerts/rules/wide_dep",
+                     json={"kind": "departure", "metric": "attn.logit_max",
+                           "keep_firing_for": 40,
+                           "downgrade": {"to": "info", "loss_rise": 0.5}}).json()
+        assert held["keep_firing_for"] == 40 and held["downgrade"]["loss_rise"] == 0.5
+        assert held["downgrade"]["metric"] == "attn.dtype_max"
+        bad = c.put("/api/v1/alerts/rules/x", json={"kind": "departure", "metric": "m",
+                                                    "downgrade": {"to": "loud"}})
+        assert bad.status_code in (400, 422) and "downgrade.to" in bad.json()["message"]
+        assert c.delete("/api/v1/alerts/rules/wide_dep").status_code == 200
         ans = c.post("/api/v1/ingest", json={"frames": [frame(0, loss=9.0)]}).json()
         assert [a["rule"] for a in ans["alerts"]] == ["big_loss"]
         aid = ans["alerts"][0]["id"]
@@ -254,3 +266,157 @@ def test_cli_replay_and_alerts(tmp_path: Path) -> None:
             assert len(list_alerts(s, got[0]["run_id"])) == len(got)
     finally:
         engine.dispose()
+
+
+# -- hold (keep_firing_for): one episode, one alert ----------------------------------------
+
+HOT = [RuleSpec("hot_loss", "threshold", "loss", params={"value": 5.0}, keep_firing_for=50)]
+# fires at step 30; clear at 40, 50, 60; breaches again at 70 (within the 50-step hold)
+REBREACH = [2, 2, 2, 9, 2, 2, 2, 9, 2, 2, 2, 2, 2, 2, 2]
+# fires at step 30; clear from 40: resolved at 90 (hold over); breaches again at 100
+BEYOND = [2, 2, 2, 9, 2, 2, 2, 2, 2, 2, 9, 2]
+
+
+@pytest.mark.parametrize("restart_at", [None, 5, 8])
+def test_rebreach_within_hold_is_one_alert(sessions: sessionmaker[Session],
+                                           restart_at: int | None) -> None:
+    frames = [frame(i, loss=v) for i, v in enumerate(REBREACH)]
+    cut = restart_at or len(frames)
+    changed = feed(sessions, AlertEngine(HOT), frames[:cut])
+    changed += feed(sessions, AlertEngine(HOT), frames[cut:])  # a restarted collector
+    got = alerts(sessions)
+    assert len(got) == 1, [(a.fired_step, a.resolved_step) for a in got]
+    a = got[0]
+    assert (a.fired_step, a.state, a.resolved_step) == (30, "resolved", 130)
+    assert a.evidence["reopened"] == 1 and a.evidence["last_breach_step"] == 70
+    assert a.evidence["keep_firing_for"] == 50
+    # people heard of it when it fired and when it resolved, not of the re-breach
+    assert [(c.id, c.state) for c in changed] == [(a.id, "firing"), (a.id, "resolved")]
+
+
+@pytest.mark.parametrize("restart_at", [None, 6])
+def test_breach_beyond_hold_is_a_second_alert(sessions: sessionmaker[Session],
+                                              restart_at: int | None) -> None:
+    frames = [frame(i, loss=v) for i, v in enumerate(BEYOND)]
+    cut = restart_at or len(frames)
+    feed(sessions, AlertEngine(HOT), frames[:cut])
+    feed(sessions, AlertEngine(HOT), frames[cut:])
+    got = [(a.fired_step, a.state, a.resolved_step) for a in alerts(sessions)]
+    assert got == [(30, "resolved", 90), (100, "firing", None)]
+
+
+def test_head_that_rebreaches_keeps_its_layer_alert(sessions: sessionmaker[Session]) -> None:
+    """A grouped per-head alert: a head that clears and breaches again within the hold
+    stays in the same alert (active), with the newest value."""
+    rule = RuleSpec("hot_head", "threshold", "attn.logit_max", params={"value": 50.0},
+                    keep_firing_for=50)
+    hot = [0, 0, 60, 60, 0, 0, 70, 0, 0, 0, 0, 0, 0, 0]
+
+    def m(i: int) -> dict[str, Any]:
+        return {"attn.logit_max": [[5.0, 5.0], [5.0, float(hot[i])]]}
+
+    feed(sessions, AlertEngine([rule]), [frame(i, heads=m(i), loss=2.0)
+                                         for i in range(len(hot))])
+    got = alerts(sessions)
+    assert len(got) == 1
+    a = got[0]
+    assert (a.layer, a.heads, a.fired_step, a.resolved_step) == (1, [1], 20, 120)
+    assert a.value == 70.0 and a.evidence["reopened"] == 1
+
+
+# -- downgrade: a per-head logit departure in a wide attention dtype ----------------------
+
+DEPARTURE = [r for r in DEFAULT_RULES if r.name == "attn_logit_departure"]
+
+
+def _wide(i: int, *, dtype_max: float | None, loss: float = 2.0) -> dict[str, Any]:
+    scalars: dict[str, Any] = {"loss": loss}
+    if dtype_max is not None:
+        scalars["attn.dtype_max"] = dtype_max
+    # head (1, 2) doubles from sample 26: 80 > floor 50 at 29, firing (3 samples) at 31
+    return frame(i, heads=logits(i, rising=((1, 2),), start=26), **scalars)
+
+
+@pytest.mark.parametrize(("dtype_max", "severity"), [
+    (65504.0, "warning"),  # float16 attention: on course to overflow
+    (None, "warning"),  # the job does not say: as before
+    (3.4028e38, "info"),  # float32: growth tends to stall learning, not overflow
+])
+def test_departure_severity_follows_attention_dtype(
+        sessions: sessionmaker[Session], dtype_max: float | None, severity: str) -> None:
+    feed(sessions, AlertEngine(DEPARTURE), [_wide(i, dtype_max=dtype_max) for i in range(34)])
+    (a,) = alerts(sessions)
+    assert (a.rule, a.layer, a.heads, a.fired_step) == ("attn_logit_departure", 1, [2], 310)
+    assert a.severity == severity
+    if severity == "info":
+        why = a.evidence["downgraded"]
+        assert why["from"] == "warning" and why["value"] == 3.4028e38
+        assert why["loss_rise"] == 0.0 and why["loss_rise_limit"] == 1.0
+        assert "Info, not warning: attn.dtype_max = 3.403e+38" in a.message
+        assert "stall learning rather than overflow" in a.message and "QK-clip" in a.message
+    else:
+        assert "downgraded" not in a.evidence
+
+
+@pytest.mark.parametrize("restart_at", [None, 33])
+def test_downgraded_alert_escalates_when_the_loss_rises(
+        sessions: sessionmaker[Session], restart_at: int | None) -> None:
+    # loss 2.0, then 3.5 from sample 33: the median of the last 10 samples is 1.5 nats above
+    # its best once six of them are high (sample 38)
+    frames = [_wide(i, dtype_max=3.4028e38, loss=2.0 if i < 33 else 3.5) for i in range(41)]
+    cut = restart_at or len(frames)
+    first = feed(sessions, AlertEngine(DEPARTURE), frames[:cut])
+    later = feed(sessions, AlertEngine(DEPARTURE), frames[cut:])
+    (a,) = alerts(sessions)
+    assert a.severity == "warning" and a.fired_step == 310 and a.state == "firing"
+    assert a.evidence["escalated_step"] == 380
+    assert "rose 1.5 nats above its best" in a.evidence["escalated_because"]
+    assert "Escalated to warning at step 380" in a.message
+    notified = [(c.id, c.severity) for c in first + later]
+    assert notified == [(a.id, "info"), (a.id, "warning")]
+
+
+# -- the whole-matrix screens decide exactly as the per-cell detectors ---------------------
+
+
+def _replay_alerts(url: str, frames: list[dict[str, Any]], *, screen: bool,
+                   restarts: int) -> list[tuple[Any, ...]]:
+    engine = make_engine(url)
+    try:
+        migrate(engine)
+        sessions = sessionmaker(engine, expire_on_commit=False)
+        batches = [frames[i:i + 16] for i in range(0, len(frames), 16)]
+        every = max(1, len(batches) // (restarts + 1))
+        eng = AlertEngine(screen=screen)
+        for i, b in enumerate(batches):
+            if i and i % every == 0 and restarts:
+                eng = AlertEngine(screen=screen)  # a restarted collector
+            with session_scope(sessions) as s:
+                stored = ingest_frames(s, IngestIn.model_validate({"frames": b}).frames)
+                eng.process(s, stored.new_frames)
+        with sessions() as s:
+            return [(a.rule, a.severity, a.layer, a.heads, a.started_step, a.fired_step,
+                     a.resolved_step, a.state, a.value, json.dumps(a.evidence, sort_keys=True))
+                    for a in s.scalars(select(Alert).order_by(Alert.id))]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.skipif(not (SCENARIOS / "fp32_growth.jsonl").exists(),
+                    reason="no recorded scenarios")
+@pytest.mark.parametrize("name", ["attn_growth_s0", "fp32_growth", "qknorm_high_lr"])
+def test_screened_engine_equals_per_cell_engine(tmp_path: Path, name: str) -> None:
+    from logitwatch.server.alerts.replay import read_frames
+
+    _, frames = read_frames(SCENARIOS / f"{name}.jsonl")
+    # a NaN/Inf cell in the middle of the run, as a broken head would send
+    frames = json.loads(json.dumps(frames))
+    mid = frames[len(frames) // 2]["heads"]["attn.logit_max"]
+    mid[0][0], mid[1][1] = "NaN", "Infinity"
+    for restarts in (0, 2):  # a restart rebuilds from the stored (float32) values
+        ref = _replay_alerts(f"sqlite:///{tmp_path / f'a{restarts}.db'}", frames,
+                             screen=False, restarts=restarts)
+        got = _replay_alerts(f"sqlite:///{tmp_path / f'b{restarts}.db'}", frames,
+                             screen=True, restarts=restarts)
+        assert got == ref
+        assert {"attn_logit_departure", "attn_p99_trend"} <= {r[0] for r in ref}

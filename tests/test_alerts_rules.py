@@ -10,6 +10,7 @@ import pytest
 from logitwatch.server.alerts.defaults import DEFAULT_RULES, load_rules_file
 from logitwatch.server.alerts.rules import (
     KINDS,
+    Downgrade,
     FrameView,
     Memory,
     RuleError,
@@ -60,8 +61,15 @@ CASES = [
      [2, 2, 0.5], [(1, I), (2, F)]),
     ("nonfinite", rule("nonfinite"), [1, 2, NAN, 3], [(1, I), (2, F)]),
     ("nonfinite-inf", rule("nonfinite"), [1, INF], [(1, F)]),
-    ("departure-fires-on-4x", rule("departure", params={"factor": 4.0, "floor": 0.0}),
+    ("departure-fires-on-4x", rule("departure", params={"factor": 4.0, "floor": 0.0},
+                                   keep_firing_for=0),
      [*FLAT, 21, 5, 5, 5], [(9, I), (10, F), (13, R)]),
+    # the kind's default hold, 100 steps: clear from step 110, resolved at step 210
+    ("departure-default-hold", rule("departure", params={"factor": 4.0, "floor": 0.0}),
+     [*FLAT, 21, *[5] * 12], [(10, F), (13, F), (20, F), (21, R)]),
+    # a breach within the hold continues the alert; its hold restarts from the next clear
+    ("threshold-hold-rebreach", rule("threshold", params={"value": 10.0}, keep_firing_for=50),
+     [1, 11, 1, 1, 11, 1, 1, 1, 1, 1, 1, 1], [(1, F), (3, F), (4, F), (9, F), (10, R)]),
     ("departure-below-floor", rule("departure", params={"factor": 4.0, "floor": 30.0}),
      [*FLAT, 21, 25], [(10, I), (11, I)]),
     ("departure-nodata-early", rule("departure", params={"factor": 2.0, "floor": 0.0}),
@@ -84,12 +92,13 @@ CASES = [
      [3e4] * 8, [(7, I)]),  # high but flat: never on course to cross
     ("forecast-crossed", rule("forecast", params={"window": 4}), [1, 2, 1, 70000],
      [(3, F)]),
-    ("spike-robust-z", rule("spike", params={"z": 6.0, "min_scale": 0.01}),
+    ("spike-robust-z", rule("spike", params={"z": 6.0, "min_scale": 0.01},
+                            keep_firing_for=0),
      [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 9.0, 1.0, 1.0, 1.0],
      [(6, I), (7, F), (10, R)]),
     ("spike-small-bump", rule("spike", params={"z": 6.0, "min_scale": 0.5}),
      [1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.0, 2.0], [(7, I)]),
-    ("lr-jump", rule("lr_jump", "lr", params={"factor": 2.0}),
+    ("lr-jump", rule("lr_jump", "lr", params={"factor": 2.0}, keep_firing_for=0),
      [0.01, 0.011, 0.012, 0.6, 0.6, 0.6, 0.6], [(2, I), (3, F), (6, R)]),
     ("lr-warmup-ramp", rule("lr_jump", "lr", params={"factor": 2.0}),
      [0.001 * (i + 1) for i in range(2, 30)], [(27, I)]),
@@ -112,6 +121,59 @@ def test_rule_table(spec: RuleSpec, series: list[float],
     states = run_states(spec, [float(x) for x in series])
     for t, want in expected:
         assert states[t] is want, f"sample {t}: {states[t].value} != {want.value}; {states}"
+
+
+def _track(rule_: RuleSpec, series: list[float]) -> list[tuple[int, str, bool]]:
+    """(step, state, reopened) of every transition of a threshold-like series."""
+    tr, out = Track(), []
+    for i, v in enumerate(series):
+        t = tr.advance(rule_, i * 10, KINDS[rule_.kind].detect(
+            rule_, Memory(), i * 10, v, FrameView({}, {}), (None, None)))
+        if t is not None:
+            out.append((t.step, t.state.value, t.reopened))
+    return out
+
+
+def test_hold_one_episode_one_alert() -> None:
+    r = rule("threshold", params={"value": 10.0}, keep_firing_for=50)
+    # breach, clear 20 steps, breach: one episode (a reopened transition, no second firing)
+    assert _track(r, [1, 11, 1, 1, 11, 1, 1, 1, 1, 1, 1]) == [
+        (10, "firing", False), (40, "firing", True), (100, "resolved", False)]
+    # clear for the whole hold (50 steps from step 20): resolved, and the next breach is a
+    # second episode
+    assert _track(r, [1, 11, 1, 1, 1, 1, 1, 1, 11]) == [
+        (10, "firing", False), (70, "resolved", False), (80, "firing", False)]
+    # resolve_after still bounds it from below: 3 calm samples even with no hold
+    r0 = rule("threshold", params={"value": 10.0}, keep_firing_for=0)
+    assert _track(r0, [11, 1, 1, 1]) == [(0, "firing", False), (30, "resolved", False)]
+
+
+def test_hold_defaults_per_kind() -> None:
+    assert rule("threshold").hold == 0 and rule("first_loss").hold == 0
+    assert rule("nonfinite").hold == 0 and rule("loss_jump").hold == 0
+    assert rule("trend").hold == 200 and rule("forecast").hold == 200
+    assert rule("departure").hold == 100 and rule("spike").hold == 100
+    assert rule("departure", keep_firing_for=7).hold == 7
+    with pytest.raises(RuleError, match="keep_firing_for must be an int >= 0"):
+        rule("departure", keep_firing_for=-1)
+
+
+def test_downgrade_spec_round_trip_and_errors() -> None:
+    dep = next(r for r in DEFAULT_RULES if r.name == "attn_logit_departure")
+    assert dep.downgrade is not None and dep.downgrade.to == "info"
+    assert dep.downgrade.metric == "attn.dtype_max" and dep.downgrade.above == 65504.0
+    d = dep.to_dict()
+    assert d["downgrade"]["loss_rise"] == 1.0 and RuleSpec.from_dict(d) == dep
+    r = RuleSpec.from_dict({"name": "x", "kind": "departure", "metric": "m",
+                            "downgrade": {"to": "info", "loss_rise": None}})
+    assert isinstance(r.downgrade, Downgrade) and r.downgrade.loss_rise is None
+    for bad, msg in [({"to": "loud"}, "downgrade.to must be one of"),
+                     ({"color": 1}, "downgrade: unknown fields ['color']"),
+                     ({"loss_rise": -1}, "downgrade.loss_rise must be a positive"),
+                     ("info", "downgrade must be a mapping")]:
+        with pytest.raises(RuleError, match=re.escape(msg)):
+            RuleSpec.from_dict({"name": "x", "kind": "departure", "metric": "m",
+                                "downgrade": bad})
 
 
 def test_loss_jump_says_what_happened() -> None:

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from logitwatch.server.alerts.rules import RuleError, RuleSpec
+from logitwatch.server.alerts.rules import Downgrade, RuleError, RuleSpec
 
 __all__ = ["DEFAULT_RULES", "RULES_ENV", "load_rules_file", "merge_rules"]
 
@@ -46,10 +46,17 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              severity="info",
              params={"factor": 4.0, "floor": 30.0, "window": 20, "lag": 5},
              summary="a head's max attention logit left its own recent range"),
-    # warning: the same, once the head has a settled baseline of 20 samples, above 50
+    # warning: the same, once the head has a settled baseline of 20 samples, above 50,
+    # where the attention's dtype can overflow (float16, or a job that does not say);
+    # info in a wide dtype (bf16/float32) unless the loss rose a nat above its best
     RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_samples=3,
              params={"factor": 4.0, "floor": 50.0, "window": 20, "lag": 5,
                      "min_history": 20},
+             downgrade=Downgrade(
+                 to="info", metric="attn.dtype_max", above=65504.0, loss_rise=1.0,
+                 loss_window=10,
+                 note="In a wide dtype logits leaving their range tend to saturate softmax "
+                 "and stall learning rather than overflow: consider QK-norm or QK-clip."),
              summary="a head's max attention logit left its settled range"),
     RuleSpec("attn_logit_forecast", "forecast", "attn.logit_max", over="max",
              for_samples=2, params={"critical": 65504.0, "window": 10, "horizon": 400.0,

@@ -15,7 +15,12 @@ Around the pure rules (:mod:`.rules`) the engine adds:
   ``suppressed="inhibited"``;
 * silences: an alert matching an active silence is stored ``suppressed="silenced"``;
 * no data: :meth:`AlertEngine.check_stale` fires ``no_data`` for runs that stopped
-  reporting, and the next frame of the run resolves it.
+  reporting, and the next frame of the run resolves it;
+* hold (``keep_firing_for``): a breach within the hold of a firing alert updates that alert
+  (value, evidence, ``evidence.reopened``) instead of creating one, and is not notified;
+* downgrade (:class:`~.rules.Downgrade`): an alert that fires while its rule's downgrade
+  holds on the frame (a wide attention dtype, no loss-side harm) is stored with the lower
+  severity and says why; a later frame of the same episode without it escalates the alert.
 
 Suppressed alerts are not returned by :meth:`process`, so they are neither notified nor
 streamed as new.
@@ -33,8 +38,10 @@ import logging
 import math
 import threading
 import time as _time
+from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from statistics import median
 
 import numpy as np
 from sqlalchemy import or_, select
@@ -96,6 +103,39 @@ class _Pending:
     layer: int | None
     heads: list[int]
     transition: Transition
+    severity: str = ""  # the alert's severity when it fires (a downgrade may lower it)
+    downgraded: dict[str, object] | None = None  # why, when it was lowered
+
+
+@dataclass(slots=True)
+class _LossRise:
+    """How far the loss's recent median sits above its best such median (a run's
+    loss-side harm, for :class:`~.rules.Downgrade`)."""
+
+    recent: deque[float]
+    best: float = math.inf
+    rise: float = 0.0
+
+    def push(self, v: float | None) -> None:
+        if v is None:
+            return
+        if not math.isfinite(v):
+            self.rise = math.inf  # a non-finite loss is harm
+            return
+        self.recent.append(v)
+        if len(self.recent) == self.recent.maxlen:
+            m = median(self.recent)
+            self.best = min(self.best, m)
+            self.rise = m - self.best
+        else:
+            self.rise = 0.0
+
+
+@dataclass(slots=True)
+class _Down:
+    """The open alerts of one (run, rank) stored downgraded, by (rule, layer)."""
+
+    keys: set[tuple[str, int | None]] = field(default_factory=set)
 
 
 class AlertEngine:
@@ -103,10 +143,15 @@ class AlertEngine:
 
     Args:
         rules: The rule set (default :data:`~.defaults.DEFAULT_RULES`).
+        screen: Judge per-head rules with the whole-matrix screens (default); False runs
+            every cell through its detector (the reference the screens must equal).
     """
 
-    def __init__(self, rules: Iterable[RuleSpec] | None = None) -> None:
+    def __init__(self, rules: Iterable[RuleSpec] | None = None, *, screen: bool = True) -> None:
         self._rules: list[RuleSpec] = list(DEFAULT_RULES if rules is None else rules)
+        self._screen = screen
+        self._loss: dict[tuple[int, int, int], _LossRise] = {}  # run_id, rank, window
+        self._down: dict[tuple[int, int], _Down] = {}  # open downgraded alerts
         self._mem: dict[Key, Memory] = {}
         self._tracks: dict[Key, Track] = {}
         self._cells_of: dict[tuple[str, int, int], _Cells] = {}  # rule, run_id, rank
@@ -123,6 +168,8 @@ class AlertEngine:
         """Replace the rule set; memory of changed rules starts over (rebuilt from the store)."""
         with self._lock:
             self._rules = list(rules)
+            self._loss.clear()
+            self._down.clear()
             self._mem.clear()
             self._tracks.clear()
             self._cells_of.clear()
@@ -145,7 +192,86 @@ class AlertEngine:
                     changed.extend(self._resolve_no_data(session, f))
                 pending = self._advance(f.run_id, f.rank, f.step, f.scalars, f.heads)
                 changed.extend(self._persist(session, f, pending))
+                if self._down.get((f.run_id, f.rank)):
+                    changed.extend(self._escalate(session, f))
         return changed
+
+    # -- downgrade -------------------------------------------------------------------------
+
+    def _track_loss(self, run_id: int, rank: int, scalars: dict[str, float]) -> None:
+        """Advance the loss-rise trackers the rules' downgrades read (every frame)."""
+        loss = scalars.get("loss")
+        seen: set[tuple[int, int, int]] = set()
+        for r in self._rules:
+            d = r.downgrade
+            if d is None or d.loss_rise is None or not r.enabled:
+                continue
+            key = (run_id, rank, d.loss_window)
+            if key in seen:
+                continue
+            seen.add(key)
+            lr = self._loss.get(key)
+            if lr is None:
+                lr = self._loss[key] = _LossRise(deque(maxlen=d.loss_window))
+            lr.push(None if loss is None else float(loss))
+
+    def _downgrade(self, rule: RuleSpec, run_id: int, rank: int,
+                   fv: FrameView) -> dict[str, object] | None:
+        """Why this frame lowers ``rule``'s severity, or None when it does not."""
+        d = rule.downgrade
+        if d is None:
+            return None
+        x = fv.get(d.metric)
+        if x is None or not x > d.above:
+            return None  # no word on the dtype, or one that can overflow: as severe as ever
+        why: dict[str, object] = {"from": rule.severity, "to": d.to, "metric": d.metric,
+                                  "value": _json(x), "above": d.above}
+        if d.loss_rise is not None:
+            lr = self._loss.get((run_id, rank, d.loss_window))
+            rise = 0.0 if lr is None else lr.rise
+            if rise >= d.loss_rise:
+                return None  # the loss shows harm
+            why.update(loss_rise=round(rise, 4), loss_rise_limit=d.loss_rise,
+                       loss_window=d.loss_window)
+        if d.note:
+            why["note"] = d.note
+        return why
+
+    def _escalate(self, session: Session, f: NewFrame) -> list[Alert]:
+        """Raise the open downgraded alerts of (run, rank) whose downgrade no longer holds."""
+        down = self._down[(f.run_id, f.rank)]
+        fv = FrameView(f.scalars, f.heads)
+        rules = {r.name: r for r in self._rules}
+        out: list[Alert] = []
+        for name, layer in sorted(down.keys, key=lambda k: (k[0], k[1] is not None, k[1] or 0)):
+            rule = rules.get(name)
+            if rule is not None and self._downgrade(rule, f.run_id, f.rank, fv) is not None:
+                continue
+            down.keys.discard((name, layer))
+            a = self._open_alert(session, f.run_id, f.rank, name, layer)
+            if rule is None or a is None or a.severity == rule.severity:
+                continue
+            d = rule.downgrade
+            assert d is not None
+            x = fv.get(d.metric)
+            if x is None or not x > d.above:
+                because = (f"{d.metric} = {_fmt(x)}" if x is not None else
+                           f"the job no longer sends {d.metric}")
+            else:
+                lr = self._loss.get((f.run_id, f.rank, d.loss_window))
+                rise = math.inf if lr is None else lr.rise
+                because = (f"the loss (median of its last {d.loss_window} samples) rose "
+                           f"{_fmt(rise)} nats above its best")
+            a.severity = rule.severity
+            ev = dict(a.evidence)
+            ev.update(escalated_step=f.step, escalated_because=because)
+            a.evidence = ev
+            a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
+                         f"{because}.")
+            log.warning("ALERT escalated: %s", a.message)
+            if a.suppressed is None:
+                out.append(a)
+        return out
 
     def _cells(self, rule: RuleSpec, scalars: dict[str, float],
                heads: dict[str, list[list[float]]],
@@ -175,20 +301,21 @@ class AlertEngine:
                  heads: dict[str, list[list[float]]]) -> list[_Pending]:
         """Run every rule over one frame; return the transitions, grouped per layer."""
         fv = FrameView(scalars, heads)
+        self._track_loss(run_id, rank, scalars)
         arrays: dict[str, np.ndarray] = {}
         out: list[_Pending] = []
         for rule in self._rules:
             if not rule.enabled or rule.kind == "no_data":
                 continue
             kind = KINDS[rule.kind]
-            if (rule.over == "cell" and rule.kind in SCREENS and rule.metric not in scalars
-                    and rule.metric in heads):
+            if (self._screen and rule.over == "cell" and rule.kind in SCREENS
+                    and rule.metric not in scalars and rule.metric in heads):
                 a = _matrix(arrays, heads, rule.metric)
                 if self._screened(rule, run_id, rank, a):
                     assert a is not None
                     out.extend(self._advance_screened(rule, run_id, rank, step, a, fv))
                     continue
-            groups: dict[tuple[State, int | None], _Pending] = {}
+            groups: dict[tuple[State, bool, int | None], _Pending] = {}
             for cell, value in self._cells(rule, scalars, heads, arrays):
                 key = (rule.name, run_id, rank, *cell)
                 mem = self._mem.get(key)
@@ -201,18 +328,20 @@ class AlertEngine:
                         track = self._tracks[key] = Track()
                     t = track.advance(rule, step, verdict)
                     if t is not None:
-                        g = groups.get((t.state, cell[0]))
-                        if g is None:
-                            groups[(t.state, cell[0])] = _Pending(
-                                rule, cell[0], [] if cell[1] is None else [cell[1]], t)
-                        elif cell[1] is not None:
-                            g.heads.append(cell[1])
+                        _group(groups, rule, cell, t)
                 if not (kind.hold_breaches and verdict is not None and verdict.breach):
                     mem.push(step, value)
                 else:
                     mem.seen += 1
                     mem.last = (step, value)
             out.extend(groups.values())
+        for p in out:
+            p.severity = p.rule.severity
+            if p.transition.state is State.FIRING and not p.transition.reopened:
+                p.downgraded = self._downgrade(p.rule, run_id, rank, fv)
+                if p.downgraded is not None:
+                    assert p.rule.downgrade is not None
+                    p.severity = p.rule.downgrade.to
         return out
 
     def _screened(self, rule: RuleSpec, run_id: int, rank: int, a: np.ndarray | None) -> bool:
@@ -249,7 +378,7 @@ class AlertEngine:
             todo[cell] = True
         c.judged |= judged & ~todo
         keep = np.ones(a.shape, dtype=bool)
-        groups: dict[tuple[State, int | None], _Pending] = {}
+        groups: dict[tuple[State, bool, int | None], _Pending] = {}
         for li, hi in zip(*np.nonzero(todo), strict=True):
             cell = (int(li), int(hi))
             verdict = kind.detect(rule, c.mem.memory(*cell), step, float(a[cell]), fv, cell)
@@ -258,11 +387,7 @@ class AlertEngine:
             c.judged[cell] = True
             t = c.track(cell).advance(rule, step, verdict)
             if t is not None:
-                g = groups.get((t.state, cell[0]))
-                if g is None:
-                    groups[(t.state, cell[0])] = _Pending(rule, cell[0], [cell[1]], t)
-                else:
-                    g.heads.append(cell[1])
+                _group(groups, rule, cell, t)
             c.settle(cell)
             if kind.hold_breaches and verdict.breach:
                 keep[cell] = False
@@ -286,15 +411,21 @@ class AlertEngine:
                     changed.append(a)
                 continue
             open_alert = self._open_alert(session, f.run_id, f.rank, p.rule.name, p.layer)
+            if open_alert is not None and p.transition.reopened:
+                _reopen(open_alert, p)  # a breach within the hold: the same episode
+                continue
             if open_alert is not None and p.layer is not None:
-                # grouping: more heads of this layer joined the firing alert
+                # grouping: more heads of this layer joined the firing alert (a head that
+                # resolved earlier in it is active again: stored, not news)
                 heads = list(open_alert.heads or [])
                 new = [h for h in p.heads if h not in heads]
+                ev = dict(open_alert.evidence)
+                active = set(ev.get("active_heads", heads))
+                if not set(p.heads) <= active:
+                    ev["active_heads"] = sorted(active | set(p.heads))
+                    open_alert.evidence = ev
                 if new:
                     open_alert.heads = heads + new
-                    ev = dict(open_alert.evidence)
-                    ev["active_heads"] = sorted(set(ev.get("active_heads", heads)) | set(new))
-                    open_alert.evidence = ev
                     if open_alert.suppressed is None:
                         changed.append(open_alert)
                 continue
@@ -325,6 +456,9 @@ class AlertEngine:
                 return None
         a.state = State.RESOLVED.value
         a.resolved_step = p.transition.step
+        down = self._down.get((f.run_id, f.rank))
+        if down is not None:
+            down.keys.discard((p.rule.name, p.layer))
         return a
 
     def _inhibited(self, session: Session, run_id: int, rank: int) -> str | None:
@@ -371,14 +505,20 @@ class AlertEngine:
             ev["active_heads"] = list(p.heads)
         ev.update({"rule_kind": rule.kind, "params": {k: _json(x) for k, x in
                                                        rule.params.items()},
-                   "for_samples": rule.for_samples})
+                   "for_samples": rule.for_samples, "keep_firing_for": rule.hold})
+        message = _message(run, rule, f.rank, p.layer, p.heads, t)
+        if p.downgraded is not None:
+            ev["downgraded"] = p.downgraded
+            message += _downgrade_text(p.downgraded)
+            self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((rule.name, p.layer))
         fin = v.value if math.isfinite(v.value) else None
         a = Alert(
-            run_id=f.run_id, rule=rule.name, metric=rule.metric, severity=rule.severity,
+            run_id=f.run_id, rule=rule.name, metric=rule.metric,
+            severity=p.severity or rule.severity,
             state=State.FIRING.value, rank=f.rank, layer=p.layer, head=head,
             started_step=t.started_step, fired_step=t.step, fired_at=f.time,
             value=fin, baseline=_finite(v.baseline), threshold=_finite(v.limit),
-            message=_message(run, rule, f.rank, p.layer, p.heads, t), evidence=ev,
+            message=message, evidence=ev,
             remedies=remedies_for(rule.metric, rule.kind), heads=list(p.heads) or None,
             suppressed=suppressed,
         )
@@ -399,6 +539,8 @@ class AlertEngine:
                 names |= {"lr", "grad.norm"}
             if r.kind == "ratio":
                 names.add(str(r.param("other")))
+            if r.downgrade is not None:
+                names |= {r.downgrade.metric, "loss"}
         metrics = session.execute(
             select(Metric.id, Metric.name, Metric.layers, Metric.heads)
             .where(Metric.run_id == run_id, Metric.name.in_(names))
@@ -434,6 +576,12 @@ class AlertEngine:
                                 Alert.state == State.FIRING.value)
         ).all()
         firing = {(a.rule, a.layer): a for a in open_alerts}
+        severity = {r.name: r.severity for r in self._rules}
+        down = _Down({(a.rule, a.layer) for a in open_alerts
+                      if "downgraded" in (a.evidence or {})
+                      and a.severity != severity.get(a.rule, a.severity)})
+        if down.keys:
+            self._down[(run_id, rank)] = down
         for key, track in self._tracks.items():
             rule, rid, rk, layer, head = key
             if (rid, rk) != (run_id, rank):
@@ -524,6 +672,17 @@ class AlertEngine:
         return [a for a in rows if a.suppressed is None]
 
 
+def _group(groups: dict[tuple[State, bool, int | None], _Pending], rule: RuleSpec,
+           cell: Cell, t: Transition) -> None:
+    """Add a cell's transition to its layer's group (one alert per rule and layer)."""
+    g = groups.get((t.state, t.reopened, cell[0]))
+    if g is None:
+        groups[(t.state, t.reopened, cell[0])] = _Pending(
+            rule, cell[0], [] if cell[1] is None else [cell[1]], t)
+    elif cell[1] is not None:
+        g.heads.append(cell[1])
+
+
 def _matrix(arrays: dict[str, np.ndarray], heads: dict[str, list[list[float]]],
             name: str) -> np.ndarray | None:
     """``heads[name]`` as a float64 matrix (converted once per sample), None if it is not
@@ -538,6 +697,39 @@ def _matrix(arrays: dict[str, np.ndarray], heads: dict[str, list[list[float]]],
         return None
     arrays[name] = a
     return a
+
+
+def _reopen(a: Alert, p: _Pending) -> None:
+    """A breach within the hold of the open alert ``a``: its newest value and evidence."""
+    v = p.transition.verdict
+    ev = dict(a.evidence)
+    for k, x in v.evidence.items():
+        if k not in ("active_heads", "downgraded", "escalated_step", "escalated_because"):
+            ev[k] = _json(x)
+    ev["reopened"] = int(ev.get("reopened", 0)) + 1
+    ev["last_breach_step"] = p.transition.step
+    if p.heads:
+        active = list(ev.get("active_heads", a.heads or []))
+        ev["active_heads"] = sorted(set(active) | set(p.heads))
+        a.heads = list(a.heads or []) + [h for h in p.heads if h not in (a.heads or [])]
+    a.evidence = ev
+    if math.isfinite(v.value):
+        a.value = v.value
+    if v.baseline is not None and math.isfinite(v.baseline):
+        a.baseline = v.baseline
+    if v.limit is not None and math.isfinite(v.limit):
+        a.threshold = v.limit
+
+
+def _downgrade_text(why: dict[str, object]) -> str:
+    """What a downgraded alert adds to its message."""
+    text = (f" {str(why['to']).capitalize()}, not {why['from']}: {why['metric']} = "
+            f"{_fmt(why['value'])}")
+    if "loss_rise" in why:
+        text += (f" and the loss is {_fmt(why['loss_rise'])} nats above its best (a "
+                 f"{_fmt(why['loss_rise_limit'])}-nat rise makes it a {why['from']})")
+    note = why.get("note")
+    return text + (f". {note}" if note else ".")
 
 
 def _finite(x: float | None) -> float | None:

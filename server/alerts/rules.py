@@ -44,6 +44,14 @@ Rule kinds (``RuleSpec.kind``) and their ``params``:
                    (without ``vocab``: above ln(262144) + tolerance, or non-finite).
 ``no_data``        the run sent nothing for ``seconds`` (judged by the engine's clock, not
                    per sample; see :meth:`AlertEngine.check_stale`).
+
+Every rule also has a hold, ``keep_firing_for`` (in steps; default per kind:
+:attr:`Kind.keep_firing_for`): once firing, an alert resolves only after its condition has
+stayed clear for that many steps (and ``resolve_after`` samples); a breach within the hold
+continues the same alert (one episode, one alert), as Prometheus' ``keep_firing_for``.
+A :class:`Downgrade` lowers a rule's severity while a frame scalar says the harm it warns of
+cannot happen (a per-head logit departure in a float32/bf16 attention cannot overflow), unless
+the loss itself shows harm.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ __all__ = [
     "KINDS",
     "SCREENS",
     "CellMemory",
+    "Downgrade",
     "REMEDIES",
     "FrameView",
     "Memory",
@@ -141,6 +150,66 @@ SEVERITIES = ("info", "warning", "critical")
 
 
 @dataclass(frozen=True)
+class Downgrade:
+    """When a rule's alerts are less severe than its ``severity``.
+
+    A sample is *downgraded* when the frame's scalar ``metric`` is above ``above`` (by
+    default: the attention's dtype max, ``attn.dtype_max``, is wider than float16's 65504,
+    so the logits cannot overflow it) and the loss shows no harm: the median of its last
+    ``loss_window`` samples is less than ``loss_rise`` nats above the lowest such median of
+    the run (``loss_rise: null``: the loss is not consulted). A frame without ``metric`` is
+    never downgraded (today's behaviour for jobs that do not send it). An alert that fires
+    on a downgraded sample is stored with severity ``to`` and ``note``; if a later sample
+    of the same episode is not downgraded (the loss rose), it is escalated to the rule's
+    severity (``evidence.escalated_step``).
+    """
+
+    to: str = "info"
+    metric: str = "attn.dtype_max"
+    above: float = FP16_MAX
+    loss_rise: float | None = 1.0
+    loss_window: int = 10
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.to not in SEVERITIES:
+            raise RuleError(f"downgrade.to must be one of {SEVERITIES}, not {self.to!r}")
+        if not isinstance(self.metric, str) or not self.metric:
+            raise RuleError("downgrade.metric must be a scalar's name (e.g. attn.dtype_max)")
+        if isinstance(self.above, bool) or not isinstance(self.above, (int, float)):
+            raise RuleError(f"downgrade.above must be a number, got {self.above!r}")
+        if self.loss_rise is not None and (isinstance(self.loss_rise, bool) or not
+                                           isinstance(self.loss_rise, (int, float))
+                                           or self.loss_rise <= 0):
+            raise RuleError(f"downgrade.loss_rise must be a positive number of nats or null, "
+                            f"got {self.loss_rise!r}")
+        if not isinstance(self.note, str):
+            raise RuleError(f"downgrade.note must be a string, got {self.note!r}")
+        w = self.loss_window
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= 1000:
+            raise RuleError(f"downgrade.loss_window must be an int in 1..1000, got {w!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"to": self.to, "metric": self.metric, "above": self.above,
+                "loss_rise": self.loss_rise, "loss_window": self.loss_window,
+                "note": self.note}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Downgrade:
+        """Build from a mapping; raises :class:`RuleError` on unknown fields."""
+        if isinstance(d, Downgrade):
+            return d
+        if not isinstance(d, Mapping):
+            raise RuleError(f"downgrade must be a mapping, got {type(d).__name__}")
+        known = {"to", "metric", "above", "loss_rise", "loss_window", "note"}
+        unknown = set(d) - known
+        if unknown:
+            raise RuleError(f"downgrade: unknown fields {sorted(unknown)}; known: "
+                            f"{sorted(known)}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
 class RuleSpec:
     """One alert rule.
 
@@ -152,12 +221,16 @@ class RuleSpec:
         over: For per-head metrics: ``cell`` judges every layer/head on its own; ``max``
             and ``min`` judge the max/min over all heads of a sample (one run-level series).
         for_samples: Consecutive breaching samples before pending turns firing.
-        resolve_after: Consecutive calm samples before firing turns resolved.
+        resolve_after: Consecutive calm samples before firing turns resolved (at least).
+        keep_firing_for: Steps the condition must stay clear before a firing alert
+            resolves; a breach within them continues the same alert. ``None``: the
+            kind's default (:attr:`Kind.keep_firing_for`); see :attr:`hold`.
         severity: ``info``, ``warning`` or ``critical``.
         inhibits: This rule, while firing on a rank, holds back new per-head alerts of
             that rank (the run-level divergence alert).
         summary: One line saying what it means, used in the alert message.
         enabled: False keeps the rule but does not evaluate it.
+        downgrade: When its alerts are less severe (:class:`Downgrade`), or ``None``.
     """
 
     name: str
@@ -171,6 +244,8 @@ class RuleSpec:
     inhibits: bool = False
     summary: str = ""
     enabled: bool = True
+    keep_firing_for: int | None = None
+    downgrade: Downgrade | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "_.-" for c in self.name):
@@ -187,6 +262,15 @@ class RuleSpec:
             v = getattr(self, attr)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise RuleError(f"rule {self.name!r}: {attr} must be an int >= 1, got {v!r}")
+        k = self.keep_firing_for
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise RuleError(f"rule {self.name!r}: keep_firing_for must be an int >= 0 (steps) "
+                            f"or null (the kind's default), got {k!r}")
+        if self.downgrade is not None and not isinstance(self.downgrade, Downgrade):
+            try:
+                object.__setattr__(self, "downgrade", Downgrade.from_dict(self.downgrade))
+            except (RuleError, TypeError) as e:
+                raise RuleError(f"rule {self.name!r}: {e}") from e
         unknown = set(self.params) - set(KINDS[self.kind].defaults)
         if unknown:
             raise RuleError(f"rule {self.name!r}: unknown params {sorted(unknown)} for kind "
@@ -196,13 +280,22 @@ class RuleSpec:
         """A parameter, or its kind's default."""
         return self.params.get(key, KINDS[self.kind].defaults[key])
 
+    @property
+    def hold(self) -> int:
+        """``keep_firing_for`` in steps, or the kind's default."""
+        if self.keep_firing_for is not None:
+            return self.keep_firing_for
+        return KINDS[self.kind].keep_firing_for
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON/YAML-able form that :meth:`from_dict` reads back."""
         return {"name": self.name, "kind": self.kind, "metric": self.metric,
                 "params": dict(self.params), "over": self.over,
                 "for_samples": self.for_samples, "resolve_after": self.resolve_after,
                 "severity": self.severity, "inhibits": self.inhibits,
-                "summary": self.summary, "enabled": self.enabled}
+                "summary": self.summary, "enabled": self.enabled,
+                "keep_firing_for": self.keep_firing_for,
+                "downgrade": None if self.downgrade is None else self.downgrade.to_dict()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RuleSpec:
@@ -210,7 +303,7 @@ class RuleSpec:
         if not isinstance(d, Mapping):
             raise RuleError(f"a rule must be a mapping, got {type(d).__name__}")
         known = {"name", "kind", "metric", "params", "over", "for_samples", "resolve_after",
-                 "severity", "inhibits", "summary", "enabled"}
+                 "severity", "inhibits", "summary", "enabled", "keep_firing_for", "downgrade"}
         unknown = set(d) - known
         if unknown:
             raise RuleError(f"rule {d.get('name')!r}: unknown fields {sorted(unknown)}; "
@@ -260,26 +353,37 @@ class Verdict:
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """A change people must hear about: ``firing`` or ``resolved``."""
+    """A change of an alert: ``firing`` (new, or ``reopened``: a breach within the hold
+    of a firing alert, which updates that alert) or ``resolved``."""
 
     state: State
     step: int
     started_step: int
     verdict: Verdict
+    reopened: bool = False
 
 
 @dataclass(slots=True)
 class Track:
-    """Lifecycle of one (rule, run, rank, cell): inactive -> pending -> firing -> resolved."""
+    """Lifecycle of one (rule, run, rank, cell): inactive -> pending -> firing -> resolved.
+
+    Firing resolves once the condition has been clear for ``rule.resolve_after`` samples
+    and ``rule.hold`` steps (from the first clear sample, ``clear_since``); a breach before
+    that keeps the alert firing and returns a ``reopened`` transition (one episode, one
+    alert).
+    """
 
     state: State = State.INACTIVE
     streak: int = 0
     calm: int = 0
     started_step: int = 0
+    clear_since: int | None = None
 
     def advance(self, rule: RuleSpec, step: int, v: Verdict) -> Transition | None:
         if v.breach:
+            reopened = self.state is State.FIRING and self.calm > 0
             self.calm = 0
+            self.clear_since = None
             self.streak += 1
             if self.streak == 1 and self.state is not State.FIRING:
                 self.started_step = v.left_step if v.left_step is not None else step
@@ -287,14 +391,19 @@ class Track:
             if self.streak >= rule.for_samples and self.state is State.PENDING:
                 self.state = State.FIRING
                 return Transition(State.FIRING, step, self.started_step, v)
+            if reopened:
+                return Transition(State.FIRING, step, self.started_step, v, reopened=True)
             return None
         self.streak = 0
         if self.state is State.PENDING:
             self.state = State.INACTIVE
         elif self.state is State.FIRING:
             self.calm += 1
-            if self.calm >= rule.resolve_after:
+            if self.clear_since is None or step < self.clear_since:  # (a job restarted
+                self.clear_since = step  # from an earlier checkpoint counts from there)
+            if self.calm >= rule.resolve_after and step - self.clear_since >= rule.hold:
                 self.state = State.RESOLVED
+                self.clear_since = None
                 return Transition(State.RESOLVED, step, self.started_step, v)
         return None
 
@@ -349,12 +458,15 @@ Detect = Callable[[RuleSpec, Memory, int, float, FrameView, tuple[int | None, in
 
 @dataclass(frozen=True)
 class Kind:
-    """A rule kind: its detector, parameter defaults, and whether breaching samples are
-    kept out of the cell's memory (so a climb cannot become its own baseline)."""
+    """A rule kind: its detector, parameter defaults, whether breaching samples are kept
+    out of the cell's memory (so a climb cannot become its own baseline), and its default
+    hold in steps (``RuleSpec.keep_firing_for``): how long its condition must stay clear
+    before a firing alert resolves."""
 
     detect: Detect
     defaults: Mapping[str, Any]
     hold_breaches: bool = False
+    keep_firing_for: int = 100
 
 
 def _threshold(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
@@ -595,27 +707,35 @@ def _no_data(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     return None  # judged by the engine's clock (AlertEngine.check_stale)
 
 
+#: Default holds (``keep_firing_for``, steps): 0 for a user's plain threshold and the
+#: one-shot kinds (as Prometheus), and for the run-level divergence kinds (``nonfinite``,
+#: ``loss_jump``: they inhibit the per-head alerts while they fire, so they must not outlive
+#: their condition; a diverged run keeps breaching anyway); 200 for trend and forecast,
+#: whose window statistics wander around their limit while a climb goes on; 100 for the
+#: others.
 KINDS: dict[str, Kind] = {
-    "threshold": Kind(_threshold, {"op": ">", "value": 0.0}),
-    "nonfinite": Kind(_nonfinite, {}),
+    "threshold": Kind(_threshold, {"op": ">", "value": 0.0}, keep_firing_for=0),
+    "nonfinite": Kind(_nonfinite, {}, keep_firing_for=0),
     "baseline": Kind(_baseline, {"samples": 10, "factor": 4.0, "floor": 0.0, "below": False}),
     "departure": Kind(_departure, {"factor": 4.0, "floor": 30.0, "window": 20, "lag": 5,
                                    "min_history": 5, "ceiling": None}, hold_breaches=True),
-    "trend": Kind(_trend, {"window": 8, "min_tau": 0.7, "min_ratio": 1.5, "floor": 0.0}),
+    "trend": Kind(_trend, {"window": 8, "min_tau": 0.7, "min_ratio": 1.5, "floor": 0.0},
+                  keep_firing_for=200),
     "forecast": Kind(_forecast, {"critical": FP16_MAX, "window": 10, "horizon": 500.0,
-                                 "floor": 0.0, "critical_metric": "attn.dtype_max"}),
+                                 "floor": 0.0, "critical_metric": "attn.dtype_max"},
+                     keep_firing_for=200),
     "spike": Kind(_spike, {"window": 20, "z": 6.0, "min_jump": 0.0, "min_history": 5,
                            "min_scale": 1e-6, "only_unclipped": False}, hold_breaches=True),
     "loss_jump": Kind(_loss_jump, {"window": 20, "z": 6.0, "min_jump": 0.5,
                                    "min_history": 5, "min_scale": 0.02,
                                    "only_unclipped": False},
-                       hold_breaches=True),
+                       hold_breaches=True, keep_firing_for=0),
     "lr_jump": Kind(_lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
     "entropy_collapse": Kind(_entropy_collapse, {"samples": 10, "fraction": 0.25}),
     "clip_rate": Kind(_clip_rate, {"window": 10, "rate": 0.9, "rise": 0.5}),
     "ratio": Kind(_ratio, {"other": "qk.q_bias_norm", "window": 10, "min_change": 0.2}),
-    "first_loss": Kind(_first_loss, {"vocab": None, "tolerance": 1.5}),
-    "no_data": Kind(_no_data, {"seconds": 600.0}),
+    "first_loss": Kind(_first_loss, {"vocab": None, "tolerance": 1.5}, keep_firing_for=0),
+    "no_data": Kind(_no_data, {"seconds": 600.0}, keep_firing_for=0),
 }
 DETECTORS = {k: v.detect for k, v in KINDS.items()}
 

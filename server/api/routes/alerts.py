@@ -46,6 +46,8 @@ class RuleIn(BaseModel):
     inhibits: bool = False
     summary: str = Field("", max_length=500)
     enabled: bool = True
+    keep_firing_for: int | None = Field(None, ge=0, le=100_000_000)
+    downgrade: dict[str, Any] | None = None
 
 
 class SilenceIn(BaseModel):
