@@ -219,7 +219,8 @@ class Client:
 
     def on_alert(self, callback: AlertCallback) -> AlertCallback:
         """Call ``callback(alert)`` once per new alert id the collector reports for this
-        run (the alert as in ``GET /api/v1/runs/{id}/alerts``).
+        run (the alert as in ``GET /api/v1/runs/{id}/alerts``), and once more when that
+        alert's severity changes (an ``info`` alert escalated to ``warning``).
 
         Runs on the sender thread; exceptions are logged and swallowed. Returns the
         callback, so this works as a decorator.
@@ -349,8 +350,12 @@ class Client:
                 continue
             if alert.get("run", self.run) != self.run:
                 continue
-            key = alert["id"]
-            if not isinstance(key, (int, str)) or key in self._seen_alerts:
+            aid = alert["id"]
+            if not isinstance(aid, (int, str)):
+                continue
+            # an escalated alert (info -> warning, same id) is news to the job as well
+            key = (aid, str(alert.get("severity", "")))
+            if key in self._seen_alerts:
                 continue
             self._seen_alerts.add(key)
             for callback in list(self._callbacks):

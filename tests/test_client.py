@@ -338,12 +338,15 @@ def test_shutdown_delivers_what_is_queued(make_client) -> None:
     assert client.stats["undelivered_at_shutdown"] == 0
 
 
-def test_alerts_once_per_id_and_control(make_client, caplog) -> None:
+def test_alerts_once_per_id_and_severity_and_control(make_client, caplog) -> None:
     answers = [
-        ok([{"id": 1, "rule": "a"}], {"sample_every": 5}),
-        ok([{"id": 1, "rule": "a"}, {"id": 2, "rule": "b"}], {"sample_every": 2}),
+        ok([{"id": 1, "rule": "a", "severity": "info"}], {"sample_every": 5}),
+        ok([{"id": 1, "rule": "a", "severity": "info"}, {"id": 2, "rule": "b"}],
+           {"sample_every": 2}),
+        ok([{"id": 1, "rule": "a", "severity": "warning"}, {"id": 2, "rule": "b"}],
+           {"sample_every": 2}),  # alert 1 escalated: news to the job
     ]
-    collector = Collector(lambda req, n: answers[min(n, 1)])
+    collector = Collector(lambda req, n: answers[min(n, 2)])
     client = make_client(collector)
     seen: list = []
 
@@ -360,9 +363,11 @@ def test_alerts_once_per_id_and_control(make_client, caplog) -> None:
         assert client.flush(5.0)
         send_n(client, 1, start=2)
         assert client.flush(5.0)
-    assert seen == [1, 2]
+        send_n(client, 1, start=3)
+        assert client.flush(5.0)
+    assert seen == [1, 2, 1]
     assert client.control == {"sample_every": 2}
-    assert caplog.text.count("on_alert callback") == 2
+    assert caplog.text.count("on_alert callback") == 3
 
 
 def test_garbage_2xx_and_auth_errors_keep_the_frames(make_client) -> None:
