@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import sys
 import time
 from collections import deque
 from typing import Any
@@ -17,9 +19,9 @@ from ._buffer import StepBuffer, collect
 from ._cost import CostMeter
 from ._final import final_stats, find_output_head, vocab_size
 from ._logits import DEFAULT_BUDGET, attention_head_stats
-from ._qk import find_qk, qk_norms
+from ._qk import find_qk, qk_items, qk_norms
 from ._sdpa import SdpaCapture, parse_call
-from ._shard import find_sharding
+from ._shard import GRAD_MISSING, GRAD_SQ, QK_MISSING, find_sharding
 from ._stats import global_grad_norm
 
 __all__ = ["Monitor"]
@@ -28,6 +30,9 @@ log = logging.getLogger("logitwatch.hooks")
 
 #: The parts of a monitor that a failure disables independently.
 PARTS = ("attention", "final", "qk", "loss", "grad", "step")
+#: Scalars that carry the exchange's "ranks missing" counts through the step's one
+#: transfer; removed from the frame.
+_GRAD_MISSING, _QK_MISSING = "_lw.grad_missing", "_lw.qk_missing"
 #: Sampled frames over which ``grad.clip_rate`` is taken when the job never clips itself.
 CLIP_WINDOW = 20
 
@@ -88,9 +93,14 @@ class Monitor:
     part (see :data:`PARTS`), and training goes on unchanged.
 
     Sharded parameters (FSDP2/DTensor, FSDP1): the grad and q/k norms need a collective,
-    so every rank must sample the same steps. The ranks agree on the interval at the end
-    of each sampled step (the widest proposal wins, one small ``all_reduce``); then
-    :meth:`request_sample` must be called on every rank at the same step.
+    so every rank must sample the same steps. All of the monitor's collectives happen at
+    the end of each sampled step, in a fixed order, whatever failed on this rank: one
+    ``all_reduce(SUM)`` of a vector laid out at attach (local gradient and q/k squared
+    sums, and how many ranks could not contribute them), then one ``all_reduce(MAX)``
+    where the ranks agree on the next interval (the widest proposal wins). A part failing
+    on one rank only makes its values absent from every rank's frames; it never makes a
+    rank skip a collective (see docs/HOOKS.md "Ranks, DDP, FSDP"). :meth:`request_sample`
+    must be called on every rank at the same step.
 
     Use as a context manager or call :meth:`close`; closing removes every hook and patch.
     """
@@ -150,6 +160,11 @@ class Monitor:
             self.disabled.add("qk")
             self._fail("grad")
         self._qk = find_qk(model, self._shard.shape_of if self._shard is not None else None)
+        self._grad_local: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._warned: set[str] = set()
+        self._vec: torch.Tensor | None = None
+        if self._shard is not None:
+            self._plan_exchange(self._shard)
         self._handles = [
             model.register_forward_pre_hook(self._pre_forward),
             model.register_forward_hook(self._post_forward, always_call=True),
@@ -178,6 +193,13 @@ class Monitor:
     def sampled(self) -> bool:
         """Whether the current step is sampled."""
         return self._sampled and "step" not in self.disabled
+
+    @property
+    def _scheduled(self) -> bool:
+        """Whether the current step is sampled in the schedule. Under sharding the ranks'
+        schedules never diverge, so a rank whose "step" part failed (it sends nothing)
+        still gathers what the end-of-step exchange needs from it."""
+        return self._sampled if self._shard is not None else self.sampled
 
     @property
     def sample_every(self) -> int:
@@ -266,10 +288,10 @@ class Monitor:
                 self._warned_step = True
                 log.warning("logitwatch: Monitor.step() ignored: the optimizer ends steps")
             return
-        if self.sampled and "grad" not in self.disabled and not self._clip_seen:
+        if self._scheduled and "grad" not in self.disabled and not self._clip_seen:
             t0 = time.perf_counter()
             try:
-                self._buffer.grad_norm = self._grad_norm(self.model.parameters())
+                self._measure_grad(self.model.parameters())
             except Exception:
                 self._fail("grad")
             self._cost.add_host(time.perf_counter() - t0)
@@ -437,7 +459,7 @@ class Monitor:
                 hit = (total.detach() > max_norm).to(torch.int32)
                 self._clip_hits = hit if self._clip_hits is None else self._clip_hits + hit
                 self._clip_steps += 1
-            if not self.sampled:
+            if not self._scheduled:
                 return
             self._clip_seen = True
             self._buffer.grad_norm = total.detach().float()
@@ -447,19 +469,22 @@ class Monitor:
 
     def _pre_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            if not self.sampled or "grad" in self.disabled or self._clip_seen:
+            if not self._scheduled or "grad" in self.disabled or self._clip_seen:
                 return
             t0 = time.perf_counter()
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            self._buffer.grad_norm = self._grad_norm(params)
+            self._measure_grad(params)
             self._cost.add_host(time.perf_counter() - t0)
         except Exception:
             self._fail("grad")
 
-    def _grad_norm(self, params: Any) -> torch.Tensor | None:
+    def _measure_grad(self, params: Any) -> None:
+        """The gradient norm (unsharded), or this rank's local squared sums (sharded: the
+        end-of-step exchange reduces them; no collective here)."""
         if self._shard is not None:
-            return self._shard.grad_norm(params)  # a collective on every rank
-        return global_grad_norm(params)
+            self._grad_local = self._shard.local_grad_sums(params)
+        else:
+            self._buffer.grad_norm = global_grad_norm(params)
 
     def _post_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._end_step()
@@ -467,31 +492,46 @@ class Monitor:
     # -- step end ------------------------------------------------------------------------
 
     def _end_step(self) -> None:
-        step, sampled = self._step, self.sampled
+        step, sampled, scheduled = self._step, self.sampled, self._scheduled
+        vec = None
         try:
-            if sampled:
+            if scheduled:
                 self._stop_capture()
                 self._last_sampled = step
-                self._emit(step)
+        except Exception:
+            self._fail("step")
+        try:
+            if scheduled and self._shard is not None:
+                vec = self._exchange()
+            if sampled and "step" not in self.disabled:
+                self._emit(step, vec)
         except Exception:
             self._fail("step")
         finally:
-            if sampled:
+            if scheduled:
                 self._buffer = StepBuffer()
             self._clip_seen = False
+            self._grad_local = None
             self._step = step + 1
         try:
-            self._cost.step_end(sampled)
-            self._reschedule(agree=sampled)
+            self._cost.step_end(scheduled)
         except Exception:
             self._fail("step")
+        self._reschedule(agree=scheduled)
 
     def _reschedule(self, agree: bool = False) -> None:
-        proposal = self._cost.interval(self.sample_every)
+        try:
+            proposal = self._cost.interval(self.sample_every)
+        except Exception:
+            proposal = self._effective_every
+            self._fail("step")
         if self._shard is None:
             self._effective_every = proposal
         elif agree:  # the end of a sampled step, on every rank alike
-            self._effective_every = self._shard.agree_interval(proposal)
+            try:
+                self._effective_every = self._shard.agree_interval(proposal)
+            except Exception:
+                self._warn_once("interval", "the ranks' interval agreement failed")
         force, self._force_next = self._force_next, False
         self._sampled = (
             force
@@ -499,26 +539,100 @@ class Monitor:
             or self._step >= self._last_sampled + self._effective_every
         )
 
-    def _emit(self, step: int) -> None:
+    # -- sharding: the exchange ----------------------------------------------------------
+
+    def _plan_exchange(self, shard: Any) -> None:
+        """Lay the exchange vector out (sizes fixed here, never by anything failing at
+        step time) and check with the other ranks that every rank has the same layout."""
+        try:
+            shard.plan(qk_items(self._qk) if self._qk else [])
+        except Exception:
+            shard.plan([])
+            self._fail("qk")
+        try:
+            if not shard.agree_layout():
+                self._warn_once("layout", "the ranks found different q/k layouts; q/k norms "
+                                "are not measured on any rank")
+            self._vec = shard.new_vector()
+        except Exception:
+            self._warn_once("layout", "the exchange could not be set up")
+
+    def _exchange(self) -> torch.Tensor | None:
+        """The end of a sampled step under sharding, on every rank: this rank's local
+        sums (or "missing" marks where a part is off or fails) go into the vector, and the
+        one ``all_reduce(SUM)`` is always entered. Never raises."""
+        shard, vec = self._shard, self._vec
+        if shard is None or vec is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            vec.zero_()
+        except Exception:
+            self._warn_once("vector", "the exchange vector could not be cleared")
+        try:
+            local = self._grad_local
+            shard.put_grad(vec, None if local is None else local[0])
+        except Exception:
+            self._fail("grad")
+            with contextlib.suppress(Exception):
+                shard.put_grad(vec, None)
+        if shard.has_qk:
+            try:
+                if "qk" in self.disabled:
+                    shard.mark_qk_missing(vec)
+                else:
+                    shard.put_qk(vec)
+            except Exception:
+                self._fail("qk")
+                with contextlib.suppress(Exception):
+                    shard.mark_qk_missing(vec)
+        try:
+            shard.reduce(vec)
+        except Exception:
+            self._warn_once("exchange", "the end-of-step all_reduce failed")
+            return None
+        finally:
+            self._cost.add_host(time.perf_counter() - t0)
+        return vec
+
+    def _emit(self, step: int, vec: torch.Tensor | None = None) -> None:
         t0 = time.perf_counter()
         lr = None
         if self.optimizer is not None and self.optimizer.param_groups:
             lr = self.optimizer.param_groups[0].get("lr")
         first = self._frames == 0
+        sharded = self._shard is not None
+        if sharded and vec is not None and not self._clip_seen and self._grad_local is not None:
+            try:
+                other = self._grad_local[1].to(vec.device)
+                self._buffer.grad_norm = (vec[GRAD_SQ] + other).sqrt()
+            except Exception:
+                self._fail("grad")
         scalars = self._buffer.scalars(lr=lr, default_max_norm=self._max_grad_norm,
                                        ln_vocab=self._ln_vocab if first else None)
+        if sharded and vec is not None:  # read back with the rest, then removed
+            scalars[_GRAD_MISSING] = vec[GRAD_MISSING]
+            scalars[_QK_MISSING] = vec[QK_MISSING]
         clip_from_device = self._clip_hits is not None and self._clip_steps > 0
         if clip_from_device:
             scalars["grad.clip_rate"] = self._clip_hits.float() / self._clip_steps
         self._clip_hits, self._clip_steps = None, 0
         heads = self._buffer.heads()
-        if self._qk and "qk" not in self.disabled:
+        if self._shard is not None:
+            if vec is not None and self._shard.has_qk:
+                try:
+                    heads.update(qk_norms(self._qk, self._shard.qk_sums(vec)))
+                except Exception:
+                    self._fail("qk")
+        elif self._qk and "qk" not in self.disabled:
             try:
-                heads.update(qk_norms(self._qk, self._shard))
+                heads.update(qk_norms(self._qk))
             except Exception:
                 self._fail("qk")
         host_ms = 1e3 * (self._cost.host_seconds + time.perf_counter() - t0)
         out_scalars, out_heads, syncs, nbytes = collect(scalars, heads)
+        if sharded:
+            self._drop_missing(out_scalars, out_heads, vec)
         if "grad.clipped" in out_scalars and not clip_from_device:
             self._clipped_window.append(out_scalars["grad.clipped"])
             out_scalars["grad.clip_rate"] = sum(self._clipped_window) / len(
@@ -535,7 +649,38 @@ class Monitor:
         self._frames += 1
         self.client.send(step, out_scalars, out_heads, time=time.time())
 
+    def _drop_missing(self, scalars: dict[str, float], heads: dict[str, Any],
+                      vec: torch.Tensor | None) -> None:
+        """Remove what some rank could not contribute to the exchange (a sum over the
+        ranks that did would be wrong); the job's own clip norm stays (already global)."""
+        grad_missing = scalars.pop(_GRAD_MISSING, 1.0)
+        qk_missing = scalars.pop(_QK_MISSING, 1.0)
+        if not (grad_missing == 0 or self._clip_seen):  # NaN counts as missing
+            for name in ("grad.norm", "grad.clipped"):
+                scalars.pop(name, None)
+            if vec is not None and "grad" not in self.disabled:
+                self._warn_once("grad-missing", "grad.norm is left out of this rank's frames "
+                                "while another rank cannot compute its gradient part "
+                                "(see that rank's log)")
+        if not qk_missing == 0:
+            for name in [n for n in heads if n.startswith("qk.")]:
+                del heads[name]
+            if vec is not None and "qk" not in self.disabled and self._shard is not None \
+                    and self._shard.has_qk:
+                self._warn_once("qk-missing", "q/k norms are left out of this rank's frames "
+                                "while another rank cannot compute its part (see that "
+                                "rank's log)")
+
     # -- failures ------------------------------------------------------------------------
+
+    def _warn_once(self, key: str, what: str) -> None:
+        """Log ``what`` once per ``key`` with the traceback; disables nothing (under
+        sharding a rank keeps entering every collective, whatever failed)."""
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        log.warning("logitwatch: %s; training continues unaffected", what,
+                    exc_info=sys.exc_info()[0] is not None)
 
     def _fail(self, part: str, exc: BaseException | None = None) -> None:
         """Disable ``part`` after its first failure; log once with the traceback."""

@@ -15,23 +15,19 @@ slice of the bias. Keys have ``H_kv`` heads under GQA, so the ``k`` matrices are
 ``layers x H_kv``.
 
 Sharded parameters (FSDP2 DTensors, FSDP1 flat shards) are measured from each rank's
-local piece and summed across ranks in one collective (see ``_shard.Sharding``); the
-layout is then read from the unsharded shapes FSDP1 records.
+local piece and summed across ranks by the monitor's end-of-step exchange (see
+``_shard.Sharding``); the layout is then read from the unsharded shapes FSDP1 records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from ._shard import Sharding
-
-__all__ = ["Part", "QKSource", "find_qk", "qk_norms"]
+__all__ = ["Part", "QKSource", "find_qk", "qk_items", "qk_norms"]
 
 
 @dataclass
@@ -142,14 +138,16 @@ def find_qk(model: nn.Module, shape_of: ShapeOf | None = None) -> list[QKSource]
 
 
 def qk_norms(
-    sources: list[QKSource], sharding: Sharding | None = None
+    sources: list[QKSource], sums: list[torch.Tensor] | None = None
 ) -> dict[str, list[torch.Tensor]]:
     """``{"qk.q_weight_norm": [per layer (H,)], ...}``; biases only where present.
 
-    With ``sharding`` (FSDP), a collective: every rank must call it at the same point.
+    ``sums`` (sharded parameters): the reduced per-index squared sums of
+    :func:`qk_items`, in order (``Sharding.qk_sums`` after the step's exchange); no
+    collective here. Without it, the norms of the parameters as this process holds them.
     """
-    if sharding is not None:
-        out = _sharded_norms(sources, sharding)
+    if sums is not None:
+        out = _sharded_norms(sources, sums)
     else:
         out = {}
         with torch.no_grad():
@@ -180,11 +178,18 @@ def _norm(part: Part, kind: str, hd: int) -> torch.Tensor:
     return torch.linalg.vector_norm(per, dim=(0, 2), dtype=torch.float32)
 
 
-def _sharded_norms(sources: list[QKSource], sharding: Sharding) -> dict[str, list[torch.Tensor]]:
+def qk_items(sources: list[QKSource]) -> list[tuple[torch.Tensor, nn.Module | None, str | None,
+                                                      int]]:
+    """``(param, owner, name, axis)`` of every q/k part, in the order :func:`qk_norms`
+    expects their reduced sums (``Sharding.plan`` lays the exchange out from it)."""
+    return [(p.param, p.owner, p.name, p.axis) for src in sources for _, p in _named_parts(src)]
+
+
+def _sharded_norms(sources: list[QKSource], sums: list[torch.Tensor]
+                   ) -> dict[str, list[torch.Tensor]]:
     """Per-head norms from per-index squared sums along the head axis (rows of a Linear,
-    columns of a Conv1D, entries of a bias), all reduced in one ``all_reduce``."""
+    columns of a Conv1D, entries of a bias), summed over ranks by the step's exchange."""
     named = [(name, part, src.head_dim) for src in sources for name, part in _named_parts(src)]
-    sums = sharding.axis_square_sums([(p.param, p.owner, p.name, p.axis) for _, p, _ in named])
     out: dict[str, list[torch.Tensor]] = {}
     for (name, part, hd), per_index in zip(named, sums, strict=True):
         stop = per_index.shape[0] if part.stop is None else part.stop

@@ -1,22 +1,32 @@
 """Sharded parameters (FSDP2/DTensor, FSDP1 flat shards): global norms and lock-step sampling.
 
 Under sharding a rank holds a piece of each parameter (and of its gradient), so a global
-norm needs one collective. :func:`find_sharding` recognises, once at attach time:
+norm needs a collective. :func:`find_sharding` recognises, once at attach time:
 
-* **DTensor** parameters (FSDP2 ``fully_shard``, tensor parallel): gradient norms go
-  through ``torch.nn.utils.get_total_norm``, which reduces across the mesh itself;
+* **DTensor** parameters (FSDP2 ``fully_shard``, tensor parallel): a gradient's local
+  piece (``to_local()``; a replica counted once, at mesh coordinate 0);
 * **FSDP1** (``FullyShardedDataParallel``, sharded strategies): each rank's flat-parameter
-  shard gives a rank-local norm; the global one is ``sqrt(all_reduce(sum of local
-  squares))``, exactly as ``FullyShardedDataParallel.clip_grad_norm_`` computes it.
+  shard. The global norm is ``sqrt(all_reduce(sum of local squares) + replicated)``,
+  exactly as ``FullyShardedDataParallel.clip_grad_norm_`` computes it.
 
-Per-head q/k norms are computed from each rank's local piece: squared sums per row (or
-column), placed at the piece's global offset, summed over ranks by **one** ``all_reduce``
-for all layers (a few floats per head) instead of all-gathering every q/k weight.
+Per-head q/k norms come from each rank's local piece: squared sums per row (or column),
+placed at the piece's global offset, summed over ranks instead of all-gathering weights.
 
-Every collective here must be entered by every rank at the same point, so the monitor
-samples the same steps on every rank: :meth:`Sharding.agree_interval` makes the ranks
-agree on the next interval at the end of each sampled step (one small ``all_reduce``).
-Nothing here runs on a non-sampled step.
+**The exchange.** A part of the monitor may fail on one rank only (an OOM, a bug); if
+that made the rank skip a collective, the other ranks would wait forever, or the skipped
+``all_reduce`` would pair with the job's own next collective. So every collective here
+runs at one place, the end of a sampled step, in a fixed order, whatever failed:
+
+1. :meth:`Sharding.reduce`: one ``all_reduce(SUM)`` of a float32 vector whose layout
+   :meth:`Sharding.plan` fixes at attach (and :meth:`Sharding.agree_layout` checks across
+   ranks): ``[sharded grad squared sum, ranks missing grad, ranks missing q/k, q/k
+   per-index squared sums...]``. A rank whose part is off or fails writes zeros and
+   counts itself missing; values some rank did not contribute are then left out on every
+   rank (a NaN *value*, e.g. a diverged gradient, still propagates as a real signal);
+2. :meth:`Sharding.agree_interval`: one ``all_reduce(MAX)``, the next sampling interval,
+   so all ranks schedule the same next sampled step.
+
+Everything else here is local (no collective) and nothing here runs on a non-sampled step.
 """
 
 from __future__ import annotations
@@ -30,6 +40,10 @@ import torch
 from torch import nn
 
 __all__ = ["Sharding", "find_sharding", "is_dtensor", "plain"]
+
+#: Exchange vector slots: the sharded grad squared sum, how many ranks did not contribute
+#: it, how many did not contribute the q/k sums; the q/k per-index sums follow.
+GRAD_SQ, GRAD_MISSING, QK_MISSING, QK_START = 0, 1, 2, 3
 
 
 def _dtensor_type() -> type | None:
@@ -99,6 +113,10 @@ class Sharding:
             for i, info in enumerate(getattr(h.flat_param, "_param_infos", ())):
                 self._slots[(id(info.module), info.param_name)] = _FlatSlot(h, i)
         self.device = self._device()
+        self._qk_items: list[tuple[torch.Tensor, nn.Module | None, str | None, int]] = []
+        self._qk_keys: list[tuple[int, int]] = []
+        self._qk_offsets: dict[tuple[int, int], tuple[int, int]] = {}
+        self.size = QK_START
 
     @property
     def fsdp1(self) -> bool:
@@ -128,7 +146,94 @@ class Sharding:
             return None
         return torch.Size(slot.handle.flat_param._shapes[slot.index])
 
-    # -- sampling --------------------------------------------------------------------
+    # -- the exchange: the monitor's only collectives ------------------------------------
+
+    def plan(self, items: Sequence[tuple[torch.Tensor, nn.Module | None, str | None, int]]
+             ) -> None:
+        """Fix the exchange vector's layout at attach: the grad slots, then, for each unique
+        ``(param, axis)`` of the q/k ``items``, the parameter's unsharded length along
+        ``axis``. Raises (nothing planned for q/k) where a layout cannot be measured
+        locally (DTensor placements other than ``Shard``/``Replicate``)."""
+        self._qk_keys = []
+        self._qk_offsets = {}
+        size = QK_START
+        keys: list[tuple[int, int]] = []
+        offsets: dict[tuple[int, int], tuple[int, int]] = {}
+        unique: list[tuple[torch.Tensor, nn.Module | None, str | None, int]] = []
+        for param, owner, name, axis in items:
+            key = (id(param), axis)
+            keys.append(key)
+            if key in offsets:
+                continue
+            slot = self._slots.get((id(owner), name)) if owner is not None and name else None
+            if slot is not None:
+                length = int(slot.handle.flat_param._shapes[slot.index][axis])
+            else:
+                if is_dtensor(param):
+                    _check_placements(param.placements)  # type: ignore[attr-defined]
+                length = int(param.shape[axis])
+            offsets[key] = (size, length)
+            unique.append((param, owner, name, axis))
+            size += length
+        self._qk_items = unique
+        self._qk_keys, self._qk_offsets = keys, offsets
+        self.size = size
+
+    def agree_layout(self) -> bool:
+        """At attach, on every rank: whether all ranks planned the same vector size (one
+        ``all_reduce(MAX)`` of two integers). If not, the q/k slots are dropped on every
+        rank, so the per-step exchange always has one size."""
+        t = torch.tensor([self.size, -self.size], dtype=torch.int64, device=self.device)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
+        same = int(t[0]) == -int(t[1])
+        if not same:
+            self.plan([])
+        return same
+
+    @property
+    def has_qk(self) -> bool:
+        """Whether the exchange carries q/k sums."""
+        return bool(self._qk_offsets)
+
+    def new_vector(self) -> torch.Tensor:
+        """A zeroed exchange vector (float32, :attr:`size`) on the exchange device."""
+        return torch.zeros(self.size, dtype=torch.float32, device=self.device)
+
+    def put_grad(self, vec: torch.Tensor, sharded_sq: torch.Tensor | None) -> None:
+        """Write this rank's sharded grad squared sum, or mark it missing (``None``)."""
+        if sharded_sq is None:
+            vec[GRAD_MISSING] = 1.0
+        else:
+            vec[GRAD_SQ : GRAD_SQ + 1].copy_(sharded_sq.detach().float().reshape(1))
+
+    def put_qk(self, vec: torch.Tensor) -> None:
+        """Write this rank's per-index q/k squared sums at their planned offsets (each
+        parameter once, e.g. GPT-2's fused ``c_attn`` holds both q and k)."""
+        with torch.no_grad():
+            for param, owner, name, axis in self._qk_items:
+                start, length = self._qk_offsets[(id(param), axis)]
+                sums = self._local_sums(param, owner, name, axis)
+                if sums.shape != (length,):
+                    raise RuntimeError(f"q/k sums of shape {tuple(sums.shape)}, planned "
+                                       f"({length},) at attach: the layout changed")
+                vec[start : start + length].copy_(sums)
+
+    def mark_qk_missing(self, vec: torch.Tensor) -> None:
+        """Zero the q/k slots and count this rank as not contributing them."""
+        vec[QK_START:].zero_()
+        vec[QK_MISSING] = 1.0
+
+    def reduce(self, vec: torch.Tensor) -> None:
+        """Sum ``vec`` over the group, in place: the step's one ``all_reduce(SUM)``."""
+        self._dist.all_reduce(vec, group=self.group)
+
+    def qk_sums(self, vec: torch.Tensor) -> list[torch.Tensor]:
+        """The reduced per-index squared sums, one per planned q/k item (in order)."""
+        out = []
+        for key in self._qk_keys:
+            start, length = self._qk_offsets[key]
+            out.append(vec[start : start + length])
+        return out
 
     def agree_interval(self, proposal: int) -> int:
         """The widest of every rank's proposed interval (a collective, sampled steps only).
@@ -140,68 +245,46 @@ class Sharding:
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
         return int(t.item())
 
-    # -- gradient norm ---------------------------------------------------------------
+    # -- gradient: local pieces only ----------------------------------------------------
 
-    def grad_norm(self, parameters: Iterable[torch.Tensor]) -> torch.Tensor | None:
-        """Global L2 norm of the gradients, reduced across ranks where they are sharded.
+    def local_grad_sums(self, parameters: Iterable[torch.Tensor]
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sharded, replicated)`` float32 squared sums of this rank's gradients; no
+        collective. The global squared norm is ``all_reduce(sharded) + replicated``.
 
-        FSDP1: every rank enters the ``all_reduce`` even with no local gradient.
-        Otherwise (DTensor or unsharded): ``global_grad_norm`` of ``parameters``.
+        FSDP1: flat-parameter shards (sharded strategies) vs ``NO_SHARD`` handles and
+        parameters FSDP does not manage. Otherwise ``parameters``: DTensor gradients by
+        their local piece (a replica counted once, at mesh coordinate 0), plain ones as
+        replicated. Raises for DTensor placements that have no local square sum.
         """
-        if not self.fsdp1:
-            from ._stats import global_grad_norm
-
-            return global_grad_norm(parameters)
         sharded: list[torch.Tensor] = []
         other: list[torch.Tensor] = []
         seen: set[int] = set()
-        for h in self._handles:
-            target = sharded if h.uses_sharded_strategy else other
-            params = h.flat_param._params if h._use_orig_params else [h.flat_param]
-            for p in params or ():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    if p.grad is not None:
-                        target.append(p.grad)
-        for p in self.model.parameters():  # not managed by FSDP: replicated
-            if id(p) not in seen and p.grad is not None:
-                seen.add(id(p))
-                other.append(p.grad)
+        if self._handles:
+            for h in self._handles:
+                target = sharded if h.uses_sharded_strategy else other
+                params = h.flat_param._params if h._use_orig_params else [h.flat_param]
+                for p in params or ():
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        if p.grad is not None:
+                            target.append(p.grad)
+            parameters = self.model.parameters()  # not managed by FSDP: replicated
+        for p in parameters:
+            if id(p) in seen or p.grad is None:
+                continue
+            seen.add(id(p))
+            g = p.grad
+            if is_dtensor(g):
+                local = _dtensor_local(g)
+                if local is not None:
+                    sharded.append(local)
+            else:
+                other.append(g)
         with torch.no_grad():
-            sq = _square_sum(sharded, self.device)
-            self._dist.all_reduce(sq, group=self.group)
-            total = sq + _square_sum(other, self.device)
-        return total.sqrt()
+            return _square_sum(sharded, self.device), _square_sum(other, self.device)
 
-    # -- q/k per-axis squared sums -----------------------------------------------------
-
-    def axis_square_sums(
-        self, items: Sequence[tuple[torch.Tensor, nn.Module | None, str | None, int]]
-    ) -> list[torch.Tensor]:
-        """For each ``(param, owner, name, axis)``: the squared sum of the whole parameter
-        per index along ``axis`` (float32, unsharded length), reduced across ranks with a
-        single ``all_reduce``. Parameters listed twice are computed once."""
-        cache: dict[tuple[int, int], torch.Tensor] = {}
-        parts: list[torch.Tensor] = []
-        keys: list[tuple[int, int]] = []
-        with torch.no_grad():
-            for param, owner, name, axis in items:
-                key = (id(param), axis)
-                keys.append(key)
-                if key in cache:
-                    continue
-                cache[key] = self._local_sums(param, owner, name, axis)
-                parts.append(cache[key])
-            if not parts:
-                return []
-            flat = torch.cat([p.to(self.device) for p in parts])
-            self._dist.all_reduce(flat, group=self.group)
-            pos = 0
-            reduced: dict[tuple[int, int], torch.Tensor] = {}
-            for key, part in cache.items():
-                reduced[key] = flat[pos : pos + part.numel()]
-                pos += part.numel()
-        return [reduced[k] for k in keys]
+    # -- q/k per-axis squared sums (local) ---------------------------------------------
 
     def _local_sums(
         self, param: torch.Tensor, owner: nn.Module | None, name: str | None, axis: int
@@ -236,14 +319,11 @@ class Sharding:
         return out
 
     def _dtensor_sums(self, param: Any, axis: int) -> torch.Tensor:
-        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor import Replicate
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         mesh, placements = param.device_mesh, param.placements
-        if not all(type(p) in (Shard, Replicate) for p in placements):
-            # strided/partial layouts: gather the whole value (a collective on the mesh)
-            sums = _sums_along(param.full_tensor().detach(), axis)
-            return sums if self._is_group_leader() else torch.zeros_like(sums)
+        _check_placements(placements)
         local = param.to_local().detach()
         out = torch.zeros(param.shape[axis], dtype=torch.float32, device=local.device)
         coord = mesh.get_coordinate()
@@ -255,6 +335,24 @@ class Sharding:
             start = offset[axis]
             out[start : start + local.shape[axis]] += _sums_along(local, axis)
         return out
+
+
+def _check_placements(placements: Sequence[Any]) -> None:
+    names = [type(p).__name__ for p in placements]
+    if any(n not in ("Shard", "Replicate") for n in names):
+        raise ValueError(f"DTensor placements {names}: only Shard/Replicate pieces have a "
+                         "local square sum; this part is not measured under this layout")
+
+
+def _dtensor_local(g: Any) -> torch.Tensor | None:
+    """A DTensor's local piece for a global square sum, or None where a replica on
+    another mesh coordinate counts it (no collective)."""
+    _check_placements(g.placements)
+    coord = g.device_mesh.get_coordinate()
+    if coord is None or any(type(p).__name__ == "Replicate" and c != 0
+                            for p, c in zip(g.placements, coord, strict=True)):
+        return None
+    return g.to_local()
 
 
 def _mesh_group(model: nn.Module) -> Any:

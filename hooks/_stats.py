@@ -106,7 +106,8 @@ def global_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor | None:
     without clipping and without a host sync. DTensor gradients (FSDP2, tensor parallel)
     are reduced across their mesh by ``get_total_norm`` (a collective: every rank must
     call this at the same point); the replicated result is returned as a plain tensor.
-    FSDP1's flat shards are not recognisable here: see ``Sharding.grad_norm``.
+    Under sharding the monitor uses ``Sharding.local_grad_sums`` and its end-of-step
+    exchange instead (FSDP1's flat shards are not recognisable here).
     """
     with torch.no_grad():
         grads = [p.grad.detach() for p in parameters if p.grad is not None]

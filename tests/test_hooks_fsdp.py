@@ -2,7 +2,8 @@
 original parameters): on every rank the frame's ``grad.norm`` is the *global* norm (with and
 without the job clipping), the clip flag, the q/k norms of sharded parameters, attention and
 final statistics equal a single-process reference, frames carry their rank, and the ranks
-sample the same steps even when only one of them is told to sample less often."""
+sample the same steps even when only one of them is told to sample less often. A failure
+on one rank only never makes the ranks hang: only what needs the failed part is absent."""
 
 from __future__ import annotations
 
@@ -40,9 +41,21 @@ MODEL = textwrap.dedent('''
 ''')
 
 WORKER = MODEL + textwrap.dedent('''
-    import json, os, sys
+    import json, logging, os, sys
     import torch.distributed as dist
     from logitwatch.hooks import attach
+    from logitwatch.hooks import _shard
+
+    class Warnings(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    warnings_seen = Warnings()
+    logging.getLogger("logitwatch.hooks").addHandler(warnings_seen)
 
     MODE, OUT = sys.argv[1], sys.argv[2]
     STEPS, MAX_NORM = int(sys.argv[3]), float(sys.argv[4])
@@ -63,7 +76,21 @@ WORKER = MODEL + textwrap.dedent('''
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         return [torch.nn.utils.clip_grad_norm_, FSDP.clip_grad_norm_]
 
-    def run(clip, steps, control_at=None):
+    def broken(*args, **kwargs):
+        raise MemoryError("injected: out of memory in a local computation")
+
+    def inject(mon, kind):
+        """Rank-local failures on rank 1 only: the local grad and q/k sums, or the
+        frame building."""
+        if kind == "local":
+            for name in ("local_grad_sums", "_local_sums"):
+                setattr(_shard.Sharding, name, broken)
+        elif kind == "emit":
+            mon._emit = broken
+
+    def run(clip, steps, control_at=None, fail=None):
+        saved = {n: getattr(_shard.Sharding, n) for n in ("local_grad_sums", "_local_sums")}
+        warnings_seen.messages.clear()
         model = wrap(make_model())
         originals = clip_fns()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -76,6 +103,8 @@ WORKER = MODEL + textwrap.dedent('''
         for step in range(steps):
             if step == control_at and rank == 0:  # the collector reached rank 0 first
                 mon.client._control = {"sample_every": 3}
+            if fail and step == 1 and rank == 1:
+                inject(mon, fail)
             model(ids, labels=ids).loss.backward()
             if clip:
                 if MODE == "fsdp2":
@@ -85,11 +114,16 @@ WORKER = MODEL + textwrap.dedent('''
             opt.step()
             opt.zero_grad()
         mon.close()
+        for name, fn in saved.items():
+            setattr(_shard.Sharding, name, fn)
         return {"frames": frames, "disabled": sorted(mon.disabled),
-                "restored": all(a is b for a, b in zip(clip_fns(), originals))}
+                "restored": all(a is b for a, b in zip(clip_fns(), originals)),
+                "warnings": list(warnings_seen.messages), "steps": mon.step_index}
 
     result = {"plain": run(False, STEPS), "clip": run(True, STEPS),
-              "control": run(False, 8, control_at=1)}
+              "control": run(False, 8, control_at=1),
+              "fail-local": run(False, STEPS, fail="local"),
+              "fail-emit": run(False, STEPS, fail="emit")}
     with open(OUT, "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
@@ -191,30 +225,38 @@ QK = ["qk.q_weight_norm", "qk.k_weight_norm", "qk.q_bias_norm", "qk.k_bias_norm"
 FINAL = ["final.hidden_rms", "final.logz", "final.logit_max", "loss"]
 
 
+def check_frame(frame: dict, want: dict, rank: int, *, clip: bool, exchanged: bool) -> None:
+    """``frame`` equals the reference step ``want`` (``exchanged``: including what the
+    ranks' exchange gives, grad.norm without the job's clip and the q/k norms)."""
+    s = frame["scalars"]
+    assert frame["rank"] == rank
+    if exchanged:
+        assert close(s["grad.norm"], want["norm"]), (s["grad.norm"], want["norm"])
+        assert s["grad.clipped"] == float(want["clipped"])
+        check_heads(frame["heads"], want["qk"], QK)
+    if clip:  # observed from the job's own clip call, every step
+        assert s["grad.clip_rate"] == float(want["clipped"])
+    ref_scalars, ref_heads = want["ranks"][rank]
+    for name in FINAL:
+        assert close(s[name], ref_scalars[name], abs_=1e-5), name
+    check_heads(frame["heads"], ref_heads, ATTN)
+
+
 @pytest.mark.parametrize("mode", ["fsdp2", "fsdp1", "fsdp1-orig"])
 def test_fsdp_two_process_gloo_whole_catalog(tmp_path, mode: str) -> None:
     results = run_workers(tmp_path, mode)
-    for clip in (False, True):
-        expected = reference(clip)
+    refs = {clip: reference(clip) for clip in (False, True)}
+    for clip, expected in refs.items():
         flags = [e["clipped"] for e in expected]
         assert any(flags) and not all(flags), f"MAX_NORM must split the steps: {flags}"
         for rank, result in enumerate(results):
             run = result["clip" if clip else "plain"]
             assert run["disabled"] == [], run["disabled"]
+            assert run["warnings"] == [], run["warnings"]
             frames = run["frames"]
             assert [f["step"] for f in frames] == list(range(STEPS))
             for frame, want in zip(frames, expected, strict=True):
-                s = frame["scalars"]
-                assert frame["rank"] == rank
-                assert close(s["grad.norm"], want["norm"]), (s["grad.norm"], want["norm"])
-                assert s["grad.clipped"] == float(want["clipped"])
-                if clip:  # observed from the job's own clip call, every step
-                    assert s["grad.clip_rate"] == float(want["clipped"])
-                ref_scalars, ref_heads = want["ranks"][rank]
-                for name in FINAL:
-                    assert close(s[name], ref_scalars[name], abs_=1e-5), name
-                check_heads(frame["heads"], ref_heads, ATTN)
-                check_heads(frame["heads"], want["qk"], QK)
+                check_frame(frame, want, rank, clip=clip, exchanged=True)
             assert run["restored"], "close() left a clip_grad_norm_ patched"
     # rank 0 alone is told sample_every=3 after step 1 (the collector reached it first):
     # both ranks still sample the same steps (a mismatch would hang or fail the run)
@@ -223,6 +265,42 @@ def test_fsdp_two_process_gloo_whole_catalog(tmp_path, mode: str) -> None:
         assert result["control"]["disabled"] == []
         assert [f["step"] for f in frames] == [0, 1, 4, 7]
         assert [f["scalars"]["hooks.sample_every"] for f in frames] == [1.0, 1.0, 3.0, 3.0]
+    check_rank_local_failures(results, refs[False])
+
+
+def check_rank_local_failures(results: list[dict], expected: list[dict]) -> None:
+    """From step 1, on rank 1 only: the local grad and q/k sums raise (an OOM), then, in
+    a second run, the frame building raises. Before the end-of-step exchange, rank 1
+    skipped its collectives and rank 0 waited forever (``run_workers`` would time out).
+    Now both ranks finish every step, rank 1 logs each failure once, and rank 0 keeps
+    sending; only the values that need rank 1's failed part are absent (on both ranks),
+    the rest equal the reference."""
+    for rank, result in enumerate(results):
+        run = result["fail-local"]
+        assert run["steps"] == STEPS
+        assert run["disabled"] == (["grad", "qk"] if rank == 1 else [])
+        failed = [m for m in run["warnings"] if "part of the monitor failed" in m]
+        assert len(failed) == (2 if rank == 1 else 0), run["warnings"]
+        if rank == 0:  # says once why the values are missing, pointing at the other rank
+            assert sum("another rank" in m for m in run["warnings"]) == 2, run["warnings"]
+        frames = run["frames"]
+        assert [f["step"] for f in frames] == list(range(STEPS))
+        check_frame(frames[0], expected[0], rank, clip=False, exchanged=True)
+        for frame, want in zip(frames[1:], expected[1:], strict=True):
+            assert "grad.norm" not in frame["scalars"] and "grad.clipped" not in frame["scalars"]
+            assert not any(name.startswith("qk.") for name in frame["heads"])
+            check_frame(frame, want, rank, clip=False, exchanged=False)
+    # rank 1's frame building fails: it sends nothing more but still takes part in the
+    # exchange, so rank 0's frames stay complete and exact
+    run0, run1 = results[0]["fail-emit"], results[1]["fail-emit"]
+    assert run1["steps"] == run0["steps"] == STEPS
+    assert run1["disabled"] == ["step"]
+    assert [f["step"] for f in run1["frames"]] == [0]
+    assert sum("'step' part" in m for m in run1["warnings"]) == 1, run1["warnings"]
+    assert run0["disabled"] == [] and run0["warnings"] == []
+    assert [f["step"] for f in run0["frames"]] == list(range(STEPS))
+    for frame, want in zip(run0["frames"], expected, strict=True):
+        check_frame(frame, want, 0, clip=False, exchanged=True)
 
 
 def test_unreadable_sharding_disables_the_collective_parts(monkeypatch, caplog) -> None:
