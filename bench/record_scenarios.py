@@ -14,6 +14,7 @@ Usage::
 
     python bench/record_scenarios.py                 # all scenarios, 2 processes
     python bench/record_scenarios.py lr_jump healthy_s0 --jobs 1
+    python bench/record_scenarios.py fp32_high_lr --out /tmp/try   # elsewhere
     python bench/record_scenarios.py --list
 
 Each run uses ``torch.set_num_threads(1)``; the suite takes a few minutes on 2 cores.
@@ -54,6 +55,10 @@ class Scenario:
     # (from_step, rate): multiply the LM head weight by (1 + rate) after every step from
     # from_step (a slow drift of the output logits)
     head_drift: tuple[int, float] | None = None
+    # run the forward (loss included) under torch.autocast("cpu", dtype=...), as mixed-
+    # precision jobs do: with "bfloat16" the attention gets bf16 q/k/v and runs in bf16
+    # (the hooks send attn.dtype_max = finfo(bfloat16).max); backward outside it
+    autocast: str | None = None
     steps: int | None = None
     expect: str = ""  # what the scenario is meant to be (the recorded label is measured)
 
@@ -83,6 +88,20 @@ SCENARIOS: list[Scenario] = [
              steps=900, expect="diverging"),
     Scenario("qknorm_high_lr", "QK-norm does not save peak lr 0.5: diverges late",
              base="healthy", changes={"lr": 0.5, "seed": 2}, expect="diverging"),
+    # -- wide-dtype attention that diverges without overflowing (no QK-norm, peak lr 0.4:
+    #    logits grow, the loss climbs slowly until it diverges; with QK-norm, fp32, seed 0, lr
+    #    0.4 trained 1,300 steps without diverging)
+    Scenario("fp32_high_lr", "no QK-norm, fp32 attention, peak lr 0.4: logits grow, loss "
+             "climbs and diverges without overflow", changes={"attn_dtype": "float32",
+                                                             "lr": 0.4},
+             expect="diverging"),
+    Scenario("fp32_high_lr_s1", "no QK-norm, fp32 attention, peak lr 0.4, seed 1: logits "
+             "grow, loss climbs and diverges without overflow",
+             changes={"attn_dtype": "float32", "lr": 0.4, "seed": 1}, expect="diverging"),
+    Scenario("bf16_high_lr", "no QK-norm, bf16 autocast forward (bf16 attention), peak lr "
+             "0.4: logits grow, loss climbs and diverges without overflow",
+             changes={"attn_dtype": "float32", "lr": 0.4}, autocast="bfloat16",
+             expect="diverging"),
     # -- healthy, including hard negatives ------------------------------------------------
     Scenario("healthy_s0", "QK-norm, peak lr 0.2", base="healthy", expect="healthy"),
     Scenario("healthy_s1", "QK-norm, peak lr 0.2", base="healthy", changes={"seed": 1},
@@ -97,6 +116,9 @@ SCENARIOS: list[Scenario] = [
              steps=1200, expect="healthy"),
     Scenario("fp32_growth", "no QK-norm, fp32 attention, peak lr 0.2: logits grow, no "
              "overflow", changes={"attn_dtype": "float32"}, expect="healthy"),
+    Scenario("bf16_growth", "no QK-norm, bf16 autocast forward (bf16 attention), peak lr "
+             "0.2: logits grow, the loss drifts up, no divergence",
+             changes={"attn_dtype": "float32"}, autocast="bfloat16", expect="healthy"),
     Scenario("lowlr_noqk", "no QK-norm, fp16 attention, low lr 0.01",
              changes={"lr": 0.01, "warmup": 200}, steps=1200, expect="healthy"),
     Scenario("grad_spike_clipped", "gradient spike x1e4 at step 600, clipped at 1.0 "
@@ -168,8 +190,27 @@ def _time_now() -> float:
     return time.time()
 
 
-def record(name: str) -> dict[str, Any]:
-    """Train scenario ``name`` with the real hooks; write its file; return its header."""
+def _autocast_forward(model: Any, dtype: Any) -> None:
+    """Run ``model``'s forward (and so its loss) under ``torch.autocast("cpu", dtype)``.
+
+    The demo's ``train`` calls ``model(x, y)`` then ``loss.backward()``, so this is the usual
+    mixed-precision recipe: forward in autocast, backward outside it. Under CPU autocast the
+    linear layers and ``scaled_dot_product_attention`` run in ``dtype``.
+    """
+    import torch
+
+    forward = model.forward
+
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast("cpu", dtype=dtype):
+            return forward(*args, **kwargs)
+
+    model.forward = autocast_forward
+
+
+def record(name: str, out: Path = OUT) -> dict[str, Any]:
+    """Train scenario ``name`` with the real hooks; write ``out/<name>.jsonl``; return its
+    header."""
     import torch
 
     import logitwatch
@@ -184,6 +225,8 @@ def record(name: str) -> dict[str, Any]:
 
     def on_model(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         state["model"] = model
+        if sc.autocast is not None:
+            _autocast_forward(model, getattr(torch, sc.autocast))
         extra: dict[str, Any] = {}
         if "overhead_budget" in inspect.signature(logitwatch.attach).parameters:
             extra["overhead_budget"] = None  # a fixed 1-in-10 sampling, like every scenario
@@ -221,6 +264,7 @@ def record(name: str) -> dict[str, Any]:
         "expected": sc.expect,
         "mechanism": sc.mechanism,
         "setting": dataclasses.asdict(setting),
+        "autocast": sc.autocast,
         "steps_done": result.steps_done,
         "sample_every": SAMPLE_EVERY,
         "frames": len(frames),
@@ -228,8 +272,8 @@ def record(name: str) -> dict[str, Any]:
         # every step's loss, for the peer detectors that watch each step (bench_alerts.py)
         "losses": [float(f"{x:.5g}") if math.isfinite(x) else str(x) for x in result.losses],
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    with open(OUT / f"{name}.jsonl", "w") as fh:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"{name}.jsonl", "w") as fh:
         fh.write(json.dumps(header) + "\n")
         for f in frames:
             fh.write(json.dumps(_compact(f), separators=(",", ":")) + "\n")
@@ -253,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="*", help="scenarios to record (default: all)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    p.add_argument("--out", type=Path, default=OUT,
+                   help=f"where to write the files (default {OUT})")
     a = p.parse_args(argv)
     if a.list:
         for s in SCENARIOS:
@@ -262,15 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; see --list")
-    run: Callable[[str], dict[str, Any]] = record
+    run: Callable[[str, Path], dict[str, Any]] = record
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-        for h in pool.map(run, names):
+        for h in pool.map(run, names, [a.out] * len(names)):
             flag = "" if h["label"] == h["expected"] else f"  (meant {h['expected']})"
             print(f"{h['scenario']:20s} {h['label']:10s} divergence {h['divergence_step']!s:>5} "
                   f"steps {h['steps_done']:5d} frames {h['frames']:4d} {h['wall_s']:6.1f}s"
                   f"{flag}", flush=True)
-    print(f"recorded {len(names)} scenario(s) into {OUT} in {time.perf_counter() - t0:.0f}s")
+    print(f"recorded {len(names)} scenario(s) into {a.out} in {time.perf_counter() - t0:.0f}s")
     return 0
 
 
