@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+
+from logitwatch.demo.runner import free_port
 
 NET = textwrap.dedent('''
     import torch, torch.nn.functional as F
@@ -68,11 +69,6 @@ WORKER = NET + textwrap.dedent('''
     os._exit(0)
 ''')
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def reference_norms() -> list[float]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+
+from logitwatch.demo.runner import free_port
 
 transformers = pytest.importorskip("transformers")
 
@@ -133,11 +134,6 @@ WORKER = MODEL + textwrap.dedent('''
     os._exit(0)
 ''')
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_workers(tmp_path, mode: str) -> list[dict]:

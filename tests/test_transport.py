@@ -31,14 +31,10 @@ import httpx
 import pytest
 
 from logitwatch.client import Client, ClientConfig
+from logitwatch.demo.runner import free_port
 
 pytestmark = pytest.mark.slow
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
