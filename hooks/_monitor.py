@@ -638,6 +638,8 @@ class Monitor:
             out_scalars["grad.clip_rate"] = sum(self._clipped_window) / len(
                 self._clipped_window)
         out_scalars["hooks.host_ms"] = host_ms
+        if self._shard is not None and self._shard.device.type != "cpu":
+            syncs += 1  # reading the ranks' agreed interval at the end of this step
         out_scalars["hooks.syncs"] = float(syncs)
         out_scalars["hooks.bytes"] = float(nbytes)
         out_scalars["hooks.sample_every"] = float(self._effective_every)
