@@ -8,8 +8,10 @@ instead of skipping them, so CI cannot pass without PostgreSQL.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,43 @@ def chromium() -> Iterator[object]:
                               args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+def _run_gloo_pair(tmp_path: Path, source: str, argv: Callable[[int], list[str]],
+                   env: dict[str, str] | None = None, timeout: float = 120) -> None:
+    """Run ``source`` as two real processes, ranks 0 and 1 of a gloo group on loopback.
+
+    ``argv(rank)`` gives each worker's arguments. Both workers are always reaped (killed at
+    ``timeout``: a hang fails the test instead of stalling the run); a non-zero exit fails it
+    with the worker's output.
+    """
+    from logitwatch.demo.runner import free_port
+
+    script = tmp_path / "worker.py"
+    script.write_text(source)
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        worker_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+                      "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "PATH": "/usr/bin:/bin",
+                      "HOME": str(tmp_path), "PYTHONWARNINGS": "ignore", **(env or {})}
+        procs.append(subprocess.Popen([sys.executable, str(script), *argv(rank)],
+                                      env=worker_env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT))
+    outs = []
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    for proc, out in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, out.decode()[-3000:]
+
+
+@pytest.fixture
+def gloo_pair() -> Callable[..., None]:
+    """:func:`_run_gloo_pair`: two real worker processes in one gloo group."""
+    return _run_gloo_pair

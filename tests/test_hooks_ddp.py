@@ -4,14 +4,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
-
-from logitwatch.demo.runner import free_port
 
 NET = textwrap.dedent('''
     import torch, torch.nn.functional as F
@@ -92,28 +88,8 @@ def reference_norms() -> list[float]:
 
 
 @pytest.mark.slow
-def test_ddp_two_process_gloo_grad_norm_is_global(tmp_path) -> None:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "PATH": "/usr/bin:/bin",
-               "HOME": str(tmp_path), "PYTHONWARNINGS": "ignore"}
-        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / f"{rank}.json")],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    outs = []
-    try:
-        for proc in procs:
-            outs.append(proc.communicate(timeout=120)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    for proc, out in zip(procs, outs, strict=True):
-        assert proc.returncode == 0, out.decode()[-3000:]
+def test_ddp_two_process_gloo_grad_norm_is_global(tmp_path, gloo_pair) -> None:
+    gloo_pair(tmp_path, WORKER, lambda rank: [str(tmp_path / f"{rank}.json")])
     frames = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
     expected = reference_norms()
     for rank, rank_frames in enumerate(frames):

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
-
-from logitwatch.demo.runner import free_port
 
 transformers = pytest.importorskip("transformers")
 
@@ -136,31 +132,10 @@ WORKER = MODEL + textwrap.dedent('''
 
 
 
-def run_workers(tmp_path, mode: str) -> list[dict]:
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "PATH": "/usr/bin:/bin",
-               "HOME": str(tmp_path), "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1",
-               "OMP_NUM_THREADS": "1"}
-        argv = [sys.executable, str(script), mode, str(tmp_path / f"{rank}.json"),
-                str(STEPS), str(MAX_NORM)]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT))
-    outs = []
-    try:
-        for proc in procs:
-            outs.append(proc.communicate(timeout=120)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    for proc, out in zip(procs, outs, strict=True):
-        assert proc.returncode == 0, out.decode()[-3000:]
+def run_workers(tmp_path, gloo_pair, mode: str) -> list[dict]:
+    gloo_pair(tmp_path, WORKER,
+              lambda rank: [mode, str(tmp_path / f"{rank}.json"), str(STEPS), str(MAX_NORM)],
+              env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     return [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
 
 
@@ -239,8 +214,8 @@ def check_frame(frame: dict, want: dict, rank: int, *, clip: bool, exchanged: bo
 
 
 @pytest.mark.parametrize("mode", ["fsdp2", "fsdp1", "fsdp1-orig"])
-def test_fsdp_two_process_gloo_whole_catalog(tmp_path, mode: str) -> None:
-    results = run_workers(tmp_path, mode)
+def test_fsdp_two_process_gloo_whole_catalog(tmp_path, gloo_pair, mode: str) -> None:
+    results = run_workers(tmp_path, gloo_pair, mode)
     refs = {clip: reference(clip) for clip in (False, True)}
     for clip, expected in refs.items():
         flags = [e["clipped"] for e in expected]
