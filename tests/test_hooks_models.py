@@ -469,3 +469,42 @@ def test_torch_compile_with_the_monitor_attached() -> None:
         assert "attn.logit_max" not in frame["heads"]
     for module in compiled_src.modules():
         assert not module._forward_hooks and not module._forward_pre_hooks
+
+
+@pytest.mark.parametrize("how", ["bf16-weights", "bf16-autocast"])
+def test_bf16_llama_sdpa_matches_the_reference_on_the_same_inputs(how: str) -> None:
+    """The dtype most large runs train in: statistics of bf16 ``q``/``k`` computed in
+    float32, equal to float64 ones from the same bf16 inputs; ``attn.dtype_max`` is
+    bf16's. Layer 0 sees identical ``q``/``k`` in both models (checked tightly); later
+    layers differ by the attention kernels' bf16 rounding (checked loosely)."""
+    model, ref_model = build("llama", "sdpa"), build("llama", "lw_ref")
+    ref_model.load_state_dict(model.state_dict())
+    if how == "bf16-weights":
+        model, ref_model = model.to(torch.bfloat16), ref_model.to(torch.bfloat16)
+    ids, mask = batch(model.config.vocab_size)
+    labels = ids.masked_fill(mask == 0, -100)
+
+    def forward(m: nn.Module) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=how == "bf16-autocast"):
+            return m(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    REF.clear()
+    ref_model.train()
+    forward(ref_model)
+    reference = sorted(REF, key=lambda r: r[0])
+    assert len(reference) == model.config.num_hidden_layers
+    client, frames = capturing_client()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with attach(model, opt, run="r", client=client, overhead_budget=None, sample_every=5):
+        forward(model).backward()
+        opt.step()
+    frame = frames[0]
+    assert frame["scalars"]["attn.dtype_max"] == pytest.approx(
+        torch.finfo(torch.bfloat16).max, rel=1e-6)
+    for layer, (_, logits, valid, cap) in enumerate(reference):
+        tight = layer == 0
+        for metric, values in signals(logits, valid, cap).items():
+            np.testing.assert_allclose(frame["heads"][metric][layer], values,
+                                       rtol=1e-5 if tight else 5e-2,
+                                       atol=1e-6 if tight else 5e-2,
+                                       err_msg=f"{how} {metric} layer {layer}")
