@@ -11,7 +11,7 @@ Configurations, interleaved round by round so that a busy machine hurts all alik
 Each figure is the mean step time over ``--steps`` steps after ``--warmup``; the ratio is
 taken per round against that round's ``none``, and the median over rounds is printed.
 Also printed: peak live tensor bytes of one sampled step with and without hooks (a
-``TorchDispatchMode`` counting live outputs: an over-estimate for views), and the
+``TorchDispatchMode`` counting the tensors allocated and still alive, views excluded), and the
 host-device read-backs (``.item()``, ``.cpu()``, ``.tolist()``, ...) counted on a
 non-sampled and on a sampled step.
 
@@ -28,46 +28,13 @@ import statistics
 import sys
 import tempfile
 import time
-import weakref
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from logitwatch.hooks._probes import CountSyncs, LiveBytes
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-SYNCS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
-
-
-class CountSyncs(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in SYNCS:
-            self.calls.append(func.__name__)
-        return func(*args, **(kwargs or {}))
-
-
-class LiveBytes(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-
-    def _free(self, n: int) -> None:
-        self.live -= n
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and not func._schema.is_mutable:
-                n = t.numel() * t.element_size()
-                self.live += n
-                self.peak = max(self.peak, self.live)
-                weakref.finalize(t, self._free, n)
-        return out
 
 
 def build(args: argparse.Namespace) -> torch.nn.Module:
@@ -145,6 +112,18 @@ class Runner:
             self.stop()
 
 
+def scratch_bytes() -> int:
+    """Bytes of the CPU scratch buffers the statistics keep on this thread between
+    sampled steps (allocated by the warm-up step, so not in the measured step's peak)."""
+    from logitwatch.hooks import _logits
+
+    ws = getattr(_logits._local, "workspace", None)
+    if ws is None:
+        return 0
+    return sum(t.numel() * t.element_size() for t in ws._flat.values()) + sum(
+        t.numel() * t.element_size() for pair in ws._masks.values() for t in pair)
+
+
 def measure_memory_and_syncs(args: argparse.Namespace, state: dict[str, Any]) -> dict:
     out: dict[str, Any] = {}
     for name in ("none", "every"):
@@ -154,6 +133,7 @@ def measure_memory_and_syncs(args: argparse.Namespace, state: dict[str, Any]) ->
         with LiveBytes() as meter:
             runner.step()
         out[f"peak_{name}"] = meter.peak
+        out[f"scratch_{name}"] = scratch_bytes()
         runner.stop()
     for name in ("none", "default"):
         runner = Runner(name, args, state)
@@ -224,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     mem = measure_memory_and_syncs(args, state)
     print(f"\npeak live tensor bytes, one step: no hooks {mem['peak_none'] / 2**20:.1f} MiB, "
           f"sampled with the whole catalog {mem['peak_every'] / 2**20:.1f} MiB "
-          f"(ratio {mem['peak_every'] / mem['peak_none']:.3f})")
+          f"(ratio {mem['peak_every'] / mem['peak_none']:.3f}); kept between sampled steps: "
+          f"{mem['scratch_every'] / 2**20:.1f} MiB of scratch buffers")
     none, hooked = mem["syncs_none"], mem["syncs_default"]
     print("host read-backs (.item/.cpu/.tolist/...) per step, steps 0-2: no hooks "
           f"{none} (the job's own: AdamW step counters); attach() defaults {hooked}; "

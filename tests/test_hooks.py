@@ -17,13 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 import logitwatch
 import logitwatch.hooks as lwh
 from logitwatch.client import Client, ClientConfig
 from logitwatch.hooks import Monitor, _monitor, attach
 from logitwatch.hooks._attach import resolve_rank
+from logitwatch.hooks._probes import CountSyncs
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -37,7 +37,6 @@ ATTN = {"attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
         "attn.entropy_mean", "attn.entropy_min"}
 QK = {"qk.q_weight_norm", "qk.k_weight_norm", "qk.q_bias_norm", "qk.k_bias_norm"}
 HEADS = ATTN | QK
-SYNCS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
 VOCAB = 64
 
 
@@ -397,17 +396,6 @@ def test_close_restores_the_model_and_patches(gpt2_config, recorder) -> None:
             assert len(module._forward_hooks_always_called) == 0
     assert len(opt._optimizer_step_pre_hooks) == 0 and len(opt._optimizer_step_post_hooks) == 0
     assert torch._C._len_torch_function_stack() == 0
-
-
-class CountSyncs(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in SYNCS:
-            self.calls.append(func.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def test_no_host_sync_on_non_sampled_steps(recorder) -> None:

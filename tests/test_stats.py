@@ -3,33 +3,16 @@
 from __future__ import annotations
 
 import math
-import weakref
 
 import numpy as np
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from logitwatch.hooks import _logits
 from logitwatch.hooks._logits import HIST_BINS, attention_head_stats, merge_head_stats
+from logitwatch.hooks._probes import CountSyncs, LiveBytes
 from logitwatch.hooks._stats import global_grad_norm, top_quantile
-
-SYNCS = {"item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__"}
-
-
-class CountSyncs(TorchFunctionMode):
-    """Counts calls that read tensor values back to the host."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in SYNCS:
-            self.calls.append(name)
-        return func(*args, **(kwargs or {}))
 
 
 def attention_logit_stats(q, k, **kwargs):
@@ -348,30 +331,6 @@ def test_histogram_p99_is_within_one_bin_of_exact() -> None:
         bound = (vals.max() - vals.min()) / HIST_BINS
         assert abs(got.p99[head].item() - np.percentile(vals, 99)) <= bound
         assert got.maximum[head].item() == pytest.approx(vals.max(), rel=1e-5)
-
-
-class LiveBytes(TorchDispatchMode):
-    """Peak bytes of tensors created under the mode and still alive (views of other
-    tensors and in-place/``out=`` results allocate nothing and are not counted)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-
-    def _free(self, n: int) -> None:
-        self.live -= n
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and not func._schema.is_mutable and not any(
-                    r.alias_info is not None for r in func._schema.returns):
-                n = t.numel() * t.element_size()
-                self.live += n
-                self.peak = max(self.peak, self.live)
-                weakref.finalize(t, self._free, n)
-        return out
 
 
 def test_a_long_sequence_stays_within_the_memory_budget() -> None:
