@@ -46,7 +46,7 @@ _TEMPS = 9
 #: temporaries; blocks that stay in the core's L2 cache make those passes about twice as
 #: fast as one block per call (``bench/README.md``, *Hooks*). Devices with their own
 #: memory (CUDA) take blocks as large as the budget allows: fewer kernel launches.
-CPU_BLOCK_ELEMENTS = 1 << 19
+CPU_BLOCK_ELEMENTS = 1 << 18
 #: Bins of the p99 histogram used when the exact top 1 % does not fit in the budget.
 HIST_BINS = 4096
 PERCENT = 99
@@ -257,8 +257,9 @@ class _Workspace:
     itself (a layer's statistics 2.4 ms with reused memory, 5-6 ms without). So every
     full-size temporary is written with ``out=`` into one of a few named buffers. On CPU
     they are kept per thread between calls (a few blocks of :data:`CPU_BLOCK_ELEMENTS`
-    float32 values, ~5 MiB) and freed by :func:`release_workspace`; elsewhere the device's
-    caching allocator already reuses memory, and the buffers live for one call.
+    float32 values, 6.3 MiB on the bench model) and freed by :func:`release_workspace`;
+    elsewhere the device's caching allocator already reuses memory, and the buffers live
+    for one call.
     """
 
     def __init__(self) -> None:
