@@ -177,18 +177,7 @@ def _no_data(fig: go.Figure, what: str) -> None:
 
 def loss_figure(series: SeriesOut, alerts: Sequence[AlertOut] = ()) -> go.Figure:
     """Loss over steps; traces: ``series``, ``nonfinite``, ``alerts``."""
-    name = plain(series.name)
-    fig = go.Figure(layout=_base_layout("loss", "loss", y_title=name))
-    fig.add_trace(go.Scatter(
-        x=list(series.steps), y=_finite(series.values), mode="lines", name=name,
-        meta="series", line={"color": COLORS["loss"], "width": 1.5},
-        hovertemplate="step %{x}<br>" + name + " %{y:.4g}<extra></extra>",
-    ))
-    fig.add_trace(_nonfinite_trace(series))
-    _add_alerts(fig, alerts)
-    if not series.steps:
-        _no_data(fig, series.name)
-    return fig
+    return line_figure(series, alerts, title="loss", revision="loss", color=COLORS["loss"])
 
 
 def grad_norm_figure(
