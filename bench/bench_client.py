@@ -146,14 +146,18 @@ def run_client(url: str, run: str, frames: list, n: int, spool: Path, *, live: b
         raise RuntimeError(f"flush failed: {client.stats}")
     client.shutdown(30 if live else 0.1)
     cpu = time.process_time() - cpu0
-    lat.sort()
+    return {**summary(lat, cpu, n, wall), "spilled": client.stats["spilled"]}
+
+
+def summary(lat: list[float], cpu: float, n: int, wall: float) -> dict[str, float]:
+    """Per-``send()`` latency percentiles, CPU per value and frames per second."""
+    lat = sorted(lat)
     return {
         "send_p50_us": lat[len(lat) // 2] * 1e6,
         "send_p99_us": lat[int(len(lat) * 0.99)] * 1e6,
         "send_max_us": lat[-1] * 1e6,
         "cpu_per_value_us": cpu / (n * VALUES) * 1e6,
         "frames_per_s": n / wall,
-        "spilled": client.stats["spilled"],
     }
 
 
@@ -177,14 +181,7 @@ def run_naive(url: str, run: str, frames: list, n: int) -> dict[str, float]:
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     http.close()
-    lat.sort()
-    return {
-        "send_p50_us": lat[len(lat) // 2] * 1e6,
-        "send_p99_us": lat[int(len(lat) * 0.99)] * 1e6,
-        "send_max_us": lat[-1] * 1e6,
-        "cpu_per_value_us": cpu / (n * VALUES) * 1e6,
-        "frames_per_s": n / wall,
-    }
+    return summary(lat, cpu, n, wall)
 
 
 def main() -> None:
