@@ -59,6 +59,19 @@ def _leave() -> None:
     _inside.depth -= 1
 
 
+def _observed(call: Callable[[], torch.Tensor], params: Callable[[], list[torch.Tensor]],
+              max_norm: Any) -> torch.Tensor:
+    """Run one clip call; the outermost observed one notifies the listeners."""
+    outer = _enter()
+    try:
+        total = call()
+    finally:
+        _leave()
+    if outer:
+        _notify(total, params(), max_norm)
+    return total
+
+
 def _make_wrapper(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     @functools.wraps(original)
     def clip_grad_norm_(
@@ -67,14 +80,8 @@ def _make_wrapper(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
         if not _listeners:
             return original(parameters, max_norm, *args, **kwargs)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        outer = _enter()
-        try:
-            total = original(params, max_norm, *args, **kwargs)
-        finally:
-            _leave()
-        if outer:
-            _notify(total, params, max_norm)
-        return total
+        return _observed(lambda: original(params, max_norm, *args, **kwargs),
+                         lambda: params, max_norm)
 
     return clip_grad_norm_
 
@@ -85,14 +92,8 @@ def _make_method_wrapper(original: Callable[..., torch.Tensor]) -> Callable[...,
                         **kwargs: Any) -> torch.Tensor:
         if not _listeners:
             return original(self, max_norm, *args, **kwargs)
-        outer = _enter()
-        try:
-            total = original(self, max_norm, *args, **kwargs)
-        finally:
-            _leave()
-        if outer:
-            _notify(total, list(self.parameters()), max_norm)
-        return total
+        return _observed(lambda: original(self, max_norm, *args, **kwargs),
+                         lambda: list(self.parameters()), max_norm)
 
     return clip_grad_norm_
 
