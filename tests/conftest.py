@@ -116,3 +116,14 @@ def _run_gloo_pair(tmp_path: Path, source: str, argv: Callable[[int], list[str]]
 def gloo_pair() -> Callable[..., None]:
     """:func:`_run_gloo_pair`: two real worker processes in one gloo group."""
     return _run_gloo_pair
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models: one intra-op thread is faster and immune to a busy 2-core CI box."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

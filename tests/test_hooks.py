@@ -40,13 +40,7 @@ HEADS = ATTN | QK
 VOCAB = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Tiny models: one intra-op thread is faster and immune to a busy 2-core CI box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- a custom model that calls SDPA itself (GQA, custom scale) ----------------------------

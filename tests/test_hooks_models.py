@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -31,12 +30,7 @@ ATTN = ("attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
 REF: list[tuple[int, np.ndarray, np.ndarray, float | None]] = []
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def reference_attention(module, query, key, value, attention_mask, scaling=None,
