@@ -351,7 +351,7 @@ def test_departure_severity_follows_attention_dtype(
     if severity == "info":
         why = a.evidence["downgraded"]
         assert why["from"] == "warning" and why["value"] == 3.4028e38
-        assert why["loss_rise"] == 0.0 and why["loss_rise_limit"] == 1.0
+        assert why["loss_rise"] == 0.0 and why["loss_rise_limit"] == 0.5
         assert "Info, not warning: attn.dtype_max = 3.403e+38" in a.message
         assert "stall learning rather than overflow" in a.message and "QK-clip" in a.message
     else:
@@ -361,17 +361,19 @@ def test_departure_severity_follows_attention_dtype(
 @pytest.mark.parametrize("restart_at", [None, 33])
 def test_downgraded_alert_escalates_when_the_loss_rises(
         sessions: sessionmaker[Session], restart_at: int | None) -> None:
-    # loss 2.0, then 3.5 from sample 33: the median of the last 10 samples is 1.5 nats above
-    # its best once six of them are high (sample 38)
-    frames = [_wide(i, dtype_max=3.4028e38, loss=2.0 if i < 33 else 3.5) for i in range(41)]
+    # loss 2.0, then 2.4 (0.4 nat: below the 0.5-nat rise) from sample 28, then 3.5 from
+    # sample 33: the median of the last 10 samples is 0.95 nat above its best once five of
+    # them are at 3.5 (sample 37)
+    frames = [_wide(i, dtype_max=3.4028e38, loss=2.0 if i < 28 else 2.4 if i < 33 else 3.5)
+              for i in range(41)]
     cut = restart_at or len(frames)
     first = feed(sessions, AlertEngine(DEPARTURE), frames[:cut])
     later = feed(sessions, AlertEngine(DEPARTURE), frames[cut:])
     (a,) = alerts(sessions)
     assert a.severity == "warning" and a.fired_step == 310 and a.state == "firing"
-    assert a.evidence["escalated_step"] == 380
-    assert "rose 1.5 nats above its best" in a.evidence["escalated_because"]
-    assert "Escalated to warning at step 380" in a.message
+    assert a.evidence["escalated_step"] == 370
+    assert "rose 0.95 nats above its best" in a.evidence["escalated_because"]
+    assert "Escalated to warning at step 370" in a.message
     notified = [(c.id, c.severity) for c in first + later]
     assert notified == [(a.id, "info"), (a.id, "warning")]
 
@@ -380,17 +382,17 @@ def test_downgraded_alert_escalates_when_the_loss_rises(
 
 
 def _replay_alerts(url: str, frames: list[dict[str, Any]], *, screen: bool,
-                   restarts: int) -> list[tuple[Any, ...]]:
+                   restarts: int, rules: Any = None) -> list[tuple[Any, ...]]:
     engine = make_engine(url)
     try:
         migrate(engine)
         sessions = sessionmaker(engine, expire_on_commit=False)
         batches = [frames[i:i + 16] for i in range(0, len(frames), 16)]
         every = max(1, len(batches) // (restarts + 1))
-        eng = AlertEngine(screen=screen)
+        eng = AlertEngine(rules, screen=screen)
         for i, b in enumerate(batches):
             if i and i % every == 0 and restarts:
-                eng = AlertEngine(screen=screen)  # a restarted collector
+                eng = AlertEngine(rules, screen=screen)  # a restarted collector
             with session_scope(sessions) as s:
                 stored = ingest_frames(s, IngestIn.model_validate({"frames": b}).frames)
                 eng.process(s, stored.new_frames)
@@ -413,10 +415,15 @@ def test_screened_engine_equals_per_cell_engine(tmp_path: Path, name: str) -> No
     frames = json.loads(json.dumps(frames))
     mid = frames[len(frames) // 2]["heads"]["attn.logit_max"]
     mid[0][0], mid[1][1] = "NaN", "Infinity"
+    # and a per-head departure with an additive margin (the screen's other limit form)
+    rules = [*DEFAULT_RULES, RuleSpec("logit_margin", "departure", "attn.logit_max",
+                                      params={"margin": 10.0, "floor": 0.0})]
     for restarts in (0, 2):  # a restart rebuilds from the stored (float32) values
         ref = _replay_alerts(f"sqlite:///{tmp_path / f'a{restarts}.db'}", frames,
-                             screen=False, restarts=restarts)
+                             screen=False, restarts=restarts, rules=rules)
         got = _replay_alerts(f"sqlite:///{tmp_path / f'b{restarts}.db'}", frames,
-                             screen=True, restarts=restarts)
+                             screen=True, restarts=restarts, rules=rules)
         assert got == ref
-        assert {"attn_logit_departure", "attn_p99_trend"} <= {r[0] for r in ref}
+        assert {"attn_logit_departure", "attn_p99_trend", "logit_margin"} <= {r[0] for r in ref}
+        margin = next(r for r in ref if r[0] == "logit_margin")
+        assert "above_baseline" in json.loads(margin[-1]) and margin[2] is not None

@@ -77,6 +77,12 @@ CASES = [
     ("departure-nonfinite", rule("departure"), [*FLAT, NAN], [(10, F)]),
     ("departure-ceiling", rule("departure", params={"ceiling": 8.0, "floor": 0.0}),
      [*FLAT, 9], [(10, F)]),
+    # an additive margin (log-scale series such as log Z): baseline 5 + 1 = 6, not 4 x 5
+    ("departure-margin", rule("departure", params={"margin": 1.0, "floor": 0.0},
+                              keep_firing_for=0),
+     [*FLAT, 5.9, 6.5, 5, 5, 5], [(10, I), (11, F), (14, R)]),
+    ("departure-margin-floor", rule("departure", params={"margin": 1.0, "floor": 7.0}),
+     [*FLAT, 6.5], [(10, I)]),
     ("baseline-early", rule("baseline", params={"samples": 5, "factor": 3.0}),
      [2, 2, 2, 2, 2, 3, 4, 5, 7, 8], [(7, I), (8, F)]),
     ("baseline-below", rule("baseline", params={"samples": 3, "factor": 0.5, "below": True}),
@@ -163,7 +169,7 @@ def test_downgrade_spec_round_trip_and_errors() -> None:
     assert dep.downgrade is not None and dep.downgrade.to == "info"
     assert dep.downgrade.metric == "attn.dtype_max" and dep.downgrade.above == 65504.0
     d = dep.to_dict()
-    assert d["downgrade"]["loss_rise"] == 1.0 and RuleSpec.from_dict(d) == dep
+    assert d["downgrade"]["loss_rise"] == 0.5 and RuleSpec.from_dict(d) == dep
     r = RuleSpec.from_dict({"name": "x", "kind": "departure", "metric": "m",
                             "downgrade": {"to": "info", "loss_rise": None}})
     assert isinstance(r.downgrade, Downgrade) and r.downgrade.loss_rise is None

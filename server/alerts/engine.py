@@ -758,7 +758,10 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
         where += f", layer {layer}, head{'s' if len(heads) > 1 else ''} {hs}"
     v, ev = t.verdict, t.verdict.evidence
     what = f"{rule.metric} = {_fmt(v.value)}"
-    if rule.kind in ("departure", "baseline") and v.baseline:
+    if rule.kind == "departure" and "above_baseline" in ev:  # an additive margin
+        what += (f" is {_fmt(ev['above_baseline'])} above its baseline {v.baseline:.3g}"
+                 if math.isfinite(v.value) else " (non-finite)")
+    elif rule.kind in ("departure", "baseline") and v.baseline:
         what += (f" is {v.value / v.baseline:.1f}x its baseline {v.baseline:.3g}"
                  if math.isfinite(v.value) else " (non-finite)")
     elif rule.kind == "forecast" and ev.get("eta_steps") is not None:

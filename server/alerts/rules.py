@@ -167,7 +167,7 @@ class Downgrade:
     to: str = "info"
     metric: str = "attn.dtype_max"
     above: float = FP16_MAX
-    loss_rise: float | None = 1.0
+    loss_rise: float | None = 0.5
     loss_window: int = 10
     note: str = ""
 
@@ -525,16 +525,32 @@ def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     if len(past) < int(r.param("min_history")):
         return None
     base = median(x for _, x in past)
-    limit = max(float(r.param("floor")), float(r.param("factor")) * base)
-    if r.param("ceiling") is not None:
-        limit = min(limit, float(r.param("ceiling")))
+    limit = float(_departure_limit(r, base))
     if not math.isfinite(v):
         return Verdict(True, v, {"value": str(v), "baseline": base, "limit": limit},
                        baseline=base, limit=limit)
     breach = v > limit
-    return Verdict(breach, v, {"value": v, "baseline": base, "limit": limit,
-                               "ratio": v / base if base else None},
+    if r.param("margin") is not None:
+        how: dict[str, Any] = {"above_baseline": v - base}
+    else:
+        how = {"ratio": v / base if base else None}
+    return Verdict(breach, v, {"value": v, "baseline": base, "limit": limit, **how},
                    baseline=base, limit=limit)
+
+
+def _departure_limit(r: RuleSpec, base: Any) -> Any:
+    """A departure's limit from its baseline (a float or an array of them): ``factor`` x
+    the baseline, or with ``margin`` set the baseline + ``margin`` (for a series that is
+    already a logarithm, such as log Z, where a fixed distance is a fixed ratio of the
+    underlying quantity); at least ``floor``, at most ``ceiling``."""
+    margin = r.param("margin")
+    if margin is not None:
+        limit = np.maximum(float(r.param("floor")), base + float(margin))
+    else:
+        limit = np.maximum(float(r.param("floor")), float(r.param("factor")) * base)
+    if r.param("ceiling") is not None:
+        limit = np.minimum(limit, float(r.param("ceiling")))
+    return limit
 
 
 def _log_series(m: Memory, window: int, step: int, v: float) -> tuple[list[float], list[float]]:
@@ -718,7 +734,8 @@ KINDS: dict[str, Kind] = {
     "nonfinite": Kind(_nonfinite, {}, keep_firing_for=0),
     "baseline": Kind(_baseline, {"samples": 10, "factor": 4.0, "floor": 0.0, "below": False}),
     "departure": Kind(_departure, {"factor": 4.0, "floor": 30.0, "window": 20, "lag": 5,
-                                   "min_history": 5, "ceiling": None}, hold_breaches=True),
+                                   "min_history": 5, "ceiling": None, "margin": None},
+                      hold_breaches=True),
     "trend": Kind(_trend, {"window": 8, "min_tau": 0.7, "min_ratio": 1.5, "floor": 0.0},
                   keep_firing_for=200),
     "forecast": Kind(_forecast, {"critical": FP16_MAX, "window": 10, "horizon": 500.0,
@@ -839,9 +856,7 @@ def _screen_departure(r: RuleSpec, cm: CellMemory, step: int,
     past = np.maximum(cm.count - lag, 0)
     judged = np.minimum(past, window) >= min_hist
     base = _median0(cm.take(cm.vals, cm.recent_idx(window, lag)))
-    limit = np.maximum(float(r.param("floor")), float(r.param("factor")) * base)
-    if r.param("ceiling") is not None:
-        limit = np.minimum(limit, float(r.param("ceiling")))
+    limit = _departure_limit(r, base)
     calm = v < limit - _REL * (np.abs(limit) + 1.0)  # False for NaN and inf
     return judged, judged & ((past < window) | ~calm)
 
