@@ -405,6 +405,13 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
         if header and header.get("divergence_step") is not None:
             click.echo(f"(the file's header says the loss diverged at step "
                        f"{header['divergence_step']})")
+        elif header and header.get("label") == "degraded":
+            click.echo(f"(the file's header says the run did not diverge but ended "
+                       f"{_nats(header.get('regression'))} above its best loss: degraded)")
+
+
+def _nats(x: object) -> str:
+    return f"{x:.3f} nat" if isinstance(x, (int, float)) else "some nats"
 
 
 def _print_alerts(alerts: list) -> None:  # type: ignore[type-arg]

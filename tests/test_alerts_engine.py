@@ -254,6 +254,11 @@ def test_cli_replay_and_alerts(tmp_path: Path) -> None:
     r = runner.invoke(cli, ["replay", str(SCENARIOS / "lr_jump.jsonl"), "--db", db])
     assert r.exit_code == 0, r.output
     assert "lr_jump" in r.output and "diverged at step" in r.output
+    if (SCENARIOS / "fp32_growth.jsonl").exists():
+        r = runner.invoke(cli, ["replay", str(SCENARIOS / "fp32_growth.jsonl"), "--db",
+                                f"sqlite:///{tmp_path / 'g.db'}"])
+        assert r.exit_code == 0, r.output
+        assert "ended 0.615 nat above its best loss: degraded" in r.output
     r = runner.invoke(cli, ["alerts", "--run", "lr_jump", "--json", "--db", db])
     assert r.exit_code == 0, r.output
     got = json.loads(r.output)
