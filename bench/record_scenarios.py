@@ -101,6 +101,8 @@ class Scenario:
     expect: str = ""  # what the scenario is meant to be (the recorded label is measured)
 
 
+L4 = {"n_layer": 4, "d_model": 128, "n_head": 8}
+
 SCENARIOS: list[Scenario] = [
     # -- attention-logit growth toward the float16 overflow (the demo's mechanism) --------
     Scenario("attn_growth_s0", "attention-logit growth, fp16 overflow", expect="diverging"),
@@ -182,6 +184,38 @@ SCENARIOS: list[Scenario] = [
              "(AdamW): a spike that does no harm", base="healthy",
              changes={"lr": 0.02, "warmup": 100}, grad_spike=(600, 1e4), steps=900,
              expect="healthy"),
+    # -- a larger model (4 layers, d_model 128, 8 heads of 16): less stable at the same LR;
+    #    the first five were recorded with the 0.5-nat corroboration and then used to set
+    #    0.25, the rest after that (held out) -------------------------------------------------
+    Scenario("l4_attn_growth", "4 layers d 128: attention-logit growth, fp16",
+             changes=L4, expect="diverging"),
+    Scenario("l4_bf16_high_lr", "4 layers d 128: no QK-norm, bf16 attention, peak lr 0.4",
+             changes={**L4, "attn_dtype": "float32", "lr": 0.4}, autocast="bfloat16",
+             expect="diverging"),
+    Scenario("l4_fp32_growth", "4 layers d 128: no QK-norm, fp32 attention, peak lr 0.2",
+             changes={**L4, "attn_dtype": "float32"}, expect="degraded"),
+    Scenario("l4_qknorm_lr02", "4 layers d 128: QK-norm, peak lr 0.2 (diverges late)",
+             base="healthy", changes=L4, expect="diverging"),
+    Scenario("l4_qknorm_lr03", "4 layers d 128: QK-norm, peak lr 0.3 (the loss drifts up)",
+             base="healthy", changes={**L4, "lr": 0.3}, expect="degraded"),
+    Scenario("l4_attn_growth_s1", "4 layers d 128: attention-logit growth, fp16, seed 1 "
+             "(held out)", changes={**L4, "seed": 1}, expect="diverging"),
+    Scenario("l4_bf16_high_lr_s1", "4 layers d 128: no QK-norm, bf16 attention, peak lr 0.4, "
+             "seed 1 (held out)", changes={**L4, "attn_dtype": "float32", "lr": 0.4, "seed": 1},
+             autocast="bfloat16", expect="diverging"),
+    Scenario("l4_fp32_high_lr", "4 layers d 128: no QK-norm, fp32 attention, peak lr 0.4 "
+             "(held out)", changes={**L4, "attn_dtype": "float32", "lr": 0.4},
+             expect="diverging"),
+    Scenario("l4_qknorm_lr01", "4 layers d 128: QK-norm, peak lr 0.1 (held out)",
+             base="healthy", changes={**L4, "lr": 0.1}, expect="healthy"),
+    Scenario("l4_qknorm_lr005_s1", "4 layers d 128: QK-norm, peak lr 0.05, seed 1 (held out)",
+             base="healthy", changes={**L4, "lr": 0.05, "seed": 1}, expect="healthy"),
+    Scenario("l4_fp32_lr005", "4 layers d 128: no QK-norm, fp32 attention, peak lr 0.05 "
+             "(held out)", changes={**L4, "attn_dtype": "float32", "lr": 0.05},
+             expect="healthy"),
+    Scenario("l4_bf16_lr005_s1", "4 layers d 128: no QK-norm, bf16 attention, peak lr 0.05, "
+             "seed 1 (held out)", changes={**L4, "attn_dtype": "float32", "lr": 0.05, "seed": 1},
+             autocast="bfloat16", expect="healthy"),
 ]
 BY_NAME = {s.name: s for s in SCENARIOS}
 

@@ -169,7 +169,7 @@ def test_downgrade_spec_round_trip_and_errors() -> None:
     assert dep.downgrade is not None and dep.downgrade.to == "info"
     assert dep.downgrade.metric == "attn.dtype_max" and dep.downgrade.above == 65504.0
     d = dep.to_dict()
-    assert d["downgrade"]["loss_rise"] == 0.5 and RuleSpec.from_dict(d) == dep
+    assert d["downgrade"]["loss_rise"] == 0.25 and RuleSpec.from_dict(d) == dep
     r = RuleSpec.from_dict({"name": "x", "kind": "departure", "metric": "m",
                             "downgrade": {"to": "info", "loss_rise": None}})
     assert isinstance(r.downgrade, Downgrade) and r.downgrade.loss_rise is None

@@ -167,7 +167,7 @@ class Downgrade:
     to: str = "info"
     metric: str = "attn.dtype_max"
     above: float = FP16_MAX
-    loss_rise: float | None = 0.5
+    loss_rise: float | None = 0.25
     loss_window: int = 10
     note: str = ""
 
