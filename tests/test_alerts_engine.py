@@ -4,6 +4,7 @@ silences, no data, the persistent webhook outbox, the alerts API and the CLI."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -225,6 +226,9 @@ def test_alerts_api_rules_silences_ack(sqlite_url: str) -> None:
         bad = c.put("/api/v1/alerts/rules/x", json={"kind": "threshold", "metric": "loss",
                                                     "params": {"nope": 1}})
         assert bad.status_code == 422 and "unknown params" in bad.json()["message"]
+        bad = c.put("/api/v1/alerts/rules/x", json={"kind": "departure", "metric": "loss",
+                                                    "params": {"margin": "abc"}})
+        assert bad.status_code == 422 and "must be a number" in bad.json()["message"]
         held = c.put("/api/v1/alerts/rules/wide_dep",
                      json={"kind": "departure", "metric": "attn.logit_max",
                            "keep_firing_for": 40,
@@ -432,3 +436,20 @@ def test_screened_engine_equals_per_cell_engine(tmp_path: Path, name: str) -> No
         assert {"attn_logit_departure", "attn_p99_trend", "logit_margin"} <= {r[0] for r in ref}
         margin = next(r for r in ref if r[0] == "logit_margin")
         assert "above_baseline" in json.loads(margin[-1]) and margin[2] is not None
+
+
+def test_a_rule_that_raises_is_skipped_and_ingest_goes_on(
+        sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture) -> None:
+    # a rule the validation cannot see through (a detector that raises on this data)
+    bad = RuleSpec("bad", "threshold", "loss", params={"value": 5.0})
+    object.__setattr__(bad, "params", {"value": "not a number"})
+    good = RuleSpec("hot_loss", "threshold", "loss", params={"value": 5.0})
+    engine = AlertEngine([bad, good])
+    with caplog.at_level(logging.ERROR, logger="logitwatch.alerts"):
+        feed(sessions, engine, [frame(i, loss=v) for i, v in enumerate([2, 9, 9, 2])])
+    got = alerts(sessions)
+    assert [(a.rule, a.fired_step) for a in got] == [("hot_loss", 10)]
+    failed = [r for r in caplog.records if "alert rule 'bad' failed" in r.getMessage()]
+    assert len(failed) == 1  # logged once, then skipped
+    engine.set_rules([good])  # replacing the rules gives it a fresh start
+    assert engine._broken == set()

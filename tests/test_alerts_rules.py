@@ -241,10 +241,40 @@ def test_robust_stats() -> None:
     ({"name": "x", "kind": "spike", "metric": "m", "severity": "loud"}, "severity"),
     ({"name": "x", "kind": "spike", "metric": "m", "bogus": 1}, "unknown fields"),
     ({"kind": "spike", "metric": "m"}, "name (a string) is required"),
+    # parameter values follow their default's type, so a rule cannot fail later at ingest
+    ({"name": "x", "kind": "departure", "metric": "m", "params": {"factor": "x"}},
+     "param factor must be a number, got 'x'"),
+    ({"name": "x", "kind": "departure", "metric": "m", "params": {"margin": "abc"}},
+     "param margin must be a number or null"),
+    ({"name": "x", "kind": "departure", "metric": "m", "params": {"window": 0}},
+     "param window must be an integer >= 1"),
+    ({"name": "x", "kind": "departure", "metric": "m", "params": {"lag": 2.5}},
+     "param lag must be an integer >= 0"),
+    ({"name": "x", "kind": "trend", "metric": "m", "params": {"window": 1}},
+     "param window must be an integer >= 2"),
+    ({"name": "x", "kind": "spike", "metric": "m", "params": {"only_unclipped": 1}},
+     "param only_unclipped must be true or false"),
+    ({"name": "x", "kind": "threshold", "metric": "m", "params": {"op": ">="}},
+     "param op must be '<' or '>'"),
+    ({"name": "x", "kind": "ratio", "metric": "m", "params": {"other": 3}},
+     "param other must be a non-empty string"),
+    ({"name": "x", "kind": "departure", "metric": "m", "params": {"floor": float("nan")}},
+     "param floor must be a number"),
+    ({"name": "x", "kind": "spike", "metric": "m", "params": {"z": True}},
+     "param z must be a number"),
 ])
 def test_bad_rules_say_what_is_wrong(d: dict[str, object], msg: str) -> None:
     with pytest.raises(RuleError, match=re.escape(msg)):
         RuleSpec.from_dict(d)
+
+
+def test_good_params_of_every_type_are_taken() -> None:
+    r = RuleSpec.from_dict({"name": "x", "kind": "departure", "metric": "m",
+                            "params": {"factor": 4, "floor": 0.5, "margin": None,
+                                       "ceiling": 1e30, "window": 30, "lag": 0}})
+    assert r.param("factor") == 4 and r.param("margin") is None
+    assert RuleSpec.from_dict({"name": "y", "kind": "first_loss", "metric": "loss",
+                               "params": {"vocab": 50257}}).param("vocab") == 50257
 
 
 def test_defaults_round_trip_and_remedies() -> None:

@@ -156,6 +156,7 @@ class AlertEngine:
         self._tracks: dict[Key, Track] = {}
         self._cells_of: dict[tuple[str, int, int], _Cells] = {}  # rule, run_id, rank
         self._per_cell: set[tuple[str, int, int]] = set()  # screened rules gone per cell
+        self._broken: set[str] = set()  # rules that raised: skipped until the rules change
         self._loaded: set[tuple[int, int]] = set()
         self._lock = threading.RLock()
 
@@ -174,6 +175,7 @@ class AlertEngine:
             self._tracks.clear()
             self._cells_of.clear()
             self._per_cell.clear()
+            self._broken.clear()
             self._loaded.clear()
 
     # -- ingest ------------------------------------------------------------------------------
@@ -305,36 +307,16 @@ class AlertEngine:
         arrays: dict[str, np.ndarray] = {}
         out: list[_Pending] = []
         for rule in self._rules:
-            if not rule.enabled or rule.kind == "no_data":
+            if not rule.enabled or rule.kind == "no_data" or rule.name in self._broken:
                 continue
-            kind = KINDS[rule.kind]
-            if (self._screen and rule.over == "cell" and rule.kind in SCREENS
-                    and rule.metric not in scalars and rule.metric in heads):
-                a = _matrix(arrays, heads, rule.metric)
-                if self._screened(rule, run_id, rank, a):
-                    assert a is not None
-                    out.extend(self._advance_screened(rule, run_id, rank, step, a, fv))
-                    continue
-            groups: dict[tuple[State, bool, int | None], _Pending] = {}
-            for cell, value in self._cells(rule, scalars, heads, arrays):
-                key = (rule.name, run_id, rank, *cell)
-                mem = self._mem.get(key)
-                if mem is None:
-                    mem = self._mem[key] = Memory()
-                verdict = kind.detect(rule, mem, step, value, fv, cell)
-                if verdict is not None:
-                    track = self._tracks.get(key)
-                    if track is None:
-                        track = self._tracks[key] = Track()
-                    t = track.advance(rule, step, verdict)
-                    if t is not None:
-                        _group(groups, rule, cell, t)
-                if not (kind.hold_breaches and verdict is not None and verdict.breach):
-                    mem.push(step, value)
-                else:
-                    mem.seen += 1
-                    mem.last = (step, value)
-            out.extend(groups.values())
+            try:
+                out.extend(self._advance_rule(rule, run_id, rank, step, scalars, heads,
+                                              arrays, fv))
+            except Exception:  # noqa: BLE001 - one rule must never stop ingest
+                self._broken.add(rule.name)
+                log.exception("alert rule %r failed on run %s rank %s step %s; it is skipped "
+                              "from now on (fix or replace it: PUT /api/v1/alerts/rules/%s)",
+                              rule.name, run_id, rank, step, rule.name)
         for p in out:
             p.severity = p.rule.severity
             if p.transition.state is State.FIRING and not p.transition.reopened:
@@ -343,6 +325,38 @@ class AlertEngine:
                     assert p.rule.downgrade is not None
                     p.severity = p.rule.downgrade.to
         return out
+
+    def _advance_rule(self, rule: RuleSpec, run_id: int, rank: int, step: int,
+                      scalars: dict[str, float], heads: dict[str, list[list[float]]],
+                      arrays: dict[str, np.ndarray], fv: FrameView) -> list[_Pending]:
+        """One rule over one frame."""
+        kind = KINDS[rule.kind]
+        if (self._screen and rule.over == "cell" and rule.kind in SCREENS
+                and rule.metric not in scalars and rule.metric in heads):
+            a = _matrix(arrays, heads, rule.metric)
+            if self._screened(rule, run_id, rank, a):
+                assert a is not None
+                return self._advance_screened(rule, run_id, rank, step, a, fv)
+        groups: dict[tuple[State, bool, int | None], _Pending] = {}
+        for cell, value in self._cells(rule, scalars, heads, arrays):
+            key = (rule.name, run_id, rank, *cell)
+            mem = self._mem.get(key)
+            if mem is None:
+                mem = self._mem[key] = Memory()
+            verdict = kind.detect(rule, mem, step, value, fv, cell)
+            if verdict is not None:
+                track = self._tracks.get(key)
+                if track is None:
+                    track = self._tracks[key] = Track()
+                t = track.advance(rule, step, verdict)
+                if t is not None:
+                    _group(groups, rule, cell, t)
+            if not (kind.hold_breaches and verdict is not None and verdict.breach):
+                mem.push(step, value)
+            else:
+                mem.seen += 1
+                mem.last = (step, value)
+        return list(groups.values())
 
     def _screened(self, rule: RuleSpec, run_id: int, rank: int, a: np.ndarray | None) -> bool:
         """Whether this rule's cells go the whole-matrix way on (run, rank); a matrix whose

@@ -275,6 +275,10 @@ class RuleSpec:
         if unknown:
             raise RuleError(f"rule {self.name!r}: unknown params {sorted(unknown)} for kind "
                             f"{self.kind!r}; known: {sorted(KINDS[self.kind].defaults)}")
+        for key, value in self.params.items():
+            problem = _param_problem(self.kind, key, value)
+            if problem:
+                raise RuleError(f"rule {self.name!r}: param {key} {problem}, got {value!r}")
 
     def param(self, key: str) -> Any:
         """A parameter, or its kind's default."""
@@ -315,6 +319,33 @@ class RuleSpec:
         if not isinstance(params, Mapping):
             raise RuleError(f"rule {d['name']!r}: params must be a mapping")
         return cls(**{**d, "params": dict(params)})
+
+
+_COUNTS = {"window": 1, "samples": 1, "min_history": 1, "lag": 0}  # int params: minimum
+_MIN_WINDOW = {"trend": 2, "forecast": 2}  # a slope needs two points
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
+
+
+def _param_problem(kind: str, key: str, v: Any) -> str:
+    """What is wrong with ``v`` for ``kind``'s parameter ``key`` ('' when nothing): its type
+    follows the kind's default, so a rule from YAML or the API cannot fail later, at ingest."""
+    default = KINDS[kind].defaults[key]
+    if isinstance(default, bool):
+        return "" if isinstance(v, bool) else "must be true or false"
+    if isinstance(default, int):
+        low = _MIN_WINDOW.get(kind, 1) if key == "window" else _COUNTS.get(key, 0)
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= low
+        return "" if ok else f"must be an integer >= {low}"
+    if isinstance(default, float):
+        return "" if _number(v) else "must be a number"
+    if default is None:
+        return "" if v is None or _number(v) else "must be a number or null"
+    if key == "op":
+        return "" if v in ("<", ">") else "must be '<' or '>'"
+    return "" if isinstance(v, str) and v else "must be a non-empty string"
 
 
 # -- per-cell memory, verdicts, lifecycle ---------------------------------------------------
