@@ -357,7 +357,7 @@ def test_two_ranks_alerts_and_control(shared, clients) -> None:
     assert r0.stats["duplicates"] == r1.stats["duplicates"] == 0
 
 
-def test_forked_child_sends_only_its_own_frames(shared, clients) -> None:
+def test_forked_child_sends_only_its_own_frames(shared, clients, tmp_path) -> None:
     client = clients(shared.url, "fork", interval=30.0, max_batch=1000)
     send(client, range(10))  # queued in the parent; the next send tick is 30 s away
     assert client.stats["pending"] == 10
@@ -373,10 +373,14 @@ def test_forked_child_sends_only_its_own_frames(shared, clients) -> None:
             stats = client.stats
             good = stats["sent"] == 5 and stats["duplicates"] == 0
             code = 0 if fresh and ok and good else 2
+            (tmp_path / "child.json").write_text(json.dumps(
+                {"fresh": fresh, "flushed": ok, "stats": dict(stats)}, default=str))
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    child = tmp_path / "child.json"
+    assert os.waitstatus_to_exitcode(status) == 0, (
+        child.read_text() if child.exists() else "the child wrote nothing")
     assert client.flush(20)
     assert client.stats["sent"] == 10 and client.stats["duplicates"] == 0
     assert shared.steps("fork") == [*range(10), *range(100, 105)]
