@@ -19,7 +19,7 @@ import httpx
 from logitwatch.wire import NAME_RE
 
 from ._codec import encode, pack
-from ._http import IngestTransport
+from ._http import IngestTransport, shared_ssl_context
 from ._queue import Backlog
 from ._spool import WriterDir
 from ._worker import Sender, Spooler
@@ -42,8 +42,19 @@ def _after_fork_in_child() -> None:
             pass
 
 
+def _before_fork() -> None:
+    """In the parent, just before a fork: make the shared TLS context if a live client
+    will need one, so the child inherits it instead of creating it (see
+    :func:`~logitwatch.client._http.shared_ssl_context`)."""
+    try:
+        if any(c.url is not None for c in list(_LIVE)):
+            shared_ssl_context()
+    except Exception:  # pragma: no cover - never break the fork
+        pass
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
 class Client:

@@ -20,6 +20,8 @@ import email.utils
 import gzip
 import math
 import random
+import ssl
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -88,6 +90,32 @@ KEEP_4XX = frozenset({401, 403, 404, 408, 409, 425, 429})
 _GZIP_MIN = 1024
 
 
+_SSL: ssl.SSLContext | None = None
+_SSL_LOCK = threading.Lock()
+
+
+def shared_ssl_context() -> ssl.SSLContext:
+    """The process's TLS context for collectors (httpx's default: certifi's CAs, and
+    ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when set), made once and inherited by forked children.
+
+    Why shared: a child forked while another thread of the parent is inside OpenSSL
+    inherits OpenSSL's locks held, and creating a context there can hang for ever. Measured
+    here: a child building an ``httpx.Client`` hung in ``ssl.SSLContext()`` in 2-4 of
+    150-200 forks of a process whose other threads were making httpx clients. A DataLoader
+    worker is such a child. The client's before-fork hook (``_client._before_fork``) makes
+    sure the context exists before any fork of a process with a live client, so a child
+    never creates one.
+    """
+    global _SSL
+    ctx = _SSL
+    if ctx is None:
+        with _SSL_LOCK:
+            if _SSL is None:
+                _SSL = httpx.create_ssl_context()
+            ctx = _SSL
+    return ctx
+
+
 class IngestTransport:
     """Posts batches to one collector over an ``httpx.Client``.
 
@@ -103,7 +131,8 @@ class IngestTransport:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         self._owned = http is None
-        self._http = http if http is not None else httpx.Client(timeout=timeout)
+        self._http = http if http is not None else httpx.Client(
+            timeout=timeout, verify=shared_ssl_context())
         self._timeout = timeout
         self._gzip_level = gzip_level
 

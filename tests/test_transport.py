@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -367,14 +368,25 @@ def test_forked_child_sends_only_its_own_frames(shared, clients, tmp_path) -> No
     if pid == 0:  # the child: a DataLoader worker that also logs
         code = 1
         try:
+            # a TLS context made in a forked child can hang for ever (OpenSSL locks copied
+            # held): the child must use the one it inherited, even for an http:// collector
+            made = []
+            real_new = ssl.SSLContext.__new__
+
+            def counting_new(cls, *a, **k):  # type: ignore[no-untyped-def]
+                made.append(cls)
+                return real_new(cls, *a, **k)
+
+            ssl.SSLContext.__new__ = counting_new  # type: ignore[method-assign]
             fresh = client.stats["pending"] == 0 and client.stats["queued"] == 0
             send(client, range(100, 105))
             ok = client.flush(20)
             stats = client.stats
             good = stats["sent"] == 5 and stats["duplicates"] == 0
-            code = 0 if fresh and ok and good else 2
+            code = 0 if fresh and ok and good and not made else 2
             (tmp_path / "child.json").write_text(json.dumps(
-                {"fresh": fresh, "flushed": ok, "stats": dict(stats)}, default=str))
+                {"fresh": fresh, "flushed": ok, "stats": dict(stats),
+                 "tls_contexts_made_in_child": len(made)}, default=str))
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
