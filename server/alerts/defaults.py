@@ -50,8 +50,9 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # where the attention's dtype can overflow (float16, or a job that does not say);
     # info in a wide dtype (bf16/float32) until the loss has given back a quarter nat (its
     # 10-sample median 0.25 nat above its best; the scenarios' "degraded" margin): there
-    # runaway logits saturate softmax and the run loses ground slowly (every recorded
-    # wide-dtype run whose logits ran away diverged or ended 0.49-0.76 nat above its best)
+    # runaway logits saturate softmax and the run loses ground slowly (of the recorded
+    # wide-dtype runs with a departure, 8 diverged, 7 ended 0.39-0.76 nat above their best,
+    # 2 healthy ones rose at most 0.19: docs/ALERTS.md, Evidence)
     RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_samples=3,
              params={"factor": 4.0, "floor": 50.0, "window": 20, "lag": 5,
                      "min_history": 20},
