@@ -23,7 +23,7 @@ from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.alerts.rules import RuleSpec
 from logitwatch.server.app import create_app
-from logitwatch.server.db.models import Alert, OutboxItem, Run, Silence
+from logitwatch.server.db.models import Alert, AlertRule, OutboxItem, Run, Silence
 from logitwatch.server.db.session import make_engine, migrate, session_scope
 from logitwatch.server.notify import WebhookNotifier
 from logitwatch.server.schemas import IngestIn
@@ -453,3 +453,34 @@ def test_a_rule_that_raises_is_skipped_and_ingest_goes_on(
     assert len(failed) == 1  # logged once, then skipped
     engine.set_rules([good])  # replacing the rules gives it a fresh start
     assert engine._broken == set()
+
+
+def test_a_stored_rule_this_version_refuses_is_left_out(
+        sqlite_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    # a rule stored by an older collector, before params were checked
+    with TestClient(create_app(Settings(db_url=sqlite_url))):
+        pass
+    engine = make_engine(sqlite_url)
+    try:
+        with session_scope(sessionmaker(engine)) as s:
+            s.add(AlertRule(name="old_bad", spec={"name": "old_bad", "kind": "departure",
+                                                  "metric": "loss",
+                                                  "params": {"factor": "x"}},
+                            updated_at=1.0))
+    finally:
+        engine.dispose()
+    with caplog.at_level(logging.ERROR, logger="logitwatch.alerts"), \
+            TestClient(create_app(Settings(db_url=sqlite_url))) as c:  # it starts
+        assert "stored alert rule 'old_bad' is not used" in caplog.text
+        r = c.put("/api/v1/alerts/rules/big_loss",
+                  json={"kind": "threshold", "metric": "loss", "params": {"value": 8.0}})
+        assert r.status_code == 200, r.text
+        names = {x["name"] for x in c.get("/api/v1/alerts/rules").json()}
+        assert "big_loss" in names and "old_bad" not in names
+        frame0 = {"run": "r", "seq": 1, "step": 0, "time": 1.0, "scalars": {"loss": 9.0}}
+        assert c.post("/api/v1/ingest", json={"frames": [frame0]}).status_code == 200
+        # replacing it through the API makes it a rule again
+        r = c.put("/api/v1/alerts/rules/old_bad",
+                  json={"kind": "departure", "metric": "loss", "params": {"factor": 3.0}})
+        assert r.status_code == 200, r.text
+        assert "old_bad" in {x["name"] for x in c.get("/api/v1/alerts/rules").json()}

@@ -24,7 +24,7 @@ from logitwatch.server.alerts.defaults import (
     load_rules_file,
     merge_rules,
 )
-from logitwatch.server.alerts.rules import RuleSpec
+from logitwatch.server.alerts.rules import RuleError, RuleSpec
 from logitwatch.server.db.models import AlertRule, Run
 
 __all__ = ["api_rules", "configured_rules", "start_background", "STALE_CHECK_S"]
@@ -52,9 +52,17 @@ def configured_rules(settings: Any) -> list[RuleSpec]:
 
 
 def api_rules(session: Session) -> list[RuleSpec]:
-    """Rules set through the API, oldest first."""
-    rows = session.scalars(select(AlertRule).order_by(AlertRule.id)).all()
-    return [RuleSpec.from_dict(r.spec) for r in rows]
+    """Rules set through the API, oldest first. A stored rule this version refuses (one
+    stored before its params were checked) is left out with an error in the log, so the
+    collector still starts and the other rules still apply."""
+    out = []
+    for row in session.scalars(select(AlertRule).order_by(AlertRule.id)).all():
+        try:
+            out.append(RuleSpec.from_dict(row.spec))
+        except (RuleError, TypeError) as e:
+            log.error("stored alert rule %r is not used: %s; replace it (PUT "
+                      "/api/v1/alerts/rules/%s) or delete it", row.name, e, row.name)
+    return out
 
 
 def start_background(app: Any) -> Callable[[], None]:

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import select
 
+from logitwatch.server.alerts.config import api_rules
 from logitwatch.server.alerts.defaults import merge_rules
 from logitwatch.server.alerts.rules import RuleError, RuleSpec
 from logitwatch.server.api.deps import INT32_MAX, AnyPrincipalDep, ReadDep, SessionDep
@@ -82,9 +83,8 @@ def _admin(principal: Principal) -> None:
 
 
 def _apply(request: Request, session: Any) -> list[RuleSpec]:
-    rows = session.scalars(select(AlertRule).order_by(AlertRule.id)).all()
     base = getattr(request.app.state, "base_rules", None) or request.app.state.alert_engine.rules
-    rules = merge_rules(base, [RuleSpec.from_dict(r.spec) for r in rows])
+    rules = merge_rules(base, api_rules(session))
     request.app.state.alert_engine.set_rules(rules)
     return rules
 
