@@ -176,6 +176,15 @@ def logitwatch_first(frames: list[dict[str, Any]]
     return first, rules, len(res.alerts), signal
 
 
+def logitwatch_row(header: dict[str, Any], frames: list[dict[str, Any]]) -> dict[str, Any]:
+    """One scenario's row as :func:`summarize` reads it: label, divergence step, the first
+    signal and logitwatch's first alarm (with the rules behind it and the alert count)."""
+    first, rules, count, signal = logitwatch_first(frames)
+    return {"scenario": header["scenario"], "label": header["label"],
+            "divergence_step": header["divergence_step"], "signal": signal,
+            "logitwatch": first, "logitwatch_rules": rules, "alerts": count}
+
+
 def summarize(name: str, rows: Sequence[dict[str, Any]],
               pick: Callable[[dict[str, Any]], int | None]) -> dict[str, Any]:
     div = [r for r in rows if r["label"] == "diverging"]
@@ -187,15 +196,14 @@ def summarize(name: str, rows: Sequence[dict[str, Any]],
         if s is not None and s <= r["divergence_step"]:
             leads.append(r["divergence_step"] - s)
     fa = [r["scenario"] for r in healthy if pick(r) is not None]
-    gradual = [r for r in div if r["signal"] is not None
-               and r["signal"] <= r["divergence_step"] - 50]
-    early = [r for r in gradual if pick(r) is not None and r["divergence_step"] - pick(r) >= 50]
+    led = [r for r in div if r["signal"] is not None and r["signal"] <= r["divergence_step"] - 50]
+    early = [r for r in led if pick(r) is not None and r["divergence_step"] - pick(r) >= 50]
     warned = [r["scenario"] for r in degraded if pick(r) is not None]
     return {"detector": name, "recall": f"{len(leads)}/{len(div)}",
             "median_lead": statistics.median(leads) if leads else None,
             "worst_lead": min(leads) if leads else None,
-            "lead>=50": f"{len(early)}/{len(gradual)}",
-            "late": [r["scenario"] for r in gradual if r not in early],
+            "lead>=50": f"{len(early)}/{len(led)}",
+            "late": [r["scenario"] for r in led if r not in early],
             "false_alarm_runs": f"{len(fa)}/{len(healthy)}", "false_alarms": fa,
             "degraded_warned": f"{len(warned)}/{len(degraded)}",
             "false_alarm_runs_if_degraded_healthy":
@@ -217,17 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         header, frames = read_frames(path)
         if header is None:
             p.error(f"{path}: no header line (label, divergence_step)")
-        first, rules, count, signal = logitwatch_first(frames)
-        no_hold = len(replay(frames, rules=NO_HOLD).alerts)
-        row = {"scenario": header["scenario"], "label": header["label"],
-               "divergence_step": header["divergence_step"],
-               "signal": signal, "logitwatch": first,
-               "logitwatch_rules": rules, "alerts": count, "alerts_no_hold": no_hold,
+        row = {**logitwatch_row(header, frames),
+               "alerts_no_hold": len(replay(frames, rules=NO_HOLD).alerts),
                **peers(header, frames)}
         rows.append(row)
         print(f"[{i}/{len(files)}] {row['scenario']:20s} {row['label']:9s} "
-              f"div {row['divergence_step']!s:>5}  logitwatch {first!s:>5} "
-              f"{','.join(rules)}", file=sys.stderr, flush=True)
+              f"div {row['divergence_step']!s:>5}  logitwatch {row['logitwatch']!s:>5} "
+              f"{','.join(row['logitwatch_rules'])}", file=sys.stderr, flush=True)
     names = ["logitwatch", *[k for k in rows[0] if k not in
                              ("scenario", "label", "divergence_step", "signal", "logitwatch",
                               "logitwatch_rules", "alerts", "alerts_no_hold")]]

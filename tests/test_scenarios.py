@@ -79,10 +79,7 @@ def test_default_rules_meet_the_targets_on_the_suite() -> None:
     for path in FILES:
         header, frames = read_frames(path)
         assert header is not None
-        first, _, _, signal = ba.logitwatch_first(frames)
-        rows.append({"scenario": header["scenario"], "label": header["label"],
-                     "divergence_step": header["divergence_step"], "signal": signal,
-                     "logitwatch": first})
+        rows.append(ba.logitwatch_row(header, frames))
     s = ba.summarize("logitwatch", rows, lambda r: r["logitwatch"])
     div = sum(r["label"] == "diverging" for r in rows)
     healthy = sum(r["label"] == "healthy" for r in rows)

@@ -312,7 +312,7 @@ class AlertEngine:
             try:
                 out.extend(self._advance_rule(rule, run_id, rank, step, scalars, heads,
                                               arrays, fv))
-            except Exception:  # noqa: BLE001 - one rule must never stop ingest
+            except Exception:  # one rule must never stop ingest
                 self._broken.add(rule.name)
                 log.exception("alert rule %r failed on run %s rank %s step %s; it is skipped "
                               "from now on (fix or replace it: PUT /api/v1/alerts/rules/%s)",

@@ -321,8 +321,8 @@ class RuleSpec:
         return cls(**{**d, "params": dict(params)})
 
 
-_COUNTS = {"window": 1, "samples": 1, "min_history": 1, "lag": 0}  # int params: minimum
-_MIN_WINDOW = {"trend": 2, "forecast": 2}  # a slope needs two points
+_MIN_COUNT = {"samples": 1, "min_history": 1}  # other int params (lag): >= 0
+_MIN_WINDOW = {"trend": 2, "forecast": 2}  # a slope needs two points; other kinds 1
 
 
 def _number(v: Any) -> bool:
@@ -336,7 +336,7 @@ def _param_problem(kind: str, key: str, v: Any) -> str:
     if isinstance(default, bool):
         return "" if isinstance(v, bool) else "must be true or false"
     if isinstance(default, int):
-        low = _MIN_WINDOW.get(kind, 1) if key == "window" else _COUNTS.get(key, 0)
+        low = _MIN_WINDOW.get(kind, 1) if key == "window" else _MIN_COUNT.get(key, 0)
         ok = isinstance(v, int) and not isinstance(v, bool) and v >= low
         return "" if ok else f"must be an integer >= {low}"
     if isinstance(default, float):
