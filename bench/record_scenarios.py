@@ -255,7 +255,8 @@ class _Recorder:
         self.frames: list[dict[str, Any]] = []
         self.control: dict[str, Any] = {}
 
-    def send(self, step: int, scalars: Any, heads: Any, time: float | None = None) -> None:
+    def send(self, step: int, scalars: Any, heads: Any, time: float | None = None,
+             history: Any = None) -> None:
         from logitwatch.wire import encode_float
 
         self.frames.append({
@@ -266,6 +267,11 @@ class _Recorder:
             "heads": {str(k): [[encode_float(float(x)) for x in row] for row in m]
                       for k, m in heads.items()},
         })
+        if history is not None:  # the steps since the previous frame (logitwatch.wire)
+            self.frames[-1]["history"] = {
+                "steps": [int(s) for s in history["steps"]],
+                "scalars": {str(k): [None if v is None else encode_float(float(v)) for v in vs]
+                            for k, vs in history["scalars"].items()}}
 
     def on_alert(self, callback: Any) -> Any:
         return callback
