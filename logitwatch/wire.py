@@ -12,10 +12,24 @@ A *frame* is one sampled training step of one rank, sent as a JSON object::
       "time": 1764430000.123,        # unix seconds when the step ended
       "scalars": {"loss": 3.1, "grad.norm": 0.8, "grad.clipped": 0.0, "lr": 0.001},
       "heads": {"attn.logit_max": [[h0, h1, ...], ...],   # one list per layer
-                "attn.logit_p99": [[...], ...]}
+                "attn.logit_p99": [[...], ...]},
+      "history": {"steps": [411, 412, ..., 419],           # optional, see below
+                  "scalars": {"loss": [3.2, ...], "grad.norm": [0.9, ...],
+                              "grad.clipped": [0.0, ...], "lr": [0.001, ...]}}
     }
 
 Frames travel in batches: ``POST /api/v1/ingest`` with body ``{"frames": [frame, ...]}``.
+
+``history`` carries scalars of the steps that were *not* sampled: the steps after the
+previous frame of the same (run, rank) and before this frame's ``step``. ``steps`` is
+strictly increasing, every step is an int >= 0 and below the frame's ``step``; every list in
+``scalars`` has as many values as ``steps`` (value *i* belongs to ``steps[i]``). A value is
+a number, one of the non-finite strings below, or ``null`` (not measured at that step); a
+series measured at none of the steps may be left out. At most :data:`MAX_HISTORY_STEPS`
+steps and :data:`MAX_HISTORY_SERIES` series a frame, names in :data:`NAME_RE`'s alphabet.
+The collector stores each history step as a frame of its own with scalars only (series
+queries, retention and the alert engine see every step); a resent frame's history is
+deduplicated with it.
 
 Non-finite numbers are signals, not errors, so they travel as what they are. JSON has no
 literal for them, so a value position may hold one of the strings ``"NaN"``,
@@ -30,6 +44,8 @@ import re
 from typing import Any, Final
 
 __all__ = [
+    "MAX_HISTORY_SERIES",
+    "MAX_HISTORY_STEPS",
     "NAME_RE",
     "NONFINITE",
     "WIRE_VERSION",
@@ -42,6 +58,10 @@ WIRE_VERSION: Final = 1
 
 #: Allowed alphabet for run, project and metric names.
 NAME_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+#: Bounds of a frame's ``history``: steps, and series (names in ``history["scalars"]``).
+MAX_HISTORY_STEPS: Final = 4096
+MAX_HISTORY_SERIES: Final = 16
 
 NONFINITE: Final[dict[str, float]] = {
     "NaN": math.nan,

@@ -5,15 +5,31 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    field_validator,
+    model_validator,
+)
 
-from logitwatch.wire import NAME_RE, decode_float, encode_float
+from logitwatch.wire import (
+    MAX_HISTORY_SERIES,
+    MAX_HISTORY_STEPS,
+    NAME_RE,
+    NONFINITE,
+    decode_float,
+    encode_float,
+)
 
 __all__ = [
     "AlertOut",
     "DeletedOut",
     "FrameIn",
     "HeatmapOut",
+    "HistoryIn",
     "IngestIn",
     "IngestOut",
     "MetricOut",
@@ -32,6 +48,108 @@ MAX_STEP = 2**62
 MAX_RANK = 1_000_000
 
 
+#: A history value: a wire float, or null where the step did not measure the series.
+HistoryValue = Annotated[
+    float | None,
+    PlainSerializer(lambda x: None if x is None else encode_float(x), return_type=Any),
+]
+#: How many problems one refusal of a history names at most (not one per value).
+MAX_PROBLEMS = 3
+
+
+def _history_value(v: Any) -> float | None:
+    if v is None:
+        return None
+    t = type(v)
+    if t is float or t is int:
+        return float(v)
+    if t is str and v in NONFINITE:
+        return NONFINITE[v]
+    raise ValueError
+
+
+def check_history(data: Any) -> dict[str, Any]:
+    """Check and decode a frame's ``history`` (see ``logitwatch.wire``) in one pass.
+
+    Returns ``{"steps": [int], "scalars": {name: [float | None]}}``. Raises one
+    ``ValueError`` naming at most :data:`MAX_PROBLEMS` problems, the first one per series,
+    so a history of 65,536 bad values costs one short error, not 65,536 of them. The
+    bound on the frame's own ``step`` is :class:`FrameIn`'s check.
+    """
+    if not isinstance(data, dict):
+        raise ValueError('must be an object {"steps": [...], "scalars": {...}}')
+    extra = sorted(str(k)[:40] for k in data if k not in ("steps", "scalars"))
+    if extra:
+        raise ValueError(f"unknown fields {extra[:MAX_PROBLEMS]}; only steps and scalars")
+    steps, scalars = data.get("steps"), data.get("scalars", {})
+    if not isinstance(steps, list):
+        raise ValueError("steps: " + ("must be a list of steps" if "steps" in data
+                                      else "missing (a list of steps)"))
+    if len(steps) > MAX_HISTORY_STEPS:
+        raise ValueError(f"steps: {len(steps)} steps, at most {MAX_HISTORY_STEPS}")
+    if not isinstance(scalars, dict):
+        raise ValueError("scalars: must be an object {name: [values]}")
+    if len(scalars) > MAX_HISTORY_SERIES:
+        raise ValueError(f"scalars: {len(scalars)} series, at most {MAX_HISTORY_SERIES}")
+    problems: list[str] = []
+    prev = -1
+    for i, s in enumerate(steps):
+        if type(s) is not int or not 0 <= s <= MAX_STEP:
+            problems.append(f"steps.{i}: {repr(s)[:40]} is not an int in [0, 2**62]")
+        elif s <= prev:
+            problems.append(f"steps.{i}: {s} does not follow {prev} "
+                            "(steps must be strictly increasing)")
+        if len(problems) >= MAX_PROBLEMS:
+            break
+        prev = s if type(s) is int else prev
+    out: dict[str, list[float | None]] = {}
+    for name, values in scalars.items():
+        if len(problems) >= MAX_PROBLEMS:
+            break
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            problems.append(f"scalars: name {str(name)[:140]!r} is not 1-128 "
+                            "characters of [A-Za-z0-9._:-]")
+            continue
+        if not isinstance(values, list) or len(values) != len(steps):
+            n = len(values) if isinstance(values, list) else "no"
+            problems.append(f"scalars.{name}: {n} values for {len(steps)} steps "
+                            "(one value or null per step)")
+            continue
+        try:
+            out[name] = [_history_value(v) for v in values]
+        except ValueError:
+            j = next(j for j, v in enumerate(values) if not _history_value_ok(v))
+            problems.append(f"scalars.{name}.{j}: expected a number, null or one "
+                            f"of {sorted(NONFINITE)}, got {str(values[j])[:40]!r}")
+    if problems:
+        raise ValueError("; ".join(problems[:MAX_PROBLEMS]))
+    return {"steps": steps, "scalars": out}
+
+
+def _history_value_ok(v: Any) -> bool:
+    try:
+        _history_value(v)
+    except ValueError:
+        return False
+    return True
+
+
+class HistoryIn(BaseModel):
+    """The every-step scalars of the steps between a (run, rank)'s previous frame and this
+    one (see ``logitwatch.wire``); checked by :func:`check_history`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: list[int] = Field(max_length=MAX_HISTORY_STEPS)
+    scalars: dict[Name, list[HistoryValue]] = Field(default_factory=dict,
+                                                     max_length=MAX_HISTORY_SERIES)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check(cls, data: Any) -> Any:
+        return data if isinstance(data, HistoryIn) else check_history(data)
+
+
 class FrameIn(BaseModel):
     """One sampled step of one rank (see ``logitwatch.wire``)."""
 
@@ -45,6 +163,7 @@ class FrameIn(BaseModel):
     time: float = Field(allow_inf_nan=False, ge=0)
     scalars: dict[Name, WireFloat] = Field(default_factory=dict, max_length=256)
     heads: dict[Name, list[list[WireFloat]]] = Field(default_factory=dict, max_length=64)
+    history: HistoryIn | None = None
 
     @field_validator("heads")
     @classmethod
@@ -58,6 +177,14 @@ class FrameIn(BaseModel):
             if len(rows) * width > 65_536:
                 raise ValueError(f"heads[{name!r}] has more than 65536 values")
         return v
+
+    @model_validator(mode="after")
+    def _history_before_step(self) -> FrameIn:
+        h = self.history
+        if h is not None and h.steps and h.steps[-1] >= self.step:
+            raise ValueError(f"history.steps: the last step {h.steps[-1]} is not before "
+                             f"the frame's step {self.step}")
+        return self
 
 
 class IngestIn(BaseModel):

@@ -22,8 +22,8 @@ import numpy as np
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from logitwatch.server.schemas import MAX_RANK, MAX_STEP, FrameIn, IngestIn
-from logitwatch.wire import NONFINITE
+from logitwatch.server.schemas import MAX_RANK, MAX_STEP, FrameIn, HistoryIn, IngestIn
+from logitwatch.wire import MAX_HISTORY_SERIES, MAX_HISTORY_STEPS, NONFINITE
 
 try:  # orjson is in the server extra; the stdlib parser is the fallback
     import orjson
@@ -135,6 +135,56 @@ def _matrix(v: Any) -> np.ndarray:
     return a.astype(np.float64, copy=False)
 
 
+def _history_values(v: Any, n: int) -> list[float | None]:
+    """One history series: ``n`` numbers in one C call, or (nulls, non-finite strings)
+    value by value."""
+    if type(v) is not list or len(v) != n:
+        raise _Slow
+    if not n:
+        return []
+    a = np.array(v)
+    if a.ndim == 1 and a.dtype.kind in "fi":
+        return a.astype(np.float64, copy=False).tolist()  # type: ignore[no-any-return]
+    out: list[float | None] = []
+    for x in v:
+        t = type(x)
+        if x is None:
+            out.append(None)
+        elif t is float:
+            out.append(x)
+        elif t is int:
+            out.append(float(x))
+        elif t is str and x in NONFINITE:
+            out.append(NONFINITE[x])
+        else:
+            raise _Slow
+    return out
+
+
+def _history(v: Any, step: int) -> HistoryIn | None:
+    """A frame's ``history`` (see ``logitwatch.wire``): checked as the model checks it."""
+    if v is None:
+        return None
+    if type(v) is not dict or "steps" not in v or not v.keys() <= {"steps", "scalars"}:
+        raise _Slow
+    steps, scalars = v["steps"], v.get("scalars", {})
+    if type(steps) is not list or len(steps) > MAX_HISTORY_STEPS:
+        raise _Slow
+    if type(scalars) is not dict or len(scalars) > MAX_HISTORY_SERIES:
+        raise _Slow
+    n = len(steps)
+    if n:
+        a = np.array(steps)  # floats, strings, nesting, ints beyond int64: another dtype
+        if a.ndim != 1 or a.dtype.kind != "i" or a[0] < 0 or a[-1] >= step:
+            raise _Slow
+        if n > 1 and not bool((a[1:] > a[:-1]).all()):
+            raise _Slow
+    return HistoryIn.model_construct(
+        steps=steps,
+        scalars={_name(k): _history_values(x, n) for k, x in scalars.items()},
+    )
+
+
 def _frame(d: Any) -> FrameIn:
     if type(d) is not dict or not _REQUIRED <= d.keys() or not d.keys() <= _KEYS:
         raise _Slow
@@ -149,16 +199,18 @@ def _frame(d: Any) -> FrameIn:
         raise _Slow
     if type(heads) is not dict or len(heads) > 64:
         raise _Slow
+    step = _int(d["step"], MAX_STEP)
     return FrameIn.model_construct(
         _fields_set=set(d),
         run=_name(d["run"]),
         project=_name(d["project"]) if "project" in d else "default",
         rank=_int(d["rank"], MAX_RANK) if "rank" in d else 0,
         seq=_int(d["seq"], MAX_STEP),
-        step=_int(d["step"], MAX_STEP),
+        step=step,
         time=time,
         scalars={_name(k): _float(v) for k, v in scalars.items()},
         heads={_name(k): _matrix(v) for k, v in heads.items()},
+        history=_history(d.get("history"), step),
     )
 
 
