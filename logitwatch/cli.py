@@ -420,6 +420,8 @@ def _print_alerts(alerts: list) -> None:  # type: ignore[type-arg]
         return
     for a in alerts:
         flag = f" [{a.suppressed}]" if a.suppressed else ""
+        if a.paged_step is not None and a.paged_step != a.fired_step:
+            flag += f" (paged at step {a.paged_step})"
         click.echo(f"step {a.fired_step:>7} {a.severity:<8} {a.state:<8} {a.rule}{flag}: "
                    f"{a.message}")
 

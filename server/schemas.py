@@ -208,6 +208,10 @@ class AlertOut(BaseModel):
     started_step: int
     fired_step: int
     fired_at: float
+    paged_step: int | None = Field(
+        None, description="The step at which the alert first became warning or critical: "
+        "its fired_step when it fired so, the escalation step when an info alert was "
+        "escalated; null for info that never was.")
     resolved_step: int | None
     value: WireFloat | None
     baseline: WireFloat | None

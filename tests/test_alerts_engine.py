@@ -299,6 +299,12 @@ def test_rebreach_within_hold_is_one_alert(sessions: sessionmaker[Session],
     assert (a.fired_step, a.state, a.resolved_step) == (30, "resolved", 130)
     assert a.evidence["reopened"] == 1 and a.evidence["last_breach_step"] == 70
     assert a.evidence["keep_firing_for"] == 50
+    # what it showed when it fired stays; the re-breach is added, not written over it
+    assert (a.value, a.threshold, a.paged_step) == (9.0, 5.0, 30)
+    assert "loss = 9" in a.message and "fired at step 30" in a.message
+    assert a.evidence["breaches"] == [{"step": 70, "value": 9.0, "baseline": None,
+                                       "limit": 5.0}]
+    assert a.evidence["latest"]["step"] == 70 and "breaches_dropped" not in a.evidence
     # people heard of it when it fired and when it resolved, not of the re-breach
     assert [(c.id, c.state) for c in changed] == [(a.id, "firing"), (a.id, "resolved")]
 
@@ -312,6 +318,23 @@ def test_breach_beyond_hold_is_a_second_alert(sessions: sessionmaker[Session],
     feed(sessions, AlertEngine(HOT), frames[cut:])
     got = [(a.fired_step, a.state, a.resolved_step) for a in alerts(sessions)]
     assert got == [(30, "resolved", 90), (100, "firing", None)]
+
+
+@pytest.mark.parametrize("restart_at", [None, 30])
+def test_rebreaches_are_added_to_a_bounded_list(sessions: sessionmaker[Session],
+                                                restart_at: int | None) -> None:
+    series = [2, 2, 2, 9] + [2, 9] * 25 + [2] * 8  # fires at 30, 25 re-breaches, resolves
+    frames = [frame(i, loss=v) for i, v in enumerate(series)]
+    cut = restart_at or len(frames)
+    feed(sessions, AlertEngine(HOT), frames[:cut])
+    feed(sessions, AlertEngine(HOT), frames[cut:])  # a restarted collector
+    (a,) = alerts(sessions)
+    assert (a.fired_step, a.value, a.paged_step, a.state) == (30, 9.0, 30, "resolved")
+    ev = a.evidence
+    assert ev["reopened"] == 25 and ev["breaches_dropped"] == 5
+    assert [b["step"] for b in ev["breaches"]] == list(range(150, 531, 20))
+    assert ev["latest"]["step"] == ev["last_breach_step"] == 530
+    assert ev["rule_kind"] == "threshold" and ev["keep_firing_for"] == 50
 
 
 def test_head_that_rebreaches_keeps_its_layer_alert(sessions: sessionmaker[Session]) -> None:
@@ -330,7 +353,10 @@ def test_head_that_rebreaches_keeps_its_layer_alert(sessions: sessionmaker[Sessi
     assert len(got) == 1
     a = got[0]
     assert (a.layer, a.heads, a.fired_step, a.resolved_step) == (1, [1], 20, 120)
-    assert a.value == 70.0 and a.evidence["reopened"] == 1
+    assert a.value == 60.0 and a.evidence["reopened"] == 1  # the value it fired with
+    assert [(b["step"], b["value"], b["heads"]) for b in a.evidence["breaches"]] == [
+        (60, 70.0, [1])]
+    assert a.evidence["latest"]["value"] == 70.0
 
 
 # -- downgrade: a per-head logit departure in a wide attention dtype ----------------------
@@ -357,6 +383,7 @@ def test_departure_severity_follows_attention_dtype(
     (a,) = alerts(sessions)
     assert (a.rule, a.layer, a.heads, a.fired_step) == ("attn_logit_departure", 1, [2], 310)
     assert a.severity == severity
+    assert a.paged_step == (310 if severity == "warning" else None)
     if severity == "info":
         why = a.evidence["downgraded"]
         assert why["from"] == "warning" and why["value"] == 3.4028e38
@@ -380,7 +407,10 @@ def test_downgraded_alert_escalates_when_the_loss_rises(
     later = feed(sessions, AlertEngine(DEPARTURE), frames[cut:])
     (a,) = alerts(sessions)
     assert a.severity == "warning" and a.fired_step == 310 and a.state == "firing"
-    assert a.evidence["escalated_step"] == 370
+    assert a.paged_step == 370 and a.evidence["escalated_step"] == 370
+    # what it showed when it fired (as info) stays: head (1, 2) at sample 31 was 5 * 2**6
+    assert a.value == 320.0 and a.message.startswith("r1: rank 0, layer 1, head 2: ")
+    assert "fired at step 310." in a.message and "Info, not warning" in a.message
     assert "rose 0.85 nats above its best" in a.evidence["escalated_because"]
     assert "Escalated to warning at step 370" in a.message
     notified = [(c.id, c.severity) for c in first + later]

@@ -79,3 +79,28 @@ def test_refuses_unknown_revision(sqlite_url: str) -> None:
             migrate(engine)
     finally:
         engine.dispose()
+
+
+def test_paged_step_filled_in_for_existing_alerts(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        _upgrade(engine, "0004")
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO runs (id, project, name, created_at) VALUES (1, 'p', 'r', 1.0)"))
+            for aid, severity, evidence in (
+                (1, "warning", "{}"),                                   # fired as warning
+                (2, "warning", '{"escalated_step": 370, "downgraded": {}}'),  # escalated
+                (3, "info", '{"downgraded": {}}'),                      # never paged
+            ):
+                conn.execute(text(
+                    "INSERT INTO alerts (id, run_id, rule, metric, severity, state, rank, "
+                    "started_step, fired_step, fired_at, message, evidence, remedies) VALUES "
+                    "(:id, 1, 'x', 'loss', :sev, 'firing', 0, 300, 310, 1.0, 'm', :ev, '[]')"
+                ), {"id": aid, "sev": severity, "ev": evidence})
+        migrate(engine)
+        with engine.connect() as conn:
+            got = conn.execute(text("SELECT id, paged_step FROM alerts ORDER BY id")).all()
+        assert [tuple(r) for r in got] == [(1, 310), (2, 370), (3, None)]
+    finally:
+        engine.dispose()

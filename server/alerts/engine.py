@@ -71,6 +71,8 @@ Cell = tuple[int | None, int | None]  # (layer, head), (None, None) for a run-le
 Key = tuple[str, int, int, int | None, int | None]  # rule, run_id, rank, layer, head
 
 RESTORE_FRAMES = 400  # frames of history replayed to rebuild state after a restart
+MAX_BREACHES = 20  # re-breaches within a hold kept in an alert's evidence (the newest)
+PAGING = ("warning", "critical")  # severities that page: an alert's paged_step
 
 
 @dataclass(slots=True)
@@ -265,6 +267,8 @@ class AlertEngine:
                 because = (f"the loss (median of its last {d.loss_window} samples) rose "
                            f"{_fmt(rise)} nats above its best")
             a.severity = rule.severity
+            if a.paged_step is None and rule.severity in PAGING:
+                a.paged_step = f.step
             ev = dict(a.evidence)
             ev.update(escalated_step=f.step, escalated_because=because)
             a.evidence = ev
@@ -535,6 +539,7 @@ class AlertEngine:
             message=message, evidence=ev,
             remedies=remedies_for(rule.metric, rule.kind), heads=list(p.heads) or None,
             suppressed=suppressed,
+            paged_step=t.step if (p.severity or rule.severity) in PAGING else None,
         )
         session.add(a)
         session.flush()
@@ -714,25 +719,31 @@ def _matrix(arrays: dict[str, np.ndarray], heads: dict[str, list[list[float]]],
 
 
 def _reopen(a: Alert, p: _Pending) -> None:
-    """A breach within the hold of the open alert ``a``: its newest value and evidence."""
-    v = p.transition.verdict
+    """A breach within the hold of the open alert ``a``: added to ``evidence.breaches``
+    (the newest :data:`MAX_BREACHES`, ``breaches_dropped`` counts the older ones) and
+    ``evidence.latest``; what the alert showed when it fired (``value``, ``baseline``,
+    ``threshold``, message, the rest of its evidence) stays as it was."""
+    t = p.transition
+    v = t.verdict
     ev = dict(a.evidence)
-    for k, x in v.evidence.items():
-        if k not in ("active_heads", "downgraded", "escalated_step", "escalated_because"):
-            ev[k] = _json(x)
+    breach: dict[str, object] = {"step": t.step, "value": _json(v.value),
+                                 "baseline": _json(v.baseline), "limit": _json(v.limit)}
+    if p.heads:
+        breach["heads"] = list(p.heads)
+    breaches = [*ev.get("breaches", []), breach]
+    if len(breaches) > MAX_BREACHES:
+        ev["breaches_dropped"] = (int(ev.get("breaches_dropped", 0))
+                                  + len(breaches) - MAX_BREACHES)
+        breaches = breaches[-MAX_BREACHES:]
+    ev["breaches"] = breaches
+    ev["latest"] = {**breach, "evidence": {k: _json(x) for k, x in v.evidence.items()}}
     ev["reopened"] = int(ev.get("reopened", 0)) + 1
-    ev["last_breach_step"] = p.transition.step
+    ev["last_breach_step"] = t.step
     if p.heads:
         active = list(ev.get("active_heads", a.heads or []))
         ev["active_heads"] = sorted(set(active) | set(p.heads))
         a.heads = list(a.heads or []) + [h for h in p.heads if h not in (a.heads or [])]
     a.evidence = ev
-    if math.isfinite(v.value):
-        a.value = v.value
-    if v.baseline is not None and math.isfinite(v.baseline):
-        a.baseline = v.baseline
-    if v.limit is not None and math.isfinite(v.limit):
-        a.threshold = v.limit
 
 
 def _downgrade_text(why: dict[str, object]) -> str:

@@ -144,6 +144,8 @@ class Alert(Base):
     suppressed: Mapped[str | None] = mapped_column(String(16), nullable=True)
     acked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     acked_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # 0005: the step at which it first became warning or critical (fired so, or escalated)
+    paged_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class AlertRule(Base):

@@ -18,7 +18,7 @@ def alert_out(a: Alert, run: Run) -> AlertOut:
         id=a.id, run_id=a.run_id, run=run.name, project=run.project, rule=a.rule,
         metric=a.metric, severity=a.severity, state=a.state, rank=a.rank, layer=a.layer,
         head=a.head, started_step=a.started_step, fired_step=a.fired_step,
-        fired_at=a.fired_at, resolved_step=a.resolved_step, value=a.value,
+        fired_at=a.fired_at, paged_step=a.paged_step, resolved_step=a.resolved_step, value=a.value,
         baseline=a.baseline, threshold=a.threshold, message=a.message,
         evidence=dict(a.evidence), remedies=list(a.remedies),
         heads=list(a.heads) if a.heads else None, suppressed=a.suppressed,
