@@ -370,34 +370,43 @@ def demo(port: int, db_url: str, steps: int | None, settings: tuple[str, ...], s
 @click.option("--db", "db_url", default=None, metavar="URL",
               help="Store the replayed run here (default: a temporary SQLite database).")
 @click.option("--rules", "rules_file", default=None, type=click.Path(exists=True),
-              help="A YAML rules file (merged over the defaults, like "
-              "$LOGITWATCH_ALERT_RULES).")
+              help="A YAML rules file, merged over the defaults in place of "
+              "$LOGITWATCH_ALERT_RULES.")
 @click.option("--json", "as_json", is_flag=True, help="Print the alerts as JSON.")
 def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool) -> None:
     """Feed the frames of FILE (one JSON frame a line, the wire format; an optional header
     line without `seq`) through the collector's ingest path and alert engine, and print the
-    alerts they fire."""
+    alerts they fire.
+
+    The rules are those `logitwatch serve` applies: the defaults with the LOGITWATCH_ALERT_*
+    settings, the YAML file of --rules (else $LOGITWATCH_ALERT_RULES), and, with --db naming
+    a collector's database, the rules stored there through the API. Which ones is printed.
+    """
     _need_server()
     import json
 
-    from logitwatch.server.alerts.defaults import DEFAULT_RULES, load_rules_file, merge_rules
+    from logitwatch.server.alerts.config import configured_rules
     from logitwatch.server.alerts.replay import read_frames
     from logitwatch.server.alerts.replay import replay as run_replay
     from logitwatch.server.alerts.rules import RuleError
+    from logitwatch.server.settings import Settings
 
     try:
         header, frames = read_frames(file)
-        rules = merge_rules(DEFAULT_RULES, load_rules_file(rules_file)) if rules_file else None
-    except (ValueError, RuleError) as e:
+        settings = Settings()
+        configured_rules(settings, rules_file)  # a bad rules file: say so before replaying
+    except (ValueError, RuleError, OSError) as e:
         raise click.ClickException(str(e)) from e
     if not frames:
         raise click.ClickException(f"{file}: no frames")
     click.echo(f"replaying {len(frames)} frames of {file}", err=True)
     try:
-        result = run_replay(frames, db_url=db_url, rules=rules, progress=lambda n: click.echo(
-            f"  {n}/{len(frames)} frames", err=True) if n % 256 == 0 else None)
+        result = run_replay(frames, db_url=db_url, settings=settings, rules_file=rules_file,
+                            progress=lambda n: click.echo(f"  {n}/{len(frames)} frames",
+                                                          err=True) if n % 256 == 0 else None)
     except Exception as e:  # a frame the collector refuses: say which
         raise click.ClickException(f"{file}: {e}") from e
+    click.echo(f"rules: {result.rules}", err=True)
     if as_json:
         click.echo(json.dumps([a.model_dump(mode="json") for a in result.alerts], indent=1))
     else:

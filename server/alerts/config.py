@@ -27,15 +27,23 @@ from logitwatch.server.alerts.defaults import (
 from logitwatch.server.alerts.rules import RuleError, RuleSpec
 from logitwatch.server.db.models import AlertRule, Run
 
-__all__ = ["api_rules", "configured_rules", "start_background", "STALE_CHECK_S"]
+__all__ = ["api_rules", "configured_rules", "rules_file", "start_background", "STALE_CHECK_S"]
 
 log = logging.getLogger("logitwatch.alerts")
 
 STALE_CHECK_S = 30.0
 
 
-def configured_rules(settings: Any) -> list[RuleSpec]:
-    """Defaults with the settings' ``alert_logit_*`` applied, then the YAML file's rules."""
+def rules_file(path: str | None = None) -> str | None:
+    """The YAML rules file in force: ``path`` when given, else ``$LOGITWATCH_ALERT_RULES``
+    (None: no file)."""
+    return path if path else os.environ.get(RULES_ENV) or None
+
+
+def configured_rules(settings: Any, path: str | None = None) -> list[RuleSpec]:
+    """Defaults with the settings' ``alert_*`` applied, then the YAML file's rules (``path``,
+    else ``$LOGITWATCH_ALERT_RULES``): the rules ``logitwatch serve`` and ``logitwatch
+    replay`` start from (the collector then merges the rules stored through the API)."""
     rules: list[RuleSpec] = []
     for r in DEFAULT_RULES:
         if r.name == "attn_logit_rising":
@@ -45,7 +53,7 @@ def configured_rules(settings: Any) -> list[RuleSpec]:
                 params["ceiling"] = settings.alert_logit_threshold
             r = dataclasses.replace(r, params=params, for_samples=settings.alert_for_samples)
         rules.append(r)
-    path = os.environ.get(RULES_ENV)
+    path = rules_file(path)
     if path:
         rules = merge_rules(rules, load_rules_file(path))
     return rules

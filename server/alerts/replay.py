@@ -4,7 +4,10 @@ Used by ``logitwatch replay FILE`` and ``bench/bench_alerts.py``. The frames go 
 same validation (:class:`~logitwatch.server.schemas.IngestIn`), storage
 (:func:`~logitwatch.server.store.ingest.ingest_frames`) and engine
 (:meth:`AlertEngine.process`) as ``POST /api/v1/ingest``, batch by batch, on a migrated
-database (a temporary SQLite file unless a URL is given).
+database (a temporary SQLite file unless a URL is given), under the rules ``logitwatch
+serve`` would apply: the defaults with the ``alert_*`` settings, the YAML rules file
+(``rules_file``, else ``$LOGITWATCH_ALERT_RULES``) and the rules stored through the API in
+that database (:func:`replay_rules`).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
+from logitwatch.server.alerts.config import api_rules, configured_rules, rules_file
+from logitwatch.server.alerts.defaults import merge_rules
 from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.alerts.rules import RuleSpec
 from logitwatch.server.db.models import Run
@@ -26,16 +31,50 @@ from logitwatch.server.schemas import AlertOut, IngestIn
 from logitwatch.server.store.alerts import alert_out, list_alerts
 from logitwatch.server.store.ingest import ingest_frames
 
-__all__ = ["ReplayResult", "read_frames", "replay"]
+__all__ = ["ReplayResult", "read_frames", "replay", "replay_rules"]
 
 
 @dataclass
 class ReplayResult:
-    """Every alert stored (including suppressed ones), and the frames replayed."""
+    """Every alert stored (including suppressed ones), the frames replayed, and which rule
+    set judged them (``rules``: e.g. ``"defaults + my-rules.yaml: 19 rules"``)."""
 
     alerts: list[AlertOut] = field(default_factory=list)
     frames: int = 0
     notified: list[AlertOut] = field(default_factory=list)
+    rules: str = ""
+
+
+def replay_rules(settings: Any = None, *, path: str | None = None,
+                 session: Session | None = None) -> tuple[list[RuleSpec], str]:
+    """The rules ``logitwatch serve`` would apply, and where they come from.
+
+    :func:`~.config.configured_rules` of ``settings`` (default: ``Settings()``, i.e. the
+    ``LOGITWATCH_*`` environment) and the YAML file ``path`` (else
+    ``$LOGITWATCH_ALERT_RULES``), then the API rules stored in ``session``'s database.
+
+    Raises:
+        RuleError, OSError, ValueError: the rules file cannot be used.
+    """
+    if settings is None:
+        from logitwatch.server.settings import Settings
+
+        settings = Settings()
+    rules = configured_rules(settings, path)
+    source = "defaults"
+    tuned = sorted(k for k in getattr(settings, "model_fields_set", ())
+                   if k.startswith("alert_") and k != "alert_sample_every")
+    if tuned:
+        source += f" with {', '.join(tuned)}"
+    f = rules_file(path)
+    if f:
+        source += f" + {f}"
+    extra = api_rules(session) if session is not None else []
+    if extra:
+        rules = merge_rules(rules, extra)
+        source += f" + {len(extra)} API rule{'s' if len(extra) > 1 else ''} from the database"
+    n = sum(1 for r in rules if r.enabled)
+    return rules, f"{source}: {n} rule{'s' if n != 1 else ''}"
 
 
 def read_frames(path: str | Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
@@ -65,6 +104,8 @@ def replay(
     *,
     db_url: str | None = None,
     rules: Iterable[RuleSpec] | None = None,
+    settings: Any = None,
+    rules_file: str | None = None,
     batch: int = 16,
     progress: Callable[[int], None] | None = None,
 ) -> ReplayResult:
@@ -73,7 +114,11 @@ def replay(
     Args:
         frames: Frames as sent on the wire.
         db_url: Database to write to (migrated first); default a temporary SQLite file.
-        rules: Rule set (default: the engine's defaults).
+        rules: Rule set, used as given. Default: :func:`replay_rules` (what ``logitwatch
+            serve`` on that database would apply).
+        settings: ``Settings`` for the default rules (default: from the environment).
+        rules_file: YAML rules file for the default rules (default:
+            ``$LOGITWATCH_ALERT_RULES``).
         batch: Frames per ingest transaction (the client sends up to 256).
         progress: Called with the number of frames replayed so far, after each batch.
     """
@@ -84,8 +129,14 @@ def replay(
         try:
             migrate(engine)
             sessions = sessionmaker(engine, expire_on_commit=False)
-            alerts = AlertEngine(rules)
             result = ReplayResult()
+            if rules is None:
+                with session_scope(sessions) as s:
+                    rules, result.rules = replay_rules(settings, path=rules_file, session=s)
+            else:
+                rules = list(rules)
+                result.rules = f"as given: {sum(1 for r in rules if r.enabled)} rules"
+            alerts = AlertEngine(rules)
             run_ids: set[int] = set()
             for i in range(0, len(items), batch):
                 body = IngestIn.model_validate({"frames": items[i:i + batch]})
