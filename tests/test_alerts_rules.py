@@ -83,20 +83,20 @@ CASES = [
      [*FLAT, 5.9, 6.5, 5, 5, 5], [(10, I), (11, F), (14, R)]),
     ("departure-margin-floor", rule("departure", params={"margin": 1.0, "floor": 7.0}),
      [*FLAT, 6.5], [(10, I)]),
-    ("baseline-early", rule("baseline", params={"samples": 5, "factor": 3.0}),
+    ("baseline-early", rule("baseline", params={"first_steps": 50, "factor": 3.0}),
      [2, 2, 2, 2, 2, 3, 4, 5, 7, 8], [(7, I), (8, F)]),
-    ("baseline-below", rule("baseline", params={"samples": 3, "factor": 0.5, "below": True}),
+    ("baseline-below", rule("baseline", params={"first_steps": 30, "min_samples": 3, "factor": 0.5, "below": True}),
      [4, 4, 4, 3, 1.5], [(3, I), (4, F)]),
-    ("trend-p99-8-12-18", rule("trend", params={"window": 4, "min_ratio": 2.0}),
+    ("trend-p99-8-12-18", rule("trend", params={"window": 30, "min_samples": 4, "min_ratio": 2.0}),
      [8, 8.1, 7.9, 8, 8, 12, 18, 27], [(4, I), (5, I), (6, F)]),
-    ("trend-noisy-flat", rule("trend", params={"window": 6}),
+    ("trend-noisy-flat", rule("trend", params={"window": 50}),
      [8, 9, 8, 9, 8, 9, 8, 9, 8, 9], [(9, I)]),
-    ("forecast-fp16", rule("forecast", params={"window": 4, "horizon": 50.0,
+    ("forecast-fp16", rule("forecast", params={"window": 30, "min_samples": 4, "horizon": 50.0,
                                                "critical": 1000.0}),
      [10, 20, 40, 80, 160, 320], [(2, I), (3, F)]),
-    ("forecast-flat-high", rule("forecast", params={"window": 4, "horizon": 500.0}),
+    ("forecast-flat-high", rule("forecast", params={"window": 30, "min_samples": 4, "horizon": 500.0}),
      [3e4] * 8, [(7, I)]),  # high but flat: never on course to cross
-    ("forecast-crossed", rule("forecast", params={"window": 4}), [1, 2, 1, 70000],
+    ("forecast-crossed", rule("forecast", params={"window": 30, "min_samples": 4}), [1, 2, 1, 70000],
      [(3, F)]),
     ("spike-robust-z", rule("spike", params={"z": 6.0, "min_scale": 0.01},
                             keep_firing_for=0),
@@ -108,11 +108,11 @@ CASES = [
      [0.01, 0.011, 0.012, 0.6, 0.6, 0.6, 0.6], [(2, I), (3, F), (6, R)]),
     ("lr-warmup-ramp", rule("lr_jump", "lr", params={"factor": 2.0}),
      [0.001 * (i + 1) for i in range(2, 30)], [(27, I)]),
-    ("entropy-collapse", rule("entropy_collapse", params={"samples": 3, "fraction": 0.25}),
+    ("entropy-collapse", rule("entropy_collapse", params={"first_steps": 30, "min_samples": 3, "fraction": 0.25}),
      [3.0, 3.0, 3.0, 2.5, 0.5], [(3, I), (4, F)]),
-    ("clip-rate-rising", rule("clip_rate", params={"window": 3, "rate": 0.9, "rise": 0.5}),
+    ("clip-rate-rising", rule("clip_rate", params={"window": 30, "rate": 0.9, "rise": 0.5}),
      [0, 0, 0, 0, 0, 0, 1, 1, 1], [(7, I), (8, F)]),
-    ("clip-rate-always-high", rule("clip_rate", params={"window": 3, "rate": 0.9, "rise": 0.5}),
+    ("clip-rate-always-high", rule("clip_rate", params={"window": 30, "rate": 0.9, "rise": 0.5}),
      [1] * 10, [(9, I)]),  # clipping on most steps from the start (a healthy run) is no news
     ("first-loss-ok", rule("first_loss", params={"vocab": 256}), [5.6, 9.0], [(0, I), (1, I)]),
     ("first-loss-far", rule("first_loss", params={"vocab": 256}), [12.0], [(0, F)]),
@@ -201,7 +201,7 @@ def test_loss_jump_says_what_happened() -> None:
 
 
 def test_ratio_bias_refuge() -> None:
-    r = rule("ratio", "qk.q_weight_norm", params={"other": "qk.q_bias_norm", "window": 4,
+    r = rule("ratio", "qk.q_weight_norm", params={"other": "qk.q_bias_norm", "window": 3,
                                                  "min_change": 0.2})
     mem, track = Memory(), Track()
     weights = [10, 9, 8, 7, 6]
@@ -213,7 +213,7 @@ def test_ratio_bias_refuge() -> None:
         if v is not None:
             track.advance(r, i, v)
         states.append(track.state)
-    assert states[2] is I and states[3] is F  # weights -30 %, biases +60 % over 4 samples
+    assert states[2] is I and states[3] is F  # weights -30 %, biases +60 % over 3 steps
 
 
 def test_no_data_series_does_not_evaluate() -> None:
@@ -223,7 +223,7 @@ def test_no_data_series_does_not_evaluate() -> None:
 
 
 def test_trend_records_where_it_left_its_range() -> None:
-    r = rule("trend", params={"window": 4, "min_ratio": 2.0})
+    r = rule("trend", params={"window": 30, "min_samples": 4, "min_ratio": 2.0})
     states = run_states(r, [8, 8, 8, 8, 12, 18, 27, 40])
     assert F in states
 
@@ -250,8 +250,8 @@ def test_robust_stats() -> None:
      "param window must be an integer >= 1"),
     ({"name": "x", "kind": "departure", "metric": "m", "params": {"lag": 2.5}},
      "param lag must be an integer >= 0"),
-    ({"name": "x", "kind": "trend", "metric": "m", "params": {"window": 1}},
-     "param window must be an integer >= 2"),
+    ({"name": "x", "kind": "trend", "metric": "m", "params": {"min_samples": 2}},
+     "param min_samples must be an integer >= 3"),
     ({"name": "x", "kind": "spike", "metric": "m", "params": {"only_unclipped": 1}},
      "param only_unclipped must be true or false"),
     ({"name": "x", "kind": "threshold", "metric": "m", "params": {"op": ">="}},

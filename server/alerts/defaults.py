@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from logitwatch.server.alerts.rules import Downgrade, RuleError, RuleSpec
+from logitwatch.server.alerts.rules import Downgrade, Page, RuleError, RuleSpec
 
 __all__ = ["DEFAULT_RULES", "RULES_ENV", "load_rules_file", "merge_rules"]
 
@@ -23,7 +23,9 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("loss_nonfinite", "nonfinite", "loss", severity="critical", inhibits=True,
              summary="the loss is NaN or infinite: the run has diverged"),
     RuleSpec("loss_jump", "loss_jump", "loss", severity="critical", inhibits=True,
-             params={"z": 8.0, "min_jump": 0.5, "window": 20},
+             params={"z": 8.0, "min_jump": 0.5, "window": 200},
+             page=Page(after=100, note="A loss bump that recovers within 100 steps (a bad "
+                       "batch or data shard) is shown, not paged."),
              summary="the loss jumped far out of its recent range"),
     RuleSpec("grad_nonfinite", "nonfinite", "grad.norm", severity="critical",
              summary="the gradient norm is NaN or infinite"),
@@ -32,19 +34,20 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("lr_change", "lr_jump", "lr", severity="info", params={"factor": 2.0},
              summary="the learning rate changed abruptly between two samples"),
     RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning",
-             params={"z": 10.0, "window": 20, "min_scale": 0.05, "only_unclipped": True},
+             params={"z": 10.0, "window": 200, "min_scale": 0.05, "only_unclipped": True},
+             page=Page(after=10),
              summary="an unclipped gradient spike went straight into the weights"),
-    RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_samples=2,
-             params={"z": 10.0, "window": 20, "min_scale": 0.05},
+    RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_steps=10,
+             params={"z": 10.0, "window": 200, "min_scale": 0.05},
              summary="the gradient norm stayed far above its recent median"),
     RuleSpec("first_loss", "first_loss", "loss", severity="warning",
              summary="the first loss is far from ln(vocab)"),
     # -- the leading signals: attention logits leaving their range -------------------------
     # info: early in training every head's logits leave their initial range (a healthy
     # fp32 run without QK-norm did too); shown on the dashboard and to the job, not paged
-    RuleSpec("attn_logit_rising", "departure", "attn.logit_max", for_samples=3,
+    RuleSpec("attn_logit_rising", "departure", "attn.logit_max", for_steps=20,
              severity="info",
-             params={"factor": 4.0, "floor": 30.0, "window": 20, "lag": 5},
+             params={"factor": 4.0, "floor": 30.0, "window": 200, "lag": 50},
              summary="a head's max attention logit left its own recent range"),
     # warning: the same, once the head has a settled baseline of 20 samples, above 50,
     # where the attention's dtype can overflow (float16, or a job that does not say);
@@ -53,47 +56,47 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # runaway logits saturate softmax and the run loses ground slowly (of the recorded
     # wide-dtype runs with a departure, 8 diverged, 7 ended 0.39-0.76 nat above their best,
     # 2 healthy ones rose at most 0.19: docs/ALERTS.md, Evidence)
-    RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_samples=3,
-             params={"factor": 4.0, "floor": 50.0, "window": 20, "lag": 5,
-                     "min_history": 20},
+    RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_steps=20,
+             params={"factor": 4.0, "floor": 50.0, "window": 200, "lag": 50,
+                     "min_history": 200},
              downgrade=Downgrade(
                  to="info", metric="attn.dtype_max", above=65504.0, loss_rise=0.25,
-                 loss_window=10,
+                 loss_window=100,
                  note="In a wide dtype logits leaving their range tend to saturate softmax "
                  "and stall learning rather than overflow: consider QK-norm or QK-clip."),
              summary="a head's max attention logit left its settled range"),
     RuleSpec("attn_logit_forecast", "forecast", "attn.logit_max", over="max",
-             for_samples=2, params={"critical": 65504.0, "window": 10, "horizon": 400.0,
-                                    "floor": 100.0},
+             for_steps=10, params={"critical": 65504.0, "window": 90, "horizon": 400.0,
+                                   "floor": 100.0},
              summary="the max attention logit is on course to overflow float16 (65504)"),
-    RuleSpec("attn_p99_trend", "trend", "attn.logit_p99", for_samples=2, severity="info",
-             params={"window": 8, "min_tau": 0.7, "min_ratio": 2.0, "floor": 10.0},
+    RuleSpec("attn_p99_trend", "trend", "attn.logit_p99", for_steps=10, severity="info",
+             params={"window": 70, "min_tau": 0.7, "min_ratio": 2.0, "floor": 10.0},
              summary="a head's p99 attention logit keeps climbing"),
     RuleSpec("attn_entropy_collapse", "entropy_collapse", "attn.entropy_mean", severity="info",
-             for_samples=3, params={"samples": 10, "fraction": 0.25},
+             for_steps=20, params={"first_steps": 100, "fraction": 0.25},
              summary="a head's attention entropy collapsed toward one-hot"),
     # -- output side ------------------------------------------------------------------------
-    RuleSpec("final_rms_departure", "departure", "final.hidden_rms", for_samples=3,
-             params={"factor": 3.0, "floor": 0.0, "window": 20, "lag": 5},
+    RuleSpec("final_rms_departure", "departure", "final.hidden_rms", for_steps=20,
+             params={"factor": 3.0, "floor": 0.0, "window": 200, "lag": 50},
              summary="the final hidden RMS left its own recent range"),
     # log Z is already a logarithm: a fixed distance, 1 nat (Z grown e-fold over its recent
     # median), not a ratio, once settled (20 samples: log Z moves a few nats while a model
     # first learns); healthy recorded runs then moved at most 0.6 nat, output drift 15
-    RuleSpec("final_logz_departure", "departure", "final.logz", for_samples=3,
-             params={"margin": 1.0, "floor": 0.0, "window": 20, "lag": 5,
-                     "min_history": 20},
+    RuleSpec("final_logz_departure", "departure", "final.logz", for_steps=20,
+             params={"margin": 1.0, "floor": 0.0, "window": 200, "lag": 50,
+                     "min_history": 200},
              summary="the output log-normaliser log Z rose a nat (e-fold) above its recent "
              "range"),
     # -- slower, informational ----------------------------------------------------------------
     RuleSpec("clip_rate_rising", "clip_rate", "grad.clipped", severity="info",
-             params={"window": 10, "rate": 0.9, "rise": 0.6},
+             params={"window": 100, "rate": 0.9, "rise": 0.6},
              summary="gradient clipping went from rare to nearly every step"),
     RuleSpec("q_bias_refuge", "ratio", "qk.q_weight_norm", severity="warning",
-             params={"other": "qk.q_bias_norm", "window": 10, "min_change": 0.2},
+             params={"other": "qk.q_bias_norm", "window": 100, "min_change": 0.2},
              summary="a head's W_q norm falls while its q bias norm rises (QK-clip's bias "
              "refuge)"),
     RuleSpec("k_bias_refuge", "ratio", "qk.k_weight_norm", severity="warning",
-             params={"other": "qk.k_bias_norm", "window": 10, "min_change": 0.2},
+             params={"other": "qk.k_bias_norm", "window": 100, "min_change": 0.2},
              summary="a head's W_k norm falls while its k bias norm rises (QK-clip's bias "
              "refuge)"),
     RuleSpec("no_data", "no_data", "*", severity="warning", params={"seconds": 600.0},

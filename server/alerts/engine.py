@@ -71,6 +71,12 @@ Cell = tuple[int | None, int | None]  # (layer, head), (None, None) for a run-le
 Key = tuple[str, int, int, int | None, int | None]  # rule, run_id, rank, layer, head
 
 RESTORE_FRAMES = 400  # frames of history replayed to rebuild state after a restart
+#: Per-head statistics are judged at most once every this many steps (what the frames in
+#: between held is folded in: max, or min for entropies): a job that samples every step
+#: costs the engine what one sampling every 10 steps does, and per-head windows (in steps)
+#: hold the same number of samples at any interval up to this one.
+HEAD_EVERY = 10
+LOSS_MIN_SAMPLES = 5  # the fewest loss samples a downgrade's loss median is taken over
 MAX_BREACHES = 20  # re-breaches within a hold kept in an alert's evidence (the newest)
 PAGING = ("warning", "critical")  # severities that page: an alert's paged_step
 
@@ -107,30 +113,50 @@ class _Pending:
     transition: Transition
     severity: str = ""  # the alert's severity when it fires (a downgrade may lower it)
     downgraded: dict[str, object] | None = None  # why, when it was lowered
+    unpaged: dict[str, object] | None = None  # what would page it, while its Page holds it
 
 
 @dataclass(slots=True)
 class _LossRise:
-    """How far the loss's recent median sits above its best such median (a run's
-    loss-side harm, for :class:`~.rules.Downgrade`)."""
+    """How far the median of the loss over the last ``span`` steps sits above the lowest
+    such median of the run (a run's loss-side harm, for :class:`~.rules.Downgrade`). At a
+    wide sampling interval without every-step history the median takes the newest
+    :data:`LOSS_MIN_SAMPLES` samples; it counts once the run has ``span`` steps of loss."""
 
-    recent: deque[float]
+    span: int
+    recent: deque[tuple[int, float]] = field(default_factory=deque)
+    first: int | None = None
     best: float = math.inf
     rise: float = 0.0
 
-    def push(self, v: float | None) -> None:
+    def push(self, step: int, v: float | None) -> None:
         if v is None:
             return
         if not math.isfinite(v):
             self.rise = math.inf  # a non-finite loss is harm
             return
-        self.recent.append(v)
-        if len(self.recent) == self.recent.maxlen:
-            m = median(self.recent)
+        if self.first is None:
+            self.first = step
+        self.recent.append((step, v))
+        while (len(self.recent) > LOSS_MIN_SAMPLES
+               and self.recent[0][0] <= step - self.span):
+            self.recent.popleft()
+        if len(self.recent) >= LOSS_MIN_SAMPLES and step - self.first >= self.span - 1:
+            m = median(x for _, x in self.recent)
             self.best = min(self.best, m)
             self.rise = m - self.best
         else:
             self.rise = 0.0
+
+
+@dataclass(slots=True)
+class _Thin:
+    """Per-head statistics of one (run, rank) waiting to be judged: the engine judges them
+    at most once every ``head_every`` steps, on what the frames since the last judgement
+    held at their worst (max of maxima, min of entropies)."""
+
+    last: int | None = None
+    acc: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -149,9 +175,12 @@ class AlertEngine:
             every cell through its detector (the reference the screens must equal).
     """
 
-    def __init__(self, rules: Iterable[RuleSpec] | None = None, *, screen: bool = True) -> None:
+    def __init__(self, rules: Iterable[RuleSpec] | None = None, *, screen: bool = True,
+                 head_every: int = HEAD_EVERY) -> None:
         self._rules: list[RuleSpec] = list(DEFAULT_RULES if rules is None else rules)
         self._screen = screen
+        self._head_every = max(1, int(head_every))
+        self._thin: dict[tuple[int, int], _Thin] = {}
         self._loss: dict[tuple[int, int, int], _LossRise] = {}  # run_id, rank, window
         self._down: dict[tuple[int, int], _Down] = {}  # open downgraded alerts
         self._mem: dict[Key, Memory] = {}
@@ -172,6 +201,7 @@ class AlertEngine:
         with self._lock:
             self._rules = list(rules)
             self._loss.clear()
+            self._thin.clear()
             self._down.clear()
             self._mem.clear()
             self._tracks.clear()
@@ -202,7 +232,8 @@ class AlertEngine:
 
     # -- downgrade -------------------------------------------------------------------------
 
-    def _track_loss(self, run_id: int, rank: int, scalars: dict[str, float]) -> None:
+    def _track_loss(self, run_id: int, rank: int, step: int,
+                    scalars: dict[str, float]) -> None:
         """Advance the loss-rise trackers the rules' downgrades read (every frame)."""
         loss = scalars.get("loss")
         seen: set[tuple[int, int, int]] = set()
@@ -216,8 +247,8 @@ class AlertEngine:
             seen.add(key)
             lr = self._loss.get(key)
             if lr is None:
-                lr = self._loss[key] = _LossRise(deque(maxlen=d.loss_window))
-            lr.push(None if loss is None else float(loss))
+                lr = self._loss[key] = _LossRise(d.loss_window)
+            lr.push(step, None if loss is None else float(loss))
 
     def _downgrade(self, rule: RuleSpec, run_id: int, rank: int,
                    fv: FrameView) -> dict[str, object] | None:
@@ -226,10 +257,13 @@ class AlertEngine:
         if d is None:
             return None
         x = fv.get(d.metric)
-        if x is None or not x > d.above:
+        capped = d.capped_metric is not None and d.capped_metric in fv.heads
+        if not capped and (x is None or not x > d.above):
             return None  # no word on the dtype, or one that can overflow: as severe as ever
         why: dict[str, object] = {"from": rule.severity, "to": d.to, "metric": d.metric,
                                   "value": _json(x), "above": d.above}
+        if capped:
+            why["capped_metric"] = d.capped_metric
         if d.loss_rise is not None:
             lr = self._loss.get((run_id, rank, d.loss_window))
             rise = 0.0 if lr is None else lr.rise
@@ -242,34 +276,49 @@ class AlertEngine:
         return why
 
     def _escalate(self, session: Session, f: NewFrame) -> list[Alert]:
-        """Raise the open downgraded alerts of (run, rank) whose downgrade no longer holds."""
+        """Raise the open alerts of (run, rank) stored below their rule's severity once
+        neither holds them any longer: the downgrade (re-judged on frames that carry
+        per-head statistics, where the job says its dtype) and the page policy (judged on
+        the rule's newest breach)."""
         down = self._down[(f.run_id, f.rank)]
         fv = FrameView(f.scalars, f.heads)
         rules = {r.name: r for r in self._rules}
         out: list[Alert] = []
         for name, layer in sorted(down.keys, key=lambda k: (k[0], k[1] is not None, k[1] or 0)):
             rule = rules.get(name)
-            if rule is not None and self._downgrade(rule, f.run_id, f.rank, fv) is not None:
-                continue
-            down.keys.discard((name, layer))
             a = self._open_alert(session, f.run_id, f.rank, name, layer)
             if rule is None or a is None or a.severity == rule.severity:
+                down.keys.discard((name, layer))
                 continue
+            ev = dict(a.evidence or {})
+            reasons: list[str] = []
             d = rule.downgrade
-            assert d is not None
-            x = fv.get(d.metric)
-            if x is None or not x > d.above:
-                because = (f"{d.metric} = {_fmt(x)}" if x is not None else
-                           f"the job no longer sends {d.metric}")
-            else:
-                lr = self._loss.get((f.run_id, f.rank, d.loss_window))
-                rise = math.inf if lr is None else lr.rise
-                because = (f"the loss (median of its last {d.loss_window} samples) rose "
-                           f"{_fmt(rise)} nats above its best")
+            if d is not None and "downgraded" in ev and not ev.get("downgrade_lifted"):
+                if not f.heads or self._downgrade(rule, f.run_id, f.rank, fv) is not None:
+                    continue  # still lowered (or a frame that cannot say)
+                x = fv.get(d.metric)
+                if x is None or not x > d.above:
+                    because = (f"{d.metric} = {_fmt(x)}" if x is not None else
+                               f"the job no longer sends {d.metric}")
+                else:
+                    lr = self._loss.get((f.run_id, f.rank, d.loss_window))
+                    rise = math.inf if lr is None else lr.rise
+                    because = (f"the loss (median of its last {d.loss_window} steps) rose "
+                               f"{_fmt(rise)} nats above its best")
+                ev["downgrade_lifted"] = f.step
+                reasons.append(because)
+            if "page" in ev and not ev.get("page_due"):
+                due = self._page_due(rule, f.run_id, f.rank, a, f.step)
+                if due is None:
+                    a.evidence = ev
+                    continue  # not persisted yet
+                ev["page_due"] = f.step
+                reasons.append(due)
+            down.keys.discard((name, layer))
+            because = "; ".join(reasons) or "its condition held"
             a.severity = rule.severity
             if a.paged_step is None and rule.severity in PAGING:
                 a.paged_step = f.step
-            ev = dict(a.evidence)
             ev.update(escalated_step=f.step, escalated_because=because)
             a.evidence = ev
             a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
@@ -279,17 +328,43 @@ class AlertEngine:
                 out.append(a)
         return out
 
+    def _page_due(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,
+                  step: int) -> str | None:
+        """Why the alert ``a``, held back by ``rule.page``, pages now (its cells breach at
+        ``step`` and have persisted, or forecast a crossing close enough), else None."""
+        pg = rule.page
+        if pg is None:
+            return "its condition held"
+        if a.layer is None:
+            tracks = [self._tracks.get((rule.name, run_id, rank, None, None))]
+        else:
+            c = self._cells_of.get((rule.name, run_id, rank))
+            tracks = [(c.tracks.get((a.layer, h)) if c is not None else
+                       self._tracks.get((rule.name, run_id, rank, a.layer, h)))
+                      for h in (a.heads or [])]
+        for t in tracks:
+            if t is None or t.last_breach is None or t.last_breach[0] != step:
+                continue
+            if pg.after is not None and step - a.started_step >= pg.after:
+                return (f"it persisted {step - a.started_step} steps (since step "
+                        f"{a.started_step})")
+            eta = t.last_breach[1].evidence.get("eta_steps")
+            if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
+                return f"the crossing is now ~{eta} steps away"
+        return None
+
     def _cells(self, rule: RuleSpec, scalars: dict[str, float],
                heads: dict[str, list[list[float]]],
                arrays: dict[str, np.ndarray]) -> list[tuple[Cell, float]]:
         if rule.metric in scalars:
             return [((None, None), float(scalars[rule.metric]))]
-        m = heads.get(rule.metric)
+        metric = _judged_metric(rule, heads)
+        m = heads.get(metric)
         if m is None:
             return []
         if rule.over == "cell":
             return [((li, hi), float(x)) for li, row in enumerate(m) for hi, x in enumerate(row)]
-        a = _matrix(arrays, heads, rule.metric)
+        a = _matrix(arrays, heads, metric)
         if a is None:  # not a plain matrix: as the per-cell path always did
             flat = [float(x) for row in m for x in row]
             if not flat:
@@ -303,11 +378,35 @@ class AlertEngine:
             return [((None, None), math.nan)]
         return [((None, None), float(a.max() if rule.over == "max" else a.min()))]
 
+    def _thinned(self, run_id: int, rank: int, step: int,
+                 heads: dict[str, list[list[float]]]) -> dict[str, list[list[float]]]:
+        """The per-head statistics to judge on this frame: none until ``head_every`` steps
+        have passed since the last judgement (the frames in between are folded in)."""
+        if not heads or self._head_every <= 1:
+            return heads
+        th = self._thin.get((run_id, rank))
+        if th is None:
+            th = self._thin[(run_id, rank)] = _Thin()
+        try:
+            arrays = {k: np.asarray(m, dtype=float) for k, m in heads.items()}
+        except (TypeError, ValueError):
+            return heads  # not plain matrices: judged as they are
+        if any(a.ndim != 2 for a in arrays.values()):
+            return heads
+        for k, a in arrays.items():
+            th.acc[k] = _fold(k, th.acc.get(k), a)
+        if th.last is not None and th.last <= step < th.last + self._head_every:
+            return {}
+        th.last = step
+        out, th.acc = th.acc, {}
+        return out  # type: ignore[return-value]
+
     def _advance(self, run_id: int, rank: int, step: int, scalars: dict[str, float],
                  heads: dict[str, list[list[float]]]) -> list[_Pending]:
         """Run every rule over one frame; return the transitions, grouped per layer."""
         fv = FrameView(scalars, heads)
-        self._track_loss(run_id, rank, scalars)
+        self._track_loss(run_id, rank, step, scalars)
+        heads = self._thinned(run_id, rank, step, heads)
         arrays: dict[str, np.ndarray] = {}
         out: list[_Pending] = []
         for rule in self._rules:
@@ -328,6 +427,9 @@ class AlertEngine:
                 if p.downgraded is not None:
                     assert p.rule.downgrade is not None
                     p.severity = p.rule.downgrade.to
+                p.unpaged = _unpaged(p.rule, p.transition)
+                if p.unpaged is not None:
+                    p.severity = "info"
         return out
 
     def _advance_rule(self, rule: RuleSpec, run_id: int, rank: int, step: int,
@@ -346,7 +448,7 @@ class AlertEngine:
             key = (rule.name, run_id, rank, *cell)
             mem = self._mem.get(key)
             if mem is None:
-                mem = self._mem[key] = Memory()
+                mem = self._mem[key] = Memory() if cell[0] is None else Memory.per_head()
             verdict = kind.detect(rule, mem, step, value, fv, cell)
             if verdict is not None:
                 track = self._tracks.get(key)
@@ -477,6 +579,12 @@ class AlertEngine:
         down = self._down.get((f.run_id, f.rank))
         if down is not None:
             down.keys.discard((p.rule.name, p.layer))
+        ev = a.evidence or {}
+        if "page" in ev and a.paged_step is None and p.rule.severity != a.severity:
+            # held back by its Page and cleared first: a bump that recovered
+            a.evidence = {**ev, "recovered": True, "recovered_step": p.transition.step}
+            a.message = (f"{a.message} Recovered at step {p.transition.step} without "
+                         f"paging.")
         return a
 
     def _inhibited(self, session: Session, run_id: int, rank: int) -> str | None:
@@ -529,6 +637,10 @@ class AlertEngine:
             ev["downgraded"] = p.downgraded
             message += _downgrade_text(p.downgraded)
             self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((rule.name, p.layer))
+        if p.unpaged is not None:
+            ev["page"] = p.unpaged
+            message += _page_text(p.unpaged, rule.severity)
+            self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((rule.name, p.layer))
         fin = v.value if math.isfinite(v.value) else None
         a = Alert(
             run_id=f.run_id, rule=rule.name, metric=rule.metric,
@@ -566,21 +678,30 @@ class AlertEngine:
         ).all()
         if not metrics:
             return
+        # the newest sampled frames, and every step's scalars (history rows, seq < 0) since
+        # the oldest of them
         frames = session.execute(
             select(Frame.id, Frame.step).where(Frame.run_id == run_id, Frame.rank == rank,
-                                               Frame.step < before_step)
+                                               Frame.step < before_step, Frame.seq >= 0)
             .order_by(Frame.step.desc()).limit(RESTORE_FRAMES)
         ).all()
         if not frames:
             return
+        history = session.execute(
+            select(Frame.id, Frame.step).where(Frame.run_id == run_id, Frame.rank == rank,
+                                               Frame.step < before_step, Frame.seq < 0,
+                                               Frame.step >= frames[-1].step)
+        ).all()
+        frames = sorted([*frames, *history], key=lambda r: r.step, reverse=True)
         by_id = {m.id: m for m in metrics}
         values: dict[int, tuple[dict[str, float], dict[str, list[list[float]]]]] = {
             fid: ({}, {}) for fid, _ in frames
         }
-        rows = session.execute(
+        ids = list(values)
+        rows = [row for i in range(0, len(ids), 5000) for row in session.execute(
             select(Point.frame_id, Point.metric_id, Point.data)
-            .where(Point.frame_id.in_(list(values)), Point.metric_id.in_(list(by_id)))
-        ).all()
+            .where(Point.frame_id.in_(ids[i:i + 5000]), Point.metric_id.in_(list(by_id)))
+        ).all()]
         for fid, mid, data in rows:
             m = by_id[mid]
             arr = np.frombuffer(data, dtype="<f4").astype(float)
@@ -597,7 +718,7 @@ class AlertEngine:
         firing = {(a.rule, a.layer): a for a in open_alerts}
         severity = {r.name: r.severity for r in self._rules}
         down = _Down({(a.rule, a.layer) for a in open_alerts
-                      if "downgraded" in (a.evidence or {})
+                      if ("downgraded" in (a.evidence or {}) or "page" in (a.evidence or {}))
                       and a.severity != severity.get(a.rule, a.severity)})
         if down.keys:
             self._down[(run_id, rank)] = down
@@ -691,6 +812,25 @@ class AlertEngine:
         return [a for a in rows if a.suppressed is None]
 
 
+def _judged_metric(rule: RuleSpec, heads: dict[str, list[list[float]]]) -> str:
+    """The per-head series a rule reads on this frame: its metric, or for a forecast the
+    soft-capped scores (``capped_metric``) where the frame has them: overflow is judged on
+    what the softmax receives."""
+    if rule.kind == "forecast":
+        capped = rule.param("capped_metric")
+        if capped and capped in heads:
+            return str(capped)
+    return rule.metric
+
+
+def _fold(name: str, acc: np.ndarray | None, a: np.ndarray) -> np.ndarray:
+    """Fold one frame's matrix into what waits to be judged: its worst (the max, or the min
+    of an entropy); the newest for q/k norms and for a matrix whose shape changed."""
+    if acc is None or acc.shape != a.shape or name.startswith("qk."):
+        return a
+    return np.minimum(acc, a) if "entropy" in name else np.maximum(acc, a)
+
+
 def _group(groups: dict[tuple[State, bool, int | None], _Pending], rule: RuleSpec,
            cell: Cell, t: Transition) -> None:
     """Add a cell's transition to its layer's group (one alert per rule and layer)."""
@@ -744,6 +884,33 @@ def _reopen(a: Alert, p: _Pending) -> None:
         ev["active_heads"] = sorted(set(active) | set(p.heads))
         a.heads = list(a.heads or []) + [h for h in p.heads if h not in (a.heads or [])]
     a.evidence = ev
+
+
+def _unpaged(rule: RuleSpec, t: Transition) -> dict[str, object] | None:
+    """What would page a firing alert that its rule's :class:`~.rules.Page` holds back at
+    ``info`` on the firing sample, or None when it pages at once."""
+    pg = rule.page
+    if pg is None or rule.severity == "info":
+        return None
+    if pg.after is not None and t.step - t.started_step >= pg.after:
+        return None
+    eta = t.verdict.evidence.get("eta_steps")
+    if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
+        return None
+    return {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note}
+
+
+def _page_text(why: dict[str, object], severity: str) -> str:
+    """What an alert held back by its page policy adds to its message."""
+    if why.get("after") is not None and why.get("eta_within") is not None:
+        cond = (f"if it persists {why['after']} steps or the crossing comes within "
+                f"{why['eta_within']} steps")
+    elif why.get("after") is not None:
+        cond = f"if it persists {why['after']} steps"
+    else:
+        cond = f"once the crossing is within {why['eta_within']} steps"
+    note = why.get("note")
+    return f" Info for now: it becomes a {severity} {cond}." + (f" {note}" if note else "")
 
 
 def _downgrade_text(why: dict[str, object]) -> str:

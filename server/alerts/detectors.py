@@ -1,0 +1,559 @@
+"""How each rule kind judges one sample of one cell, and the lifecycle of a cell's alert.
+
+Everything here is pure: no clock, no I/O, no database. A *detector* (one per rule kind)
+looks at one series cell (a scalar, one layer/head of a per-head metric, or the max over
+all heads) one sample at a time, with a small :class:`Memory` of that cell's past, and
+returns a :class:`Verdict` (breach or not, plus evidence) or ``None`` when it cannot judge
+yet (no data, too little history). :class:`Track` is the lifecycle (pending, firing,
+resolved).
+
+Windows are in **steps** (see :mod:`.spec`): :func:`window` takes the samples of a span of
+steps, widened to the newest ``min_samples`` when the span holds fewer (a wide sampling
+interval), so a rule means the same whether the job sends every step or one in 40.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from statistics import median
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from logitwatch.server.alerts.spec import RuleSpec
+
+__all__ = ["DETECTORS", "KINDS", "FrameView", "Kind", "Memory", "State", "Track", "Transition",
+           "Verdict", "kendall_tau", "mad", "theil_sen", "window"]
+
+FP16_MAX = 65504.0
+#: Samples a scalar cell keeps: every step of the longest default window (and twice a
+#: clip-rate window), when the job sends every step's scalars.
+SCALAR_KEEP = 1024
+#: Samples a per-head cell keeps (the engine judges per-head statistics at most once every
+#: few steps, so 64 samples cover several hundred steps).
+RECENT_MAX = 64
+EARLY_MAX = 32  # the first finite samples every cell keeps (its early baseline)
+
+
+class State(str, Enum):
+    INACTIVE = "inactive"
+    PENDING = "pending"
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+# -- per-cell memory, verdicts, lifecycle ---------------------------------------------------
+
+
+@dataclass(slots=True)
+class Memory:
+    """What a detector remembers about one cell: recent finite samples and the first ones,
+    as (step, value)."""
+
+    recent: deque[tuple[int, float]] = field(
+        default_factory=lambda: deque(maxlen=SCALAR_KEEP))
+    early: list[tuple[int, float]] = field(default_factory=list)
+    last: tuple[int, float] | None = None
+    seen: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def per_head(cls) -> Memory:
+        """The memory of one layer/head cell (as many samples as the engine's arrays)."""
+        return cls(recent=deque(maxlen=RECENT_MAX))
+
+    def push(self, step: int, value: float, keep_early: int = EARLY_MAX) -> None:
+        self.seen += 1
+        self.last = (step, value)
+        if math.isfinite(value):
+            self.recent.append((step, value))
+            if len(self.early) < keep_early:
+                self.early.append((step, value))
+
+    @property
+    def first_step(self) -> int | None:
+        """Step of the cell's first finite sample."""
+        return self.early[0][0] if self.early else None
+
+
+def window(m: Memory, step: int, lag: int, span: int, min_samples: int) -> list[tuple[int, float]]:
+    """The samples of the ``span`` steps before ``step - lag`` (steps ``s`` with
+    ``step - lag - span <= s < step - lag``), oldest first; when they are fewer than
+    ``min_samples``, the newest ``min_samples`` samples before ``step - lag`` instead."""
+    end = step - lag
+    eligible = [p for p in m.recent if p[0] < end]
+    inside = [p for p in eligible if p[0] >= end - span]
+    if len(inside) >= min_samples:
+        return inside
+    return eligible[-min_samples:] if min_samples > 0 else inside
+
+
+def first_window(m: Memory, span: int, min_samples: int) -> list[float]:
+    """The cell's first samples: those within ``span`` steps of its first one, or its
+    first ``min_samples`` when they are fewer; [] while it has fewer than that."""
+    if len(m.early) < min_samples:
+        return []
+    start = m.early[0][0]
+    inside = [x for s, x in m.early if s < start + span]
+    return inside if len(inside) >= min_samples else [x for _, x in m.early[:min_samples]]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One judgement: ``breach`` or not, with what it was judged on."""
+
+    breach: bool
+    value: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+    baseline: float | None = None
+    limit: float | None = None
+    left_step: int | None = None  # where the series first left its range, if known
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A change of an alert: ``firing`` (new, or ``reopened``: a breach within the hold
+    of a firing alert, which updates that alert) or ``resolved``."""
+
+    state: State
+    step: int
+    started_step: int
+    verdict: Verdict
+    reopened: bool = False
+
+
+@dataclass(slots=True)
+class Track:
+    """Lifecycle of one (rule, run, rank, cell): inactive -> pending -> firing -> resolved.
+
+    Pending turns firing once the breach has lasted ``rule.for_samples`` samples and
+    ``rule.for_steps`` steps. Firing resolves once the condition has been clear for
+    ``rule.resolve_after`` samples and ``rule.hold`` steps (from the first clear sample,
+    ``clear_since``); a breach before that keeps the alert firing and returns a
+    ``reopened`` transition (one episode, one alert). ``last_breach`` is the newest breaching
+    verdict and its step (what a :class:`~.spec.Page` policy reads).
+    """
+
+    state: State = State.INACTIVE
+    streak: int = 0
+    calm: int = 0
+    started_step: int = 0
+    clear_since: int | None = None
+    streak_from: int = 0
+    last_breach: tuple[int, Verdict] | None = None
+
+    def advance(self, rule: RuleSpec, step: int, v: Verdict) -> Transition | None:
+        if v.breach:
+            reopened = self.state is State.FIRING and self.calm > 0
+            self.calm = 0
+            self.clear_since = None
+            self.streak += 1
+            self.last_breach = (step, v)
+            if self.streak == 1:
+                self.streak_from = step
+                if self.state is not State.FIRING:
+                    self.started_step = v.left_step if v.left_step is not None else step
+                    self.state = State.PENDING
+            if (self.state is State.PENDING and self.streak >= rule.for_samples
+                    and step - self.streak_from >= rule.for_steps):
+                self.state = State.FIRING
+                return Transition(State.FIRING, step, self.started_step, v)
+            if reopened:
+                return Transition(State.FIRING, step, self.started_step, v, reopened=True)
+            return None
+        self.streak = 0
+        if self.state is State.PENDING:
+            self.state = State.INACTIVE
+        elif self.state is State.FIRING:
+            self.calm += 1
+            if self.clear_since is None or step < self.clear_since:  # (a job restarted
+                self.clear_since = step  # from an earlier checkpoint counts from there)
+            if self.calm >= rule.resolve_after and step - self.clear_since >= rule.hold:
+                self.state = State.RESOLVED
+                self.clear_since = None
+                return Transition(State.RESOLVED, step, self.started_step, v)
+        return None
+
+
+class FrameView:
+    """Read access to the other series of the sample being judged."""
+
+    def __init__(self, scalars: Mapping[str, float],
+                 heads: Mapping[str, list[list[float]]]) -> None:
+        self.scalars = scalars
+        self.heads = heads
+
+    def get(self, metric: str, layer: int | None = None, head: int | None = None) -> float | None:
+        if layer is None:
+            v = self.scalars.get(metric)
+            return None if v is None else float(v)
+        m = self.heads.get(metric)
+        try:
+            return None if m is None else float(m[layer][head])  # type: ignore[index]
+        except (IndexError, TypeError):
+            return None
+
+
+# -- robust statistics ------------------------------------------------------------------------
+
+
+def theil_sen(xs: list[float], ys: list[float]) -> float:
+    """Median of pairwise slopes (robust to a few outliers)."""
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
+              for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    return median(slopes) if slopes else 0.0
+
+
+def kendall_tau(ys: list[float]) -> float:
+    """Mann-Kendall score normalised to [-1, 1]: +1 when every sample exceeds all before it."""
+    n = len(ys)
+    if n < 2:
+        return 0.0
+    s = sum((ys[j] > ys[i]) - (ys[j] < ys[i]) for i in range(n) for j in range(i + 1, n))
+    return s / (n * (n - 1) / 2)
+
+
+def mad(values: list[float], center: float) -> float:
+    return median([abs(v - center) for v in values])
+
+
+# -- detectors ----------------------------------------------------------------------------------
+
+Detect = Callable[["RuleSpec", Memory, int, float, FrameView, tuple[int | None, int | None]],
+                  "Verdict | None"]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A rule kind: its detector, parameter defaults, whether breaching samples are kept
+    out of the cell's memory (so a climb cannot become its own baseline), and its default
+    hold in steps (``RuleSpec.keep_firing_for``): how long its condition must stay clear
+    before a firing alert resolves."""
+
+    detect: Detect
+    defaults: Mapping[str, Any]
+    hold_breaches: bool = False
+    keep_firing_for: int = 100
+
+
+def _threshold(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    if not math.isfinite(v):
+        return None
+    limit = float(r.param("value"))
+    breach = v < limit if r.param("op") == "<" else v > limit
+    return Verdict(breach, v, {"value": v, "limit": limit, "op": r.param("op")}, limit=limit)
+
+
+def _nonfinite(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    return Verdict(not math.isfinite(v), v, {"value": str(v)})
+
+
+def _early_base(r: RuleSpec, m: Memory) -> float | None:
+    first = first_window(m, int(r.param("first_steps")), int(r.param("min_samples")))
+    return median(first) if first else None
+
+
+def _baseline(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+              cell: tuple[int | None, int | None]) -> Verdict | None:
+    base = _early_base(r, m)
+    if base is None:
+        return None
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v), "baseline": base}, baseline=base)
+    if r.param("below"):
+        limit = base * float(r.param("factor"))
+        breach = v < limit
+    else:
+        limit = max(float(r.param("floor")), base * float(r.param("factor")))
+        breach = v > limit
+    return Verdict(breach, v, {"value": v, "baseline": base, "limit": limit,
+                               "ratio": v / base if base else None},
+                   baseline=base, limit=limit)
+
+
+def _entropy_collapse(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+                      cell: tuple[int | None, int | None]) -> Verdict | None:
+    base = _early_base(r, m)
+    if base is None or not math.isfinite(v):
+        return None
+    limit = base * float(r.param("fraction"))
+    return Verdict(v < limit, v, {"value": v, "baseline": base, "limit": limit},
+                   baseline=base, limit=limit)
+
+
+def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    lag = int(r.param("lag"))
+    past = window(m, step, lag, int(r.param("window")), int(r.param("min_samples")))
+    first = m.first_step
+    if (len(past) < int(r.param("min_samples")) or first is None
+            or first > step - lag - int(r.param("min_history"))):
+        return None
+    base = median(x for _, x in past)
+    limit = float(departure_limit(r, base))
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v), "baseline": base, "limit": limit},
+                       baseline=base, limit=limit)
+    breach = v > limit
+    if r.param("margin") is not None:
+        how: dict[str, Any] = {"above_baseline": v - base}
+    else:
+        how = {"ratio": v / base if base else None}
+    return Verdict(breach, v, {"value": v, "baseline": base, "limit": limit, **how},
+                   baseline=base, limit=limit)
+
+
+def departure_limit(r: RuleSpec, base: Any) -> Any:
+    """A departure's limit from its baseline (a float or an array of them): ``factor`` x
+    the baseline, or with ``margin`` set the baseline + ``margin`` (for a series that is
+    already a logarithm, such as log Z, where a fixed distance is a fixed ratio of the
+    underlying quantity); at least ``floor``, at most ``ceiling``."""
+    import numpy as np
+
+    margin = r.param("margin")
+    if margin is not None:
+        limit = np.maximum(float(r.param("floor")), base + float(margin))
+    else:
+        limit = np.maximum(float(r.param("floor")), float(r.param("factor")) * base)
+    if r.param("ceiling") is not None:
+        limit = np.minimum(limit, float(r.param("ceiling")))
+    return limit
+
+
+def _log_series(r: RuleSpec, m: Memory, step: int, v: float
+                ) -> tuple[list[float], list[float]]:
+    """The positive samples of the last ``window`` steps, this one included (at least the
+    newest ``min_samples``), as (steps, log values)."""
+    past = window(m, step, 0, int(r.param("window")), int(r.param("min_samples")) - 1)
+    pts = [(s, x) for s, x in [*past, (step, v)] if x > 0]
+    return [float(s) for s, _ in pts], [math.log(x) for _, x in pts]
+
+
+def _trend(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+           cell: tuple[int | None, int | None]) -> Verdict | None:
+    if not math.isfinite(v):
+        return None
+    xs, ys = _log_series(r, m, step, v)
+    if len(xs) < int(r.param("min_samples")):
+        return None
+    slope = theil_sen(xs, ys)
+    tau = kendall_tau(ys)
+    growth = math.exp(slope * (xs[-1] - xs[0]))
+    breach = (tau >= float(r.param("min_tau")) and growth >= float(r.param("min_ratio"))
+              and v >= float(r.param("floor")))
+    doubling = math.log(2) / slope if slope > 0 else None
+    return Verdict(breach, v, {"value": v, "slope_log_per_step": slope, "kendall_tau": tau,
+                               "growth_over_window": growth, "window_from_step": int(xs[0]),
+                               "doubling_steps": doubling},
+                   left_step=int(xs[0]) if breach else None)
+
+
+def _forecast(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+              cell: tuple[int | None, int | None]) -> Verdict | None:
+    critical = float(r.param("critical"))
+    known = fv.get(str(r.param("critical_metric"))) if r.param("critical_metric") else None
+    if known is not None and math.isfinite(known) and known > 0:
+        critical = known  # the job said where its attention overflows (its dtype's max)
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v), "critical": critical, "eta_steps": 0},
+                       limit=critical)
+    xs, ys = _log_series(r, m, step, v)
+    if len(xs) < int(r.param("min_samples")):
+        return None
+    slope = theil_sen(xs, ys)
+    # the level the trend line reaches now (robust to the newest sample's noise)
+    level = median(y - slope * x for x, y in zip(xs, ys, strict=True)) + slope * step
+    if v >= critical:
+        eta: float | None = 0.0
+    elif slope <= 0:
+        eta = None
+    else:
+        eta = max(0.0, (math.log(critical) - max(level, math.log(max(v, 1e-30)))) / slope)
+    horizon = float(r.param("horizon"))
+    span = xs[-1] - xs[0]
+    # a straight line in log space is trusted at most as far ahead as it was observed
+    # (``trust`` x the span of its window): a crossing further out is no forecast
+    trust = r.param("trust")
+    trusted = eta is not None and (trust is None or eta <= float(trust) * span)
+    breach = eta is not None and trusted and eta <= horizon and v >= float(r.param("floor"))
+    return Verdict(breach, v, {"value": v, "critical": critical,
+                               "eta_steps": None if eta is None else round(eta),
+                               "crosses_at_step": None if eta is None else round(step + eta),
+                               "slope_log_per_step": slope, "horizon": horizon,
+                               "observed_steps": span},
+                   limit=critical, left_step=int(xs[0]) if breach else None)
+
+
+def _spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+           cell: tuple[int | None, int | None]) -> Verdict | None:
+    past = window(m, step, 0, int(r.param("window")), int(r.param("min_samples")))
+    if len(past) < int(r.param("min_samples")):
+        return None
+    vals = [x for _, x in past]
+    med = median(vals)
+    spread = max(mad(vals, med) * 1.4826, float(r.param("min_scale")))
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v), "median": med, "mad": spread},
+                       baseline=med)
+    z = (v - med) / spread
+    breach = z > float(r.param("z")) and v - med > float(r.param("min_jump"))
+    if breach and r.param("only_unclipped"):
+        clipped = fv.get("grad.clipped")
+        bound = fv.get("grad.max_norm")
+        if (clipped or 0.0) >= 0.5:
+            breach = False  # clipping bounded this step's update
+        elif bound is not None and math.isfinite(bound) and v <= bound:
+            breach = False  # under the job's own clip threshold: a norm it allows
+    return Verdict(breach, v, {"value": v, "median": med, "robust_z": z, "scale": spread},
+                   baseline=med, limit=med + float(r.param("z")) * spread)
+
+
+def _loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    if not math.isfinite(v):
+        return None  # a non-finite loss is the nonfinite rule's
+    out = _spike(r, m, step, v, fv, cell)
+    lr, prev_lr = fv.get("lr"), m.extra.get("lr")
+    g = fv.get("grad.norm")
+    grads: deque[tuple[int, float]] = m.extra.setdefault("grads", deque(maxlen=SCALAR_KEEP))
+    span = int(r.param("window"))
+    recent_g = [x for s, x in grads if s >= step - span]
+    gmed = median(recent_g) if recent_g else None
+    if lr is not None and math.isfinite(lr):
+        m.extra["lr"] = lr
+    if out is None or not out.breach:
+        if g is not None and math.isfinite(g):
+            grads.append((step, g))
+        return out
+    ev = dict(out.evidence)
+    causes: list[str] = []
+    if lr is not None and prev_lr and lr > 0 and abs(math.log(lr / prev_lr)) > math.log(1.5):
+        causes.append(f"the learning rate changed from {prev_lr:.3g} to {lr:.3g}")
+    if g is not None and gmed and (not math.isfinite(g) or g > 5 * gmed):
+        causes.append(f"the gradient norm jumped to {g:.3g} (median {gmed:.3g})")
+    ev["causes"] = causes
+    return Verdict(True, v, ev, out.baseline, out.limit)
+
+
+def _lr_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+             cell: tuple[int | None, int | None]) -> Verdict | None:
+    past = [x for _, x in list(m.recent)[-4:]]
+    if len(past) < 3 or not math.isfinite(v):
+        return None  # three samples first: a warm-up's start is a ramp, not a jump
+    prev = past[-1]
+    if prev <= 0 or v <= 0:
+        return None
+    ratio = v / prev
+    f = float(r.param("factor"))
+    steps = median(abs(b - a) for a, b in zip(past, past[1:], strict=False))
+    abrupt = abs(v - prev) > float(r.param("vs_schedule")) * max(steps, 1e-12)
+    return Verdict((ratio > f or ratio < 1 / f) and abrupt, v,
+                   {"value": v, "previous": prev, "previous_step": list(m.recent)[-1][0],
+                    "ratio": ratio, "schedule_step": steps}, baseline=prev)
+
+
+def _clip_rate(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    w = int(r.param("window"))
+    n = int(r.param("min_samples"))
+    pts = [*m.recent, *([(step, v)] if math.isfinite(v) else [])]
+    now = [x for s, x in pts if s > step - w]
+    before = [x for s, x in pts if step - 2 * w < s <= step - w]
+    first = m.first_step
+    if len(now) < n or len(before) < n or first is None or first > step - 2 * w + 1:
+        return None
+    rate, prev = sum(now) / len(now), sum(before) / len(before)
+    breach = rate >= float(r.param("rate")) and rate - prev >= float(r.param("rise"))
+    return Verdict(breach, rate, {"clip_rate": rate, "previous_rate": prev, "window": w})
+
+
+def _ratio(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+           cell: tuple[int | None, int | None]) -> Verdict | None:
+    other_name = str(r.param("other"))
+    other = fv.get(other_name, *cell)
+    if other is None or not math.isfinite(v) or not math.isfinite(other):
+        return None
+    hist: deque[tuple[int, float, float]] = m.extra.setdefault("pairs", deque(maxlen=RECENT_MAX))
+    hist.append((step, v, other))
+    span = int(r.param("window"))
+    then = [p for p in hist if p[0] <= step - span]
+    if not then:
+        return None
+    _, w0, b0 = then[-1]
+    if w0 <= 0 or b0 <= 0:
+        return None
+    w_change = v / w0 - 1
+    b_change = other / b0 - 1
+    c = float(r.param("min_change"))
+    return Verdict(w_change <= -c and b_change >= c, v,
+                   {"weight_norm": v, "bias_norm": other, "weight_change": w_change,
+                    "bias_change": b_change, "other": other_name, "since_step": then[-1][0]})
+
+
+def _first_loss(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+                cell: tuple[int | None, int | None]) -> Verdict | None:
+    if m.seen > 0:
+        return Verdict(False, v) if m.extra.get("judged") else None
+    m.extra["judged"] = True
+    vocab = r.param("vocab")
+    tol = float(r.param("tolerance"))
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v)})
+    expected = math.log(float(vocab)) if vocab else None
+    if expected is not None:
+        breach = abs(v - expected) > tol
+    else:
+        breach = v > math.log(262144) + tol
+    return Verdict(breach, v, {"value": v, "expected": expected, "tolerance": tol})
+
+
+def _no_data(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+             cell: tuple[int | None, int | None]) -> Verdict | None:
+    return None  # judged by the engine's clock (AlertEngine.check_stale)
+
+
+#: Default holds (``keep_firing_for``, steps): 0 for a user's plain threshold and the
+#: one-shot kinds (as Prometheus), and for the run-level divergence kinds (``nonfinite``,
+#: ``loss_jump``: they inhibit the per-head alerts while they fire, so they must not outlive
+#: their condition; a diverged run keeps breaching anyway); 200 for trend and forecast,
+#: whose window statistics wander around their limit while a climb goes on; 100 for the
+#: others. Every window, lag, history and ``first_steps`` is in steps; ``min_samples`` is
+#: what a window's statistic needs at any interval.
+KINDS: dict[str, Kind] = {
+    "threshold": Kind(_threshold, {"op": ">", "value": 0.0}, keep_firing_for=0),
+    "nonfinite": Kind(_nonfinite, {}, keep_firing_for=0),
+    "baseline": Kind(_baseline, {"first_steps": 100, "min_samples": 5, "factor": 4.0,
+                                 "floor": 0.0, "below": False}),
+    "departure": Kind(_departure, {"factor": 4.0, "floor": 30.0, "window": 200, "lag": 50,
+                                   "min_history": 50, "min_samples": 5, "ceiling": None,
+                                   "margin": None},
+                      hold_breaches=True),
+    "trend": Kind(_trend, {"window": 70, "min_samples": 6, "min_tau": 0.7, "min_ratio": 1.5,
+                           "floor": 0.0},
+                  keep_firing_for=200),
+    "forecast": Kind(_forecast, {"critical": FP16_MAX, "window": 90, "min_samples": 5,
+                                 "horizon": 500.0, "trust": None, "floor": 0.0,
+                                 "critical_metric": "attn.dtype_max",
+                                 "capped_metric": "attn.capped_logit_max"},
+                     keep_firing_for=200),
+    "spike": Kind(_spike, {"window": 200, "z": 6.0, "min_jump": 0.0, "min_samples": 5,
+                           "min_scale": 1e-6, "only_unclipped": False}, hold_breaches=True),
+    "loss_jump": Kind(_loss_jump, {"window": 200, "z": 6.0, "min_jump": 0.5,
+                                   "min_samples": 5, "min_scale": 0.02,
+                                   "only_unclipped": False},
+                      hold_breaches=True, keep_firing_for=0),
+    "lr_jump": Kind(_lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
+    "entropy_collapse": Kind(_entropy_collapse, {"first_steps": 100, "min_samples": 5,
+                                                 "fraction": 0.25}),
+    "clip_rate": Kind(_clip_rate, {"window": 100, "min_samples": 3, "rate": 0.9,
+                                   "rise": 0.5}),
+    "ratio": Kind(_ratio, {"other": "qk.q_bias_norm", "window": 100, "min_change": 0.2}),
+    "first_loss": Kind(_first_loss, {"vocab": None, "tolerance": 1.5}, keep_firing_for=0),
+    "no_data": Kind(_no_data, {"seconds": 600.0}, keep_firing_for=0),
+}
+DETECTORS = {k: v.detect for k, v in KINDS.items()}
