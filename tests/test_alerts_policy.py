@@ -1,0 +1,187 @@
+"""The paging policy and rules in steps, through the real ingest and engine (SQLite):
+
+* the same rule means the same at any sampling interval (windows, lags, histories and
+  persistence count steps; per-head statistics are judged at most once every 10 steps);
+* a page needs persistence: a loss bump that recovers is shown as ``info`` and resolves as
+  recovered, one that persists escalates to ``critical`` (``paged_step``);
+* overflow is judged on what the softmax receives: a soft-capped attention whose raw logits
+  run away is not forecast to overflow, and its departure is ``info``;
+* a gradient norm under the job's own clip threshold is not a blow-up.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from logitwatch.server.alerts.defaults import DEFAULT_RULES
+from logitwatch.server.alerts.replay import replay
+from logitwatch.server.schemas import AlertOut
+
+FP16 = 65504.0
+
+
+def frames_at(interval: int, steps: int, scalars: Any, heads: Any = None,
+              run: str = "r") -> list[dict[str, Any]]:
+    """Frames a job sampling every ``interval`` steps sends: step 0, interval, ...;
+    ``scalars(step)`` and ``heads(step)`` give each frame's values."""
+    out = []
+    for i, step in enumerate(range(0, steps, interval)):
+        out.append({"run": run, "rank": 0, "seq": i + 1, "step": step, "time": 1000.0 + step,
+                    "scalars": scalars(step), "heads": heads(step) if heads else {}})
+    return out
+
+
+def alerts_of(frames: list[dict[str, Any]], rules: Any = None) -> list[AlertOut]:
+    return replay(frames, rules=rules).alerts
+
+
+def by_rule(alerts: list[AlertOut], name: str) -> list[AlertOut]:
+    return [a for a in alerts if a.rule == name]
+
+
+def _loss(step: int) -> float:
+    return 3.0 + 0.05 * math.sin(step * 1.7)  # batch noise around a plateau
+
+
+def _growing(start: int, rate: float = 0.02, base: float = 5.0):  # type: ignore[no-untyped-def]
+    """2 layers x 4 heads; layer 1 head 2 grows exponentially from ``start``."""
+    def heads(step: int) -> dict[str, Any]:
+        m = [[base + 0.1 * ((h + step // 10) % 3) for h in range(4)] for _ in range(2)]
+        if step >= start:
+            m[1][2] = base * math.exp(rate * (step - start))
+        return {"attn.logit_max": m}
+    return heads
+
+
+def test_departure_means_the_same_at_every_interval() -> None:
+    """A head whose max logit grows from step 600: the departure fires within one sampling
+    interval of the same step whether the job samples every step, every 10 or every 40."""
+    fired = {}
+    for k in (1, 10, 40):
+        alerts = alerts_of(frames_at(k, 900, lambda s: {"loss": _loss(s),
+                                                         "attn.dtype_max": FP16},
+                                     _growing(600)))
+        dep = by_rule(alerts, "attn_logit_departure")
+        assert len(dep) == 1, (k, [(a.rule, a.fired_step) for a in alerts])
+        assert dep[0].layer == 1 and dep[0].head == 2 and dep[0].severity == "warning"
+        fired[k] = dep[0].fired_step
+    # floor 50 = 5 * e^(0.02 t) at t = 115: step 715, judged on a 10-step grid (or the
+    # interval), then for_steps 20
+    for k, step in fired.items():
+        assert 715 + 20 <= step <= 715 + 20 + 2 * max(k, 10), fired
+    assert fired[1] == fired[10] and fired[40] - fired[1] <= 40, fired
+
+
+def test_departure_history_needed_is_in_steps() -> None:
+    """At interval 40 the departure judges once the series has its 200 steps of history
+    (not 20 samples = 800 steps, as a rule counted in samples would need)."""
+    alerts = alerts_of(frames_at(40, 700, lambda s: {"loss": _loss(s), "attn.dtype_max": FP16},
+                                 _growing(320, rate=0.03)))
+    dep = by_rule(alerts, "attn_logit_departure")
+    assert dep and dep[0].fired_step < 600, [(a.rule, a.fired_step) for a in alerts]
+
+
+def _bump(start: int, length: int, height: float):  # type: ignore[no-untyped-def]
+    def scalars(step: int) -> dict[str, float]:
+        v = _loss(step) + (height if start <= step < start + length else 0.0)
+        return {"loss": v, "lr": 1e-3}
+    return scalars
+
+
+def test_a_loss_bump_that_recovers_is_shown_not_paged() -> None:
+    """Every step's loss; 40 steps of a bad-data bump (+11 nats), then full recovery: the
+    loss_jump alert is info, resolves as recovered and never pages."""
+    alerts = alerts_of(frames_at(1, 700, _bump(400, 40, 11.0)))
+    jumps = by_rule(alerts, "loss_jump")
+    assert len(jumps) == 1
+    a = jumps[0]
+    assert a.severity == "info" and a.paged_step is None
+    assert a.state == "resolved" and a.evidence.get("recovered") is True
+    assert "Recovered at step" in a.message and "if it persists 100 steps" in a.message
+    assert not [x for x in alerts if x.severity in ("warning", "critical")]
+
+
+def test_a_loss_jump_that_persists_pages() -> None:
+    alerts = alerts_of(frames_at(1, 700, _bump(400, 1000, 11.0)))
+    jumps = by_rule(alerts, "loss_jump")
+    assert len(jumps) == 1
+    a = jumps[0]
+    assert a.severity == "critical" and a.fired_step == 400
+    assert a.paged_step is not None and 500 <= a.paged_step <= 502
+    assert "persisted" in a.evidence["escalated_because"]
+
+
+def test_a_single_batch_outlier_at_a_wide_interval_does_not_page() -> None:
+    def scalars(step: int) -> dict[str, float]:
+        return {"loss": 14.0 if step == 400 else _loss(step), "lr": 1e-3}
+    alerts = alerts_of(frames_at(40, 1200, scalars))
+    assert not [a for a in alerts if a.severity in ("warning", "critical")], \
+        [(a.rule, a.severity, a.fired_step) for a in alerts]
+
+
+def test_softcapped_scores_cannot_overflow() -> None:
+    """Raw logits grow to 1e6 in a float16 attention, but the model soft-caps its scores at
+    50: no forecast of an overflow, and the departure of the raw logits is info."""
+    grow = _growing(300, rate=0.03)
+
+    def heads(step: int) -> dict[str, Any]:
+        raw = grow(step)["attn.logit_max"]
+        capped = [[50.0 * math.tanh(x / 50.0) for x in row] for row in raw]
+        return {"attn.logit_max": raw, "attn.capped_logit_max": capped}
+
+    alerts = alerts_of(frames_at(10, 800, lambda s: {"loss": _loss(s), "attn.dtype_max": FP16},
+                                 heads))
+    assert not by_rule(alerts, "attn_logit_forecast")
+    dep = by_rule(alerts, "attn_logit_departure")
+    assert dep and all(a.severity == "info" for a in dep)
+    assert dep[0].evidence["downgraded"]["capped_metric"] == "attn.capped_logit_max"
+    # without the cap, the same raw logits page (forecast or departure)
+    plain = alerts_of(frames_at(10, 800, lambda s: {"loss": _loss(s), "attn.dtype_max": FP16},
+                                grow))
+    assert [a for a in plain if a.severity == "warning"]
+
+
+def _grads(norm_at: Any, clip: float | None):  # type: ignore[no-untyped-def]
+    def scalars(step: int) -> dict[str, float]:
+        g = norm_at(step)
+        out = {"loss": _loss(step), "grad.norm": g}
+        if clip is not None:
+            out["grad.clipped"] = float(g > clip)
+            out["grad.max_norm"] = clip
+        return out
+    return scalars
+
+
+def test_grad_norm_under_the_clip_threshold_is_not_a_blowup() -> None:
+    """max_norm 1.0; the norm sits near 0.1 and blips to 0.97 (under the clip) for a few
+    steps: nothing pages."""
+    def norm(step: int) -> float:
+        return 0.97 if step % 200 < 3 and step > 300 else 0.1 + 0.002 * (step % 7)
+    alerts = alerts_of(frames_at(1, 1000, _grads(norm, 1.0)))
+    assert not by_rule(alerts, "grad_blowup"), [(a.rule, a.fired_step) for a in alerts]
+    assert not [a for a in alerts if a.severity in ("warning", "critical")]
+
+
+def test_unclipped_blowup_pages_once_it_persists() -> None:
+    """No clipping: a one-step blip is shown (info); a norm that stays 100x up pages."""
+    def blip(step: int) -> float:
+        return 50.0 if step == 500 else 0.5 + 0.01 * (step % 5)
+    alerts = alerts_of(frames_at(1, 800, _grads(blip, None)))
+    assert not [a for a in alerts if a.severity in ("warning", "critical")], \
+        [(a.rule, a.severity, a.fired_step) for a in alerts]
+
+    def blowup(step: int) -> float:
+        return 50.0 * 1.05 ** (step - 500) if step >= 500 else 0.5 + 0.01 * (step % 5)
+    alerts = alerts_of(frames_at(1, 800, _grads(blowup, None)))
+    paged = [a for a in alerts if a.paged_step is not None]
+    assert paged and min(a.paged_step for a in paged) <= 520  # type: ignore[type-var]
+
+
+def test_per_head_judged_at_most_every_ten_steps() -> None:
+    """Every-step per-head frames cost the engine what a 1-in-10 sampling does: the
+    departure's evidence shows a baseline window of ~20 samples, not 200."""
+    alerts = alerts_of(frames_at(1, 900, lambda s: {"loss": _loss(s), "attn.dtype_max": FP16},
+                                 _growing(600)), rules=DEFAULT_RULES)
+    dep = by_rule(alerts, "attn_logit_departure")
+    assert dep and dep[0].fired_step % 10 == 0
