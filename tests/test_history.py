@@ -121,3 +121,183 @@ def test_a_history_of_bad_values_costs_one_short_error(api: TestClient) -> None:
     out = r.json()
     assert len(out["errors"]) == 1 and out["message"].count("expected a number") == 3
     assert len(r.content) < 2000
+
+
+# --- the store: one scalars-only frame row per history step ------------------------------
+
+
+def post(c: TestClient, *frames: dict[str, Any]) -> dict[str, Any]:
+    r = c.post("/api/v1/ingest", content=body(*frames),
+               headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def three_frames() -> list[dict[str, Any]]:
+    """Steps 0, 5, 10 sampled; 1-4 and 6-9 in the histories (step 3 without grad norm,
+    step 8 without any value)."""
+    return [
+        hframe(100, 0, loss=4.0, lr=0.1),
+        hframe(101, 5, {"steps": [1, 2, 3, 4],
+                        "scalars": {"loss": [3.9, 3.8, "NaN", 3.6],
+                                    "grad.norm": [1.5, 1.25, None, 0.5],
+                                    "lr": [0.1, 0.1, 0.1, 0.1]}}, loss=3.5, lr=0.1),
+        hframe(102, 10, {"steps": [6, 7, 8, 9],
+                         "scalars": {"loss": [3.4, 3.3, None, 3.1],
+                                     "grad.norm": [None, None, None, 2.0],
+                                     "lr": [0.05, 0.05, None, 0.05]}}, loss=3.0, lr=0.05),
+    ]
+
+
+@pytest.fixture
+def store(db_url: str) -> Any:
+    with TestClient(create_app(Settings(db_url=db_url, rate_limit_per_second=0))) as c:
+        yield c
+
+
+def series(c: TestClient, name: str) -> tuple[list[int], list[Any]]:
+    r = c.get("/api/v1/runs/1/series", params={"name": name})
+    assert r.status_code == 200, r.text
+    return r.json()["steps"], r.json()["values"]
+
+
+def rows(db_url: str) -> tuple[int, int, list[tuple[int, int]]]:
+    """(frames, points, [(seq, step)] of the history rows)."""
+    from sqlalchemy import func, select
+
+    from logitwatch.server.db.models import Frame, Point
+    from logitwatch.server.db.session import make_engine
+
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as c:
+            frames = c.execute(select(func.count()).select_from(Frame)).scalar_one()
+            points = c.execute(select(func.count()).select_from(Point)).scalar_one()
+            hist = c.execute(select(Frame.seq, Frame.step).where(Frame.seq < 0)
+                             .order_by(Frame.step)).all()
+    finally:
+        engine.dispose()
+    return int(frames), int(points), [(int(s), int(t)) for s, t in hist]
+
+
+def test_every_step_is_stored_and_a_resent_batch_is_stored_once(store: TestClient,
+                                                               db_url: str) -> None:
+    frames = three_frames()
+    out = post(store, *frames)
+    assert (out["accepted"], out["duplicates"]) == (3, 0)  # frames, not history rows
+    steps, values = series(store, "loss")
+    assert steps == [0, 1, 2, 3, 4, 5, 6, 7, 9, 10]  # step 8 measured nothing
+    assert values == [4.0, pytest.approx(3.9), pytest.approx(3.8), "NaN", pytest.approx(3.6),
+                      3.5, pytest.approx(3.4), pytest.approx(3.3), pytest.approx(3.1), 3.0]
+    assert series(store, "grad.norm") == ([1, 2, 4, 9], [1.5, 1.25, 0.5, 2.0])
+    assert series(store, "lr")[0] == [0, 1, 2, 3, 4, 5, 6, 7, 9, 10]
+    run = store.get("/api/v1/runs/1").json()
+    assert (run["last_step"], run["last_time"]) == (10, T0 + 10)  # the sampled frames'
+    n_frames, n_points, hist = rows(db_url)
+    assert hist == [(-(s + 1), s) for s in (1, 2, 3, 4, 6, 7, 9)]
+    assert n_frames == 3 + 7
+    # Resent (a lost answer): nothing new, history included.
+    out = post(store, *frames)
+    assert (out["accepted"], out["duplicates"]) == (0, 3)
+    assert rows(db_url) == (n_frames, n_points, hist)
+    # A job restarted from the checkpoint of step 5 sends steps 6-9 again: the first
+    # values stay, its own sampled frame (a new seq) is new.
+    again = hframe(200, 10, {"steps": [6, 7, 8, 9], "scalars": {"loss": [9.0] * 4}}, loss=9.5)
+    out = post(store, again)
+    assert (out["accepted"], out["duplicates"]) == (1, 0)
+    steps, values = series(store, "loss")
+    assert values[steps.index(7)] == pytest.approx(3.3)  # the first one stored
+    assert values[steps.index(8)] == 9.0  # step 8 had no value: this is its first
+    assert steps.count(10) == 2
+
+
+def test_history_rows_are_new_frames_in_step_order(sqlite_url: str) -> None:
+    from logitwatch.server.db.session import make_engine, migrate, session_scope
+    from logitwatch.server.store.ingest import ingest_frames
+
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    from sqlalchemy.orm import sessionmaker
+
+    sessions = sessionmaker(engine)
+    frames = three_frames()
+    batch = [frames[2], hframe(7, 3, {"steps": [1, 2], "scalars": {"loss": [1.0, 2.0]}},
+                               rank=1), frames[0], frames[1]]
+    parsed = IngestIn.model_validate({"frames": batch}).frames
+    try:
+        with session_scope(sessions) as s:
+            new = ingest_frames(s, parsed).new_frames
+        assert [(f.rank, f.step) for f in new] == (
+            [(0, s) for s in (0, 1, 2, 3, 4, 5, 6, 7, 9, 10)] + [(1, 1), (1, 2), (1, 3)])
+        by_step = {(f.rank, f.step): f for f in new}
+        assert by_step[(0, 3)].scalars.keys() == {"loss", "lr"}  # null grad norm: absent
+        assert math.isnan(by_step[(0, 3)].scalars["loss"])
+        assert by_step[(0, 9)].heads == {} and by_step[(0, 9)].time == T0 + 10
+        assert by_step[(0, 9)].scalars == {"loss": 3.1, "grad.norm": 2.0, "lr": 0.05}
+        with session_scope(sessions) as s:
+            assert ingest_frames(s, parsed).new_frames == []
+    finally:
+        engine.dispose()
+
+
+def test_a_history_step_fires_a_scalar_rule_at_its_step(store: TestClient) -> None:
+    post(store, hframe(0, 0, loss=4.0))
+    post(store, hframe(1, 10, {"steps": list(range(1, 10)),
+                               "scalars": {"loss": [3.9] * 6 + ["NaN", 3.0, 3.0]}},
+                       loss=3.0))
+    alerts = store.get("/api/v1/runs/1/alerts").json()
+    fired = [a for a in alerts if a["rule"] == "loss_nonfinite"]
+    assert len(fired) == 1 and fired[0]["fired_step"] == 7, alerts
+
+
+def test_history_names_count_against_the_metric_limit_and_keep_one_shape(db_url: str) -> None:
+    settings = Settings(db_url=db_url, rate_limit_per_second=0, max_metrics_per_run=3)
+    with TestClient(create_app(settings)) as c:
+        h = {"steps": [1], "scalars": {"a": [1.0], "b": [2.0], "c": [3.0]}}
+        r = c.post("/api/v1/ingest", content=body(hframe(0, 5, h, loss=1.0)),
+                   headers={"Content-Type": "application/json"})
+        assert (r.status_code, r.json()["code"]) == (422, "too-many-metrics"), r.text
+        h = {"steps": [1], "scalars": {"m": [1.0]}}
+        both = [hframe(0, 5, h), {**hframe(1, 6), "heads": {"m": [[1.0, 2.0]]}}]
+        r = c.post("/api/v1/ingest", content=body(*both),
+                   headers={"Content-Type": "application/json"})
+        assert (r.status_code, r.json()["code"]) == (422, "shape-mismatch"), r.text
+        assert c.get("/api/v1/runs").json() == []
+
+
+def test_the_live_stream_sends_every_step_and_the_sampled_frames_matrices(
+        sqlite_url: str) -> None:
+    from logitwatch.server.db.session import make_engine, session_scope
+    from logitwatch.server.store.live import frames_since
+
+    with TestClient(create_app(Settings(db_url=sqlite_url, rate_limit_per_second=0))) as c:
+        f = hframe(0, 4, {"steps": [1, 2, 3], "scalars": {"loss": [3.0, 2.0, 1.0]}})
+        post(c, {**f, "heads": {"attn.logit_max": [[1.0, 2.0]]}})
+        run = c.get("/api/v1/runs/1").json()
+        post(c, hframe(1, 8, {"steps": [5, 6, 7], "scalars": {"loss": [1.0, 1.0, 1.0]}}))
+    engine = make_engine(sqlite_url)
+    try:
+        from sqlalchemy.orm import sessionmaker
+
+        with session_scope(sessionmaker(engine)) as s:
+            last, frames, latest = frames_since(s, run_id=1, after_id=0, limit=4)
+            assert [f["step"] for f in frames] == [1, 2, 3, 4]
+            assert latest == {"step": 4, "attn.logit_max": [[1.0, 2.0]]}
+            assert last == run["last_frame_id"]
+            _, frames, latest = frames_since(s, run_id=1, after_id=last, limit=2)
+            assert [f["step"] for f in frames] == [5, 6] and latest == {"step": 6}
+    finally:
+        engine.dispose()
+
+
+def test_worst_heads_counts_sampled_frames_not_history_steps(api: TestClient) -> None:
+    frames = []
+    for i, step in enumerate((0, 10, 20)):
+        h = {"steps": list(range(step - 9, step)), "scalars": {"loss": [1.0] * 9}} if step \
+            else None
+        frames.append({**hframe(i, step, h), "heads": {"attn.logit_max": [[1.0 + i, 0.5]]}})
+    post(api, *frames)
+    r = api.get("/api/v1/runs/1/worst_heads", params={"name": "attn.logit_max", "window": 3})
+    assert r.status_code == 200, r.text
+    top = r.json()["rows"][0]
+    assert (r.json()["window"], top["trend_steps"], top["before"]) == (3, [0, 10, 20], 1.0)

@@ -4,8 +4,19 @@ Safe with several collector processes on one database: runs, metrics and frames 
 inserted with ``ON CONFLICT DO NOTHING`` (SQLite and PostgreSQL), so two collectors that
 receive the same batch (a client's resend after a lost answer) store each frame once, and
 the one that loses the race counts it as a duplicate instead of failing. Frames are
-inserted in (rank, seq) order, so two transactions never wait on each other in opposite
-orders (no deadlock), and a run's ``last_step`` only moves forward, in one UPDATE.
+inserted in (rank, step, seq) order, a fixed order of their keys, so two transactions never
+wait on each other in opposite orders (no deadlock), and a run's ``last_step`` only moves
+forward, in one UPDATE.
+
+A frame's ``history`` (the scalars of the unsampled steps before it, see
+``logitwatch.wire``) is stored as one scalars-only frame row per step, ``seq = -(step +
+1)`` (a client's own seqs are >= 0) and the carrying frame's time, so series queries,
+retention and the alert engine's restore read those steps like any other. The dedup key
+then makes a resent frame's history a duplicate too. A job restarted from an earlier
+checkpoint that sends a step's history again keeps the first values stored for that step
+(the restarted job's own sampled frames are new frames, as always). Null values are not
+stored; a step without any value stores no row. History rows count neither as accepted
+nor as duplicate frames and never move the run's ``last_step``/``last_time``.
 """
 
 from __future__ import annotations
@@ -124,12 +135,56 @@ def _metric_ids(
     return stored()
 
 
+def _want(shapes: dict[str, tuple[int, int]], name: str, shape: tuple[int, int]) -> None:
+    """Note that the batch stores ``name`` with ``shape``; one name, one shape."""
+    have = shapes.setdefault(name, shape)
+    if have != shape:
+        def kind(s: tuple[int, int]) -> str:
+            return f"a {s[0]}x{s[1]} matrix" if s[0] else "a scalar"
+
+        raise BadRequest(
+            "shape-mismatch",
+            f"metric {name!r} is sent as {kind(have)} and as {kind(shape)} in this batch",
+        )
+
+
 def _shape(m: Any) -> tuple[int, int]:
     return (len(m), len(m[0]))
 
 
 def _as_lists(m: Any) -> list[list[float]]:
     return m.tolist() if isinstance(m, np.ndarray) else m  # type: ignore[no-any-return]
+
+
+@dataclass(slots=True)
+class _Step:
+    """One history step of a frame, stored as a scalars-only frame of its own."""
+
+    rank: int
+    seq: int
+    step: int
+    time: float
+    scalars: dict[str, float]
+    heads: dict[str, Any] = field(default_factory=dict)
+
+
+def history_seq(step: int) -> int:
+    """The ``seq`` of a history step's frame row: negative, so it never meets a client's."""
+    return -(step + 1)
+
+
+def _history_steps(f: FrameIn) -> list[_Step]:
+    """``f``'s history as frame rows, steps without any value left out."""
+    h = f.history
+    if h is None or not h.steps:
+        return []
+    series = list(h.scalars.items())
+    out = []
+    for i, step in enumerate(h.steps):
+        values = {k: float(v[i]) for k, v in series if v[i] is not None}  # type: ignore[arg-type]
+        if values:
+            out.append(_Step(f.rank, history_seq(step), step, f.time, values))
+    return out
 
 
 def ingest_frames(
@@ -140,6 +195,8 @@ def ingest_frames(
     A per-head matrix may be a list of lists or a 2-D ``numpy`` array (the fast parser's).
     A batch that would give a run more than ``max_metrics_per_run`` metric names raises
     :class:`BadRequest` (``too-many-metrics``); the caller's transaction then stores nothing.
+    Each history step becomes a frame row of its own (module docstring); those that are
+    new are in :attr:`IngestResult.new_frames` too, in (rank, step) order with the rest.
     """
     result = IngestResult()
     by_run: dict[tuple[str, str], list[FrameIn]] = defaultdict(list)
@@ -152,29 +209,41 @@ def ingest_frames(
         for f in group:
             unique.setdefault((f.rank, f.seq), f)
         result.duplicates += len(group) - len(unique)
+        # The history of every frame, new or resent: a frame stored by a collector that did
+        # not keep histories yet gets them now. The first frame of the batch to carry a step
+        # wins, as the first one stored does across batches.
+        history: dict[tuple[int, int], _Step] = {}
+        for f in unique.values():
+            for h in _history_steps(f):
+                history.setdefault((h.rank, h.seq), h)
         shapes: dict[str, tuple[int, int]] = {}
         for f in unique.values():
             for k in f.scalars:
-                shapes[k] = (0, 0)
+                _want(shapes, k, (0, 0))
             for k, m in f.heads.items():
-                shapes[k] = _shape(m)
+                _want(shapes, k, _shape(m))
                 shapes[k + ENVELOPE] = (0, 0)
+        for h in history.values():
+            for k in h.scalars:
+                _want(shapes, k, (0, 0))
         metric_ids = _metric_ids(session, run_id, shapes, max_metrics_per_run)
-        ordered = [unique[k] for k in sorted(unique)]
+        rows: list[FrameIn | _Step] = [*unique.values(), *history.values()]
+        rows.sort(key=lambda f: (f.rank, f.step, f.seq))
         inserted = session.execute(
             _insert(session, Frame)
             .on_conflict_do_nothing(index_elements=["run_id", "rank", "seq"])
             .returning(Frame.id, Frame.rank, Frame.seq),
             [{"run_id": run_id, "rank": f.rank, "seq": f.seq, "step": f.step, "time": f.time}
-             for f in ordered],
-        ).all()
+             for f in rows],
+        ).all() if rows else []
         ids = {(r.rank, r.seq): r.id for r in inserted}
-        result.duplicates += len(ordered) - len(ids)
-        fresh = [f for f in ordered if (f.rank, f.seq) in ids]
-        if not fresh:
+        fresh_rows = [f for f in rows if (f.rank, f.seq) in ids]
+        fresh = [f for f in fresh_rows if isinstance(f, FrameIn)]
+        result.duplicates += len(unique) - len(fresh)
+        if not fresh_rows:
             continue
         points = []
-        for f in fresh:
+        for f in fresh_rows:
             fid = ids[(f.rank, f.seq)]
             if f.scalars:
                 blob = np.array(list(f.scalars.values()), dtype=_F32).tobytes()
@@ -200,11 +269,13 @@ def ingest_frames(
             # and a batch's scalars end up side by side.
             points.sort(key=lambda p: (len(p["data"]) <= 4, p["metric_id"], p["frame_id"]))
             session.execute(insert(Point), points)
+        result.accepted += len(fresh)
+        if not fresh:
+            continue
         last = max(fresh, key=lambda f: (f.step, f.time))
         session.execute(
             update(Run)
             .where(Run.id == run_id, or_(Run.last_step.is_(None), Run.last_step <= last.step))
             .values(last_step=last.step, last_time=last.time)
         )
-        result.accepted += len(fresh)
     return result

@@ -20,10 +20,12 @@ def frames_since(
     """Return (last frame id, new frames' scalars, latest per-head matrices).
 
     Each frame is ``{"step", "scalars": {name: value}}`` with non-finite values encoded as
-    on the wire. The matrices are those of the newest frame, ``{"step", name: matrix}``.
+    on the wire; the steps of a frame's history (scalars-only rows, ``seq < 0``) come as
+    frames too. The matrices are those of the newest sampled frame, ``{"step", name:
+    matrix}`` (only ``{"step"}`` when the page holds history steps only).
     """
     frames = session.execute(
-        select(Frame.id, Frame.step)
+        select(Frame.id, Frame.step, Frame.seq)
         .where(Frame.run_id == run_id, Frame.rank == rank, Frame.id > after_id)
         .order_by(Frame.id)
         .limit(limit)
@@ -34,7 +36,9 @@ def frames_since(
     metrics = {m.id: m for m in session.scalars(select(Metric).where(Metric.run_id == run_id))
                if "#" not in m.name}  # hidden rollups (store/ingest.py ENVELOPE)
     out: dict[int, dict[str, Any]] = {f.id: {"step": f.step, "scalars": {}} for f in frames}
-    latest: dict[str, Any] = {"step": frames[-1].step}
+    sampled = [f for f in frames if f.seq >= 0]
+    newest = sampled[-1] if sampled else frames[-1]
+    latest: dict[str, Any] = {"step": newest.step}
     rows = session.execute(
         select(Point.frame_id, Point.metric_id, Point.data).where(Point.frame_id.in_(ids))
     ).all()
@@ -45,7 +49,7 @@ def frames_since(
         arr = np.frombuffer(data, dtype="<f4").astype(np.float64)
         if not m.layers:
             out[fid]["scalars"][m.name] = encode_float(float(arr[0]))
-        elif fid == ids[-1]:
+        elif fid == newest.id:
             latest[m.name] = [
                 [encode_float(x) for x in row] for row in arr.reshape(m.layers, m.heads).tolist()
             ]

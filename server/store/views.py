@@ -44,7 +44,7 @@ __all__ = [
 
 #: Scalar names a job may log its clip rate under; otherwise it is derived from grad.clipped.
 CLIP_RATE_NAMES = ("grad.clip_rate", "clip_rate")
-STATUSES = ("active", "idle", "diverged", "empty")
+STATUSES = ("running", "finished", "stopped", "diverged", "empty")
 
 
 def lower_is_worse(name: str) -> bool:
@@ -59,8 +59,9 @@ class RunSummaryOut(BaseModel):
     id: int
     project: str
     name: str
-    status: str = Field(description="active (a recent frame), idle (none for a while), "
-                        "diverged (last loss non-finite) or empty (no frame yet)")
+    status: str = Field(description="the run's status (running, finished, stopped, "
+                        "diverged: GET /api/v1/runs), diverged also when its last loss is "
+                        "non-finite, or empty (no frame yet)")
     last_step: int | None
     last_time: float | None
     open_alerts: int
@@ -153,7 +154,7 @@ def _status(run: RunOut, last_loss: float | None) -> str:
         return "empty"
     if last_loss is not None and not math.isfinite(last_loss):
         return "diverged"
-    return "active" if run.status == "active" else "idle"
+    return run.status
 
 
 def runs_overview(
@@ -166,8 +167,8 @@ def runs_overview(
     q: str | None = None,
 ) -> list[RunSummaryOut]:
     """The runs list, most recently active first, filtered by project, status (one of
-    ``active``, ``idle``, ``diverged``, ``empty``; active/idle as ``queries.list_runs``
-    decides), open alerts and a substring of the run or project name."""
+    :data:`STATUSES`: the run's own, ``diverged`` also for a non-finite last loss, ``empty``
+    before its first frame), open alerts and a substring of the run or project name."""
     if status is not None and status not in STATUSES:
         raise BadRequest("bad-status", f"status: {status!r} is not one of {', '.join(STATUSES)}",
                          field="status")
@@ -255,10 +256,11 @@ def worst_heads(
     if m is None:
         return empty
     # The newest frames through the (run, step) index first, then their points by key: a
-    # join ordered by step would visit every point of the metric.
+    # join ordered by step would visit every point of the metric. Sampled frames only: the
+    # history steps between them (seq < 0, store/ingest.py) carry no matrices.
     recent = session.execute(
         select(Frame.id, Frame.step)
-        .where(Frame.run_id == run_id, Frame.rank == rank)
+        .where(Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0)
         .order_by(Frame.step.desc(), Frame.seq.desc())
         .limit(4 * window)
     ).all()
