@@ -187,6 +187,7 @@ class Client:
         scalars: Mapping[str, float],
         heads: Mapping[str, Sequence[Sequence[float]]],
         time: float | None = None,
+        history: Mapping[str, Any] | None = None,
     ) -> None:
         """Queue one frame. Never blocks, never raises (problems are logged once).
 
@@ -196,6 +197,10 @@ class Client:
             heads: ``{"attn.logit_max": [[per head] per layer], ...}``; the numbers are
                 copied, so the caller may reuse its lists.
             time: Unix seconds when the step ended (default: now).
+            history: Scalars of the steps since this rank's previous frame, ``{"steps":
+                [int, ...], "scalars": {name: [float | None, ...]}}`` (one value per step,
+                None where a step did not measure it; see ``logitwatch.wire``), copied too.
+                A bad history is left out, the frame is sent.
         """
         try:
             if self._closed:
@@ -209,7 +214,7 @@ class Client:
             if not self._started:
                 self._start()
             try:
-                frame, problems = pack(step, scalars, heads, time)
+                frame, problems = pack(step, scalars, heads, time, history)
             except (ValueError, TypeError, OverflowError) as e:
                 self._backlog.count("invalid")
                 self._warn_once("invalid", "logitwatch: Client.send dropped a frame: %s", e)

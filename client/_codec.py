@@ -8,6 +8,9 @@ its whole batch. :func:`encode` runs on the sender or spooler thread and produce
 line of ``logitwatch/wire.py``: finite values as JSON numbers, NaN and ±Inf as the strings
 ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
 
+A frame's ``history`` (the scalars of the unsampled steps before it) is copied the same
+way: its steps into an ``array('q')``, each series into a list of floats and ``None``.
+
 Per-head matrices are the bulk of a frame, and the collector stores them as float32, so
 their values are written with 9 significant digits (``%.9g``: every float32 survives the
 round trip exactly) in one C-level format call per matrix: a third of the CPU of
@@ -24,8 +27,9 @@ import math
 import time as _time
 from array import array
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from logitwatch.wire import NAME_RE, encode_float
+from logitwatch.wire import MAX_HISTORY_SERIES, MAX_HISTORY_STEPS, NAME_RE, encode_float
 
 __all__ = ["Packed", "encode", "pack"]
 
@@ -39,19 +43,26 @@ _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _good_names: set[str] = set()
 
 
+#: A packed history: its steps and, per series, one value or None per step.
+History = tuple["array[int]", dict[str, list[float | None]]]
+
+
 class Packed:
     """One frame as it waits in memory (``seq`` is set when it is queued)."""
 
-    __slots__ = ("heads", "nbytes", "scalars", "seq", "step", "time")
+    __slots__ = ("end", "heads", "history", "nbytes", "scalars", "seq", "step", "time")
 
     def __init__(self, step: int, time: float, scalars: dict[str, float],
-                 heads: dict[str, tuple[int, array[float]]], nbytes: int) -> None:
+                 heads: dict[str, tuple[int, array[float]]], nbytes: int,
+                 history: History | None = None) -> None:
         self.seq = -1
         self.step = step
         self.time = time
         self.scalars = scalars
         self.heads = heads
         self.nbytes = nbytes
+        self.history = history
+        self.end: str | None = None  # "finished": an end frame (no scalars, heads, history)
 
 
 def _name_ok(name: object) -> bool:
@@ -64,16 +75,64 @@ def _name_ok(name: object) -> bool:
     return True
 
 
+def _pack_history(history: Mapping[str, Any], step: int,
+                  problems: list[str]) -> tuple[History | None, int]:
+    """Copy a history (see ``logitwatch.wire``); return it (None: left out) and its bytes.
+
+    A bad series is left out, a bad ``steps`` leaves the whole history out; beyond
+    :data:`MAX_HISTORY_STEPS` steps the newest are kept (each case noted in ``problems``).
+    """
+    try:
+        steps = array("q", history["steps"])
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
+        problems.append(f"history left out: steps must be a list of ints ({e})")
+        return None, 0
+    if not steps:
+        return None, 0
+    if not (0 <= steps[0] and steps[-1] < step
+            and all(a < b for a, b in zip(steps[:-1], steps[1:], strict=True))):
+        problems.append(f"history left out: steps must be strictly increasing ints in "
+                        f"[0, {step}) (the frame's step)")
+        return None, 0
+    cut = max(0, len(steps) - MAX_HISTORY_STEPS)
+    if cut:
+        problems.append(f"history: the oldest {cut} of {len(steps)} steps left out (at most "
+                        f"{MAX_HISTORY_STEPS})")
+        steps = steps[cut:]
+    n = len(steps)
+    series: dict[str, list[float | None]] = {}
+    for k, values in (history.get("scalars") or {}).items():
+        if len(series) == MAX_HISTORY_SERIES:
+            problems.append(f"history: series beyond {MAX_HISTORY_SERIES} left out ({k!r}...)")
+            break
+        if not _name_ok(k):
+            problems.append(f"history: name {k!r} is not 1-128 characters of [A-Za-z0-9._:-]")
+            continue
+        try:
+            copy = [None if v is None else float(v) for v in values]
+        except (TypeError, ValueError, OverflowError):
+            copy = []
+        if len(copy) != n + cut:
+            problems.append(f"history[{k!r}] must hold one number or None per step")
+            continue
+        series[k] = copy[cut:]
+    if not series:
+        return None, 0
+    nbytes = (1 + len(series)) * (_METRIC_OVERHEAD + 8 * n)
+    return (steps, series), nbytes
+
+
 def pack(
     step: int,
     scalars: Mapping[str, float],
     heads: Mapping[str, Sequence[Sequence[float]]],
     time: float | None,
+    history: Mapping[str, Any] | None = None,
 ) -> tuple[Packed, list[str]]:
     """Copy one frame into compact buffers; return it and the problems found.
 
     A problem with one metric (a bad name, a matrix that is not layers x heads) drops that
-    metric only and is described in the returned list.
+    metric only and is described in the returned list; so does one with the history.
 
     Raises:
         ValueError: the frame itself is unusable (step not an int in [0, 2**62]).
@@ -118,7 +177,11 @@ def pack(
             continue
         hd[k] = (width, buf)
         nbytes += _METRIC_OVERHEAD + 8 * len(buf)
-    return Packed(step, t, sc, hd, nbytes), problems
+    packed_history = None
+    if history is not None:
+        packed_history, n = _pack_history(history, step, problems)
+        nbytes += n
+    return Packed(step, t, sc, hd, nbytes, packed_history), problems
 
 
 _formats: dict[tuple[int, int], str] = {}
@@ -142,6 +205,9 @@ def _matrix(width: int, buf: array[float]) -> str:
 
 def encode(frame: Packed, run: str, project: str, rank: int) -> bytes:
     """The frame's JSON line (UTF-8, no newline), as in ``logitwatch/wire.py``."""
+    if frame.end is not None:  # an end frame: the job ended after ``step``
+        return _dumps({"run": run, "project": project, "rank": rank, "seq": frame.seq,
+                       "step": frame.step, "time": frame.time, "end": frame.end}).encode()
     scalars = {k: v if v - v == 0.0 else encode_float(v) for k, v in frame.scalars.items()}
     head = _dumps({
         "run": run, "project": project, "rank": rank, "seq": frame.seq, "step": frame.step,
@@ -149,4 +215,10 @@ def encode(frame: Packed, run: str, project: str, rank: int) -> bytes:
     })
     # names are checked against NAME_RE in pack(): nothing in them needs JSON escaping
     heads = ",".join(f'"{k}":{_matrix(w, buf)}' for k, (w, buf) in frame.heads.items())
-    return (head[:-1] + ',"heads":{' + heads + "}}").encode()
+    if frame.history is None:
+        return (head[:-1] + ',"heads":{' + heads + "}}").encode()
+    steps, series = frame.history
+    history = _dumps({"steps": steps.tolist(), "scalars": {
+        k: [v if v is None or v - v == 0.0 else encode_float(v) for v in values]
+        for k, values in series.items()}})
+    return (head[:-1] + ',"heads":{' + heads + '},"history":' + history + "}").encode()

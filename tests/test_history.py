@@ -301,3 +301,74 @@ def test_worst_heads_counts_sampled_frames_not_history_steps(api: TestClient) ->
     assert r.status_code == 200, r.text
     top = r.json()["rows"][0]
     assert (r.json()["window"], top["trend_steps"], top["before"]) == (3, [0, 10, 20], 1.0)
+
+
+# --- the client: send(..., history=) ------------------------------------------------------
+
+
+def test_the_client_encodes_a_history_the_collector_reads_back() -> None:
+    from logitwatch.client._codec import encode, pack
+
+    steps = [3, 4, 6]
+    history = {"steps": steps, "scalars": {
+        "loss": [2.5, math.nan, None], "grad.norm": [0.1 + 0.2, math.inf, 1],
+        "lr": [None, None, None]}}
+    packed, problems = pack(7, {"loss": 1.0}, {}, T0, history)
+    plain, _ = pack(7, {"loss": 1.0}, {}, T0)
+    assert problems == [] and packed.nbytes >= plain.nbytes + 8 * 4 * len(steps)
+    history["scalars"]["loss"][0] = 99.0  # copied: the caller may reuse its lists
+    steps.append(5)
+    packed.seq = 1
+    line = encode(packed, "r", "default", 0)
+    assert json.loads(line)["history"] == {"steps": [3, 4, 6], "scalars": {
+        "loss": [2.5, "NaN", None], "grad.norm": [0.1 + 0.2, "Infinity", 1.0],
+        "lr": [None, None, None]}}
+    got = parse_ingest(b'{"frames": [' + line + b"]}", "application/json").frames[0].history
+    assert got is not None and got.steps == [3, 4, 6]
+    assert got.scalars["grad.norm"] == [0.1 + 0.2, math.inf, 1.0]  # full double precision
+    assert got.scalars["loss"][0] == 2.5 and math.isnan(got.scalars["loss"][1])
+
+
+@pytest.mark.parametrize(("history", "says", "kept"), [
+    ({"steps": [1, 1], "scalars": {"loss": [1.0, 2.0]}}, "strictly increasing", None),
+    ({"steps": [5, 7], "scalars": {"loss": [1.0, 2.0]}}, "strictly increasing", None),
+    ({"steps": ["a"], "scalars": {}}, "list of ints", None),
+    ({"steps": [1, 2], "scalars": {"loss": [1.0], "lr": [1.0, 2.0]}}, "'loss'",
+     {"steps": [1, 2], "scalars": {"lr": [1.0, 2.0]}}),
+    ({"steps": [1], "scalars": {"my loss": [1.0], "loss": ["x"]}}, "'my loss'", None),
+])
+def test_a_bad_history_is_left_out_and_the_frame_sent(history: Any, says: str,
+                                                      kept: Any) -> None:
+    from logitwatch.client._codec import encode, pack
+
+    packed, problems = pack(7, {"loss": 1.0}, {}, T0, history)
+    assert problems and says in problems[0], problems
+    packed.seq = 1
+    frame = json.loads(encode(packed, "r", "default", 0))
+    assert frame["scalars"] == {"loss": 1.0} and frame.get("history") == kept
+    parse_ingest(json.dumps({"frames": [frame]}).encode(), "application/json")
+
+
+def test_send_with_a_history_reaches_the_collector(sqlite_url: str) -> None:
+    import httpx
+
+    from logitwatch.client import Client, ClientConfig
+
+    with TestClient(create_app(Settings(db_url=sqlite_url, rate_limit_per_second=0))) as api:
+        def forward(request: httpx.Request) -> httpx.Response:
+            r = api.post(request.url.path, content=request.content,
+                         headers=dict(request.headers))
+            return httpx.Response(r.status_code, content=r.content, headers=r.headers)
+
+        http = httpx.Client(transport=httpx.MockTransport(forward))
+        client = Client("http://collector", run="h", config=ClientConfig(interval=0.02),
+                        http=http)
+        client.send(0, {"loss": 4.0}, {})
+        client.send(3, {"loss": 1.0}, {}, history={"steps": [1, 2], "scalars": {
+            "loss": [3.0, None], "grad.norm": [None, 0.5]}})
+        client.send(4, {"loss": 0.5}, {}, history={"steps": "oops"})  # never raises
+        assert client.flush(10.0)
+        client.shutdown(5.0)
+        assert client.stats["rejected"] == 0
+        assert series(api, "loss") == ([0, 1, 3, 4], [4.0, 3.0, 1.0, 0.5])
+        assert series(api, "grad.norm") == ([2], [0.5])
