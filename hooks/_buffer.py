@@ -136,12 +136,14 @@ class StepBuffer:
 
 def collect(
     scalars: dict[str, Scalar], heads: dict[str, list[torch.Tensor]],
-    host: dict[str, float] | None = None,
-) -> tuple[dict[str, float], dict[str, list[list[float]]], int, int]:
-    """Read everything back with one transfer: ``(scalars, heads, syncs, bytes)``.
+    host: dict[str, float] | None = None, extra: list[torch.Tensor] | None = None,
+) -> tuple[dict[str, float], dict[str, list[list[float]]], int, int, list[float]]:
+    """Read everything back with one transfer: ``(scalars, heads, syncs, bytes, extra)``.
 
-    ``syncs`` is 1 when a tensor lived on an accelerator (the one ``.cpu()``), else 0;
-    ``bytes`` counts the float32 values read back from tensors.
+    ``extra`` (e.g. the history's rows) is read in the same transfer and returned as one
+    flat list of floats, row-major in order. ``syncs`` is 1 when a tensor lived on an
+    accelerator (the one ``.cpu()``), else 0; ``bytes`` counts the float32 values read
+    back from tensors.
     """
     names: list[str] = []
     tensors: list[torch.Tensor] = []
@@ -155,6 +157,8 @@ def collect(
     head_names = list(heads)
     for name in head_names:
         tensors.extend(heads[name])
+    more = list(extra or ())
+    tensors.extend(more)
     syncs = int(any(t.device.type != "cpu" for t in tensors))
     nbytes = 4 * sum(t.numel() for t in tensors)
     values = to_host(tensors)
@@ -167,4 +171,6 @@ def collect(
         n = len(heads[name])
         out_heads[name] = _rectangular(values[pos : pos + n])
         pos += n
-    return out_scalars, out_heads, syncs, nbytes
+    flat = [x for part in values[pos:] for x in part] if len(more) > 1 else (
+        values[pos] if more else [])
+    return out_scalars, out_heads, syncs, nbytes, flat

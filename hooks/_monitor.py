@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import sys
@@ -18,6 +19,7 @@ from . import _adapter, _clip, _eager, _logits
 from ._buffer import StepBuffer, collect
 from ._cost import CostMeter
 from ._final import final_stats, find_output_head, vocab_size
+from ._history import CLIPPED, LR, NORM, HistoryBlock, StepHistory
 from ._logits import DEFAULT_BUDGET, attention_head_stats
 from ._qk import find_qk, qk_items, qk_norms
 from ._sdpa import SdpaCapture, parse_call
@@ -29,7 +31,7 @@ __all__ = ["Monitor"]
 log = logging.getLogger("logitwatch.hooks")
 
 #: The parts of a monitor that a failure disables independently.
-PARTS = ("attention", "final", "qk", "loss", "grad", "step")
+PARTS = ("attention", "final", "qk", "loss", "grad", "history", "step")
 #: Scalars that carry the exchange's "ranks missing" counts through the step's one
 #: transfer; removed from the frame.
 _GRAD_MISSING, _QK_MISSING = "_lw.grad_missing", "_lw.qk_missing"
@@ -39,6 +41,17 @@ CLIP_WINDOW = 20
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def _takes_history(send: Any) -> bool:
+    """Whether a client's ``send`` accepts ``history=`` (a stand-in written before it
+    existed may not)."""
+    try:
+        params = inspect.signature(send).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "history" or p.kind is inspect.Parameter.VAR_KEYWORD
+               for p in params)
 
 
 def _autocast_dtype(device: str) -> torch.dtype | None:
@@ -78,8 +91,10 @@ class Monitor:
     :meth:`request_sample` samples the next step on demand. Statistics are computed on
     sampled steps only, kept on the device, and read back once at the end of the step,
     where one frame is handed to the client. Non-sampled steps cost a few Python
-    comparisons, a ``perf_counter()`` and (when the job clips) one on-device comparison
-    for the clip rate; they never read a tensor value.
+    comparisons, a ``perf_counter()``, (when the job clips) one on-device comparison for
+    the clip rate, and a few on-device copies that keep the step's loss, grad norm and
+    clip flag (and its lr, a host float) for the next frame's ``history`` (see
+    :mod:`~logitwatch.hooks._history`); they never read a tensor value.
 
     Capture rule: a forward is measured only when the step is sampled, the model is in
     training mode (``model.training``), autograd is enabled and it is not being traced
@@ -139,6 +154,9 @@ class Monitor:
         self._clip_hits: torch.Tensor | None = None
         self._clip_steps = 0
         self._clipped_window: deque[float] = deque(maxlen=CLIP_WINDOW)
+        self._history = StepHistory()
+        self._send_key: Any = None
+        self._send_history = True
         self._frames = 0
         self.capturing = False  # read by the eager wrapper
         self.eager_depth = 0  # > 0 while inside a wrapped eager attention call
@@ -243,9 +261,17 @@ class Monitor:
         """Add scalars to the current step's frame (call before ``optimizer.step()``).
 
         ``loss=`` replaces the automatically captured loss. Tensors stay on the device
-        until the step's single transfer; on non-sampled steps this does nothing.
+        until the step's single transfer. On non-sampled steps only ``loss=`` is kept (on
+        the device, for the next frame's history); the rest is ignored.
         """
-        if not self.sampled or self._closed:
+        if self._closed:
+            return
+        if not self.sampled:
+            if "loss" in scalars and self._keeps_history():
+                try:
+                    self._history.log_loss(scalars["loss"])
+                except Exception:
+                    self._fail("history")
             return
         try:
             for name, value in scalars.items():
@@ -355,7 +381,11 @@ class Monitor:
             return
         try:
             self._depth = max(0, self._depth - 1)
-            if self._depth or not self.capturing:
+            if self._depth:
+                return
+            if not self.capturing:
+                if module.training and torch.is_grad_enabled() and self._keeps_history():
+                    self._history_loss(output)
                 return
             t0 = time.perf_counter()
             self._stop_capture()
@@ -367,6 +397,23 @@ class Monitor:
             self._cost.add_host(time.perf_counter() - t0)
         except Exception:
             self._fail("loss")
+
+    def _keeps_history(self) -> bool:
+        """Whether the current step's scalars go to the next frame's history: a step
+        outside the schedule, while frames are sent."""
+        return not (self._scheduled or "history" in self.disabled
+                    or "step" in self.disabled)
+
+    def _history_loss(self, output: Any) -> None:
+        """The loss of a training forward on a non-sampled step (no sync)."""
+        try:
+            loss = getattr(output, "loss", None)
+            if loss is None and isinstance(output, dict):
+                loss = output.get("loss")
+            if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
+                self._history.add_loss(loss)
+        except Exception:
+            self._fail("history")
 
     def _head_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if not self.capturing or "final" in self.disabled or _compiling():
@@ -454,12 +501,20 @@ class Monitor:
         try:
             if "grad" in self.disabled or not params or id(params[0]) not in self._param_ids:
                 return
+            hit = None
             if isinstance(max_norm, (int, float, torch.Tensor)) and not self._clip_seen:
                 # every step, sampled or not: one on-device comparison, never read here
                 hit = (total.detach() > max_norm).to(torch.int32)
                 self._clip_hits = hit if self._clip_hits is None else self._clip_hits + hit
                 self._clip_steps += 1
             if not self._scheduled:
+                if self._keeps_history():
+                    try:  # the norm and flag of this step, for the next frame's history
+                        self._history.put(NORM, total)
+                        if hit is not None:
+                            self._history.put(CLIPPED, hit)
+                    except Exception:
+                        self._fail("history")
                 return
             self._clip_seen = True
             self._buffer.grad_norm = total.detach().float()
@@ -494,6 +549,7 @@ class Monitor:
     def _end_step(self) -> None:
         step, sampled, scheduled = self._step, self.sampled, self._scheduled
         vec = None
+        self._end_history(step)
         try:
             if scheduled:
                 self._stop_capture()
@@ -518,6 +574,48 @@ class Monitor:
         except Exception:
             self._fail("step")
         self._reschedule(agree=scheduled)
+
+    def _end_history(self, step: int) -> None:
+        """Close the step in the history: a non-sampled step keeps its lr (a host float)
+        and what it recorded; a sampled one's frame has it all."""
+        try:
+            if not self._keeps_history():
+                self._history.discard_step()
+                return
+            if self.optimizer is not None and self.optimizer.param_groups:
+                lr = self.optimizer.param_groups[0].get("lr")
+                if isinstance(lr, torch.Tensor) and lr.device.type == "cpu":
+                    lr = float(lr)  # a host value: it must not place the device buffer
+                if isinstance(lr, (int, float, torch.Tensor)) and not isinstance(lr, bool):
+                    self._history.put(LR, lr)
+            self._history.end_step(step)
+        except Exception:
+            self._fail("history")
+
+    def _take_history(self) -> HistoryBlock | None:
+        """The steps since the previous frame, for this frame (their rows are read back
+        with it)."""
+        if "history" in self.disabled:
+            return None
+        try:
+            block = self._history.take()
+            if self._history.skipped:
+                self._warn_once("history-device", "values on another device than the "
+                                "first one are left out of the history")
+            return block
+        except Exception:
+            self._fail("history")
+            return None
+
+    def _send_takes_history(self) -> bool:
+        send = self.client.send
+        key = getattr(send, "__func__", send)
+        if key is not self._send_key:
+            self._send_key, self._send_history = key, _takes_history(send)
+            if not self._send_history:
+                self._warn_once("history-send", "the client's send() takes no history=; "
+                                "the steps between frames are not sent")
+        return self._send_history
 
     def _reschedule(self, agree: bool = False) -> None:
         try:
@@ -629,8 +727,18 @@ class Monitor:
                 heads.update(qk_norms(self._qk))
             except Exception:
                 self._fail("qk")
+        block = self._take_history()
         host_ms = 1e3 * (self._cost.host_seconds + time.perf_counter() - t0)
-        out_scalars, out_heads, syncs, nbytes = collect(scalars, heads)
+        out_scalars, out_heads, syncs, nbytes, rows = collect(
+            scalars, heads, extra=block.tensors if block is not None else None)
+        history = None
+        if block is not None:
+            try:
+                history = block.values(rows)
+                if block.dropped:
+                    out_scalars["hooks.history_dropped"] = float(block.dropped)
+            except Exception:
+                self._fail("history")
         if sharded:
             self._drop_missing(out_scalars, out_heads, vec)
         if "grad.clipped" in out_scalars and not clip_from_device:
@@ -649,7 +757,10 @@ class Monitor:
         if overhead is not None:
             out_scalars["hooks.overhead"] = overhead
         self._frames += 1
-        self.client.send(step, out_scalars, out_heads, time=time.time())
+        if history is not None and history["scalars"] and self._send_takes_history():
+            self.client.send(step, out_scalars, out_heads, time=time.time(), history=history)
+        else:
+            self.client.send(step, out_scalars, out_heads, time=time.time())
 
     def _drop_missing(self, scalars: dict[str, float], heads: dict[str, Any],
                       vec: torch.Tensor | None) -> None:

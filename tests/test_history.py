@@ -372,3 +372,226 @@ def test_send_with_a_history_reaches_the_collector(sqlite_url: str) -> None:
         assert client.stats["rejected"] == 0
         assert series(api, "loss") == ([0, 1, 3, 4], [4.0, 3.0, 1.0, 0.5])
         assert series(api, "grad.norm") == ([2], [0.5])
+
+
+# --- the hooks: every step's scalars, no sync between sampled steps ------------------------
+
+
+class Sink:
+    """Stands for the client: keeps what the monitor sends."""
+
+    def __init__(self) -> None:
+        from logitwatch.client import Client
+
+        self.client = Client(None, run="h")
+        self.frames: list[dict[str, Any]] = []
+
+        def send(step: int, scalars: Any, heads: Any, time: float | None = None,
+                 history: Any = None) -> None:
+            self.frames.append({"step": step, "scalars": dict(scalars), "history": history})
+
+        self.client.send = send  # type: ignore[method-assign]
+
+    def every_step(self, name: str) -> dict[int, float | None]:
+        """``name`` at every step the frames tell of: their own scalars and histories."""
+        out: dict[int, float | None] = {}
+        for f in self.frames:
+            h = f["history"]
+            if h is not None:
+                values = h["scalars"].get(name, [None] * len(h["steps"]))
+                out.update(zip(h["steps"], values, strict=True))
+            out[f["step"]] = f["scalars"].get(name)
+        return out
+
+
+def tiny_lm(seed: int = 0) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+
+    class LM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(48, 32)
+            self.qkv = nn.Linear(32, 96)
+            self.out = nn.Linear(32, 48)
+            self.plain = False  # return the loss tensor itself, not an HF-style output
+
+        def forward(self, ids: Any) -> Any:
+            from types import SimpleNamespace
+
+            import torch.nn.functional as F
+
+            x = self.emb(ids)
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            logits = self.out(x + y.transpose(1, 2).reshape(b, t, 32))
+            loss = F.cross_entropy(logits.reshape(-1, 48), ids.roll(-1, 1).reshape(-1))
+            return loss if self.plain else SimpleNamespace(loss=loss, logits=logits)
+
+    return LM()
+
+
+def train(model: Any, opt: Any, steps: int, *, clip: float | None = 1.3, micro: int = 1,
+          log: Any = None, sched: Any = None, seed: int = 1) -> list[dict[str, Any]]:
+    """A plain loop; per step what it saw: the loss (mean over micro-batches), the norm
+    the clip call returned, the lr it trained with, and the host reads made."""
+    import torch
+
+    from logitwatch.hooks._probes import CountSyncs
+
+    gen = torch.Generator().manual_seed(seed)
+    seen = []
+    for _ in range(steps):
+        losses = []
+        with CountSyncs() as syncs:
+            for _ in range(micro):
+                ids = torch.randint(0, 48, (2, 12), generator=gen)
+                out = model(ids)
+                loss = out if model.plain else out.loss
+                (loss / micro).backward()
+                losses.append(loss.detach())
+                if log is not None:
+                    log(loss)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip) if clip else None
+            lr = opt.param_groups[0]["lr"]
+            opt.step()
+            opt.zero_grad()
+        if sched is not None:
+            sched.step()
+        mean = torch.stack(losses).mean() if micro > 1 else losses[0]
+        seen.append({"loss": float(mean), "last": float(losses[-1]),
+                     "norm": None if norm is None else float(norm), "lr": lr,
+                     "syncs": syncs.calls})
+    return seen
+
+
+@pytest.fixture
+def torch_one_thread(one_torch_thread: None) -> Any:
+    import torch
+
+    return torch
+
+
+def test_every_step_loss_grad_norm_clip_flag_and_lr_without_a_sync(torch_one_thread: Any
+                                                                   ) -> None:
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+
+    model = tiny_lm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)  # lr jumps mid-way
+    sink = Sink()
+    mon = attach(model, opt, run="h", client=sink.client, sample_every=10,
+                 overhead_budget=None)
+    seen = train(model, opt, 35, sched=sched)
+    mon.close()
+    assert [f["step"] for f in sink.frames] == [0, 10, 20, 30]
+    assert sink.frames[0]["history"] is None
+    assert [f["history"]["steps"] for f in sink.frames[1:]] == [
+        list(range(1, 10)), list(range(11, 20)), list(range(21, 30))]
+    covered = range(31)  # steps 31-34 wait for a frame that never comes
+    loss, norm = sink.every_step("loss"), sink.every_step("grad.norm")
+    clipped, lr = sink.every_step("grad.clipped"), sink.every_step("lr")
+    assert [loss[s] for s in covered] == [seen[s]["loss"] for s in covered]  # exactly
+    assert [norm[s] for s in covered] == [seen[s]["norm"] for s in covered]
+    assert [clipped[s] for s in covered] == [float(seen[s]["norm"] > 1.3) for s in covered]
+    assert 0 < sum(clipped.values()) < len(covered)  # both cases met
+    assert [lr[s] for s in covered] == [seen[s]["lr"] for s in covered]
+    assert {seen[s]["lr"] for s in covered} == {0.2, 0.1, 0.05, 0.025, 0.0125}
+    for s in range(35):  # one read-back on a sampled step (a .cpu() too on an
+        assert seen[s]["syncs"] == (["tolist"] if s % 10 == 0 else []), s  # accelerator)
+    f = sink.frames[1]["scalars"]
+    assert f["hooks.syncs"] == 0 and "hooks.history_dropped" not in f
+    assert f["hooks.bytes"] >= 4 * 4 * 9  # the history's rows came back in that transfer
+
+
+def test_a_job_that_does_not_clip_sends_no_grad_norm_between_samples(torch_one_thread: Any
+                                                                    ) -> None:
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+
+    model = tiny_lm()
+    model.plain = True  # a loss tensor: Monitor.log(loss=...) gives it
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # (CPU Adam reads its step count)
+    sink = Sink()
+    mon = attach(model, opt, run="h", client=sink.client, sample_every=10,
+                 overhead_budget=None, max_grad_norm=1.0)
+    seen = train(model, opt, 21, clip=None, micro=2, log=lambda loss: mon.log(loss=loss))
+    mon.close()
+    assert all(s["syncs"] == [] for i, s in enumerate(seen) if i % 10)
+    for f in sink.frames[1:]:
+        h = f["history"]
+        assert set(h["scalars"]) == {"loss", "lr"}, h["scalars"].keys()  # null everywhere
+        assert "grad.norm" in f["scalars"]  # measured on the sampled step itself
+    # log() replaces, as on sampled steps: the step's loss is the last one logged
+    loss = sink.every_step("loss")
+    assert [loss[s] for s in range(21)] == [seen[s]["last"] for s in range(21)]
+
+
+def test_gradient_accumulation_keeps_the_mean_loss(torch_one_thread: Any) -> None:
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+
+    model = tiny_lm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sink = Sink()
+    mon = attach(model, opt, run="h", client=sink.client, sample_every=5,
+                 overhead_budget=None)
+    seen = train(model, opt, 11, micro=3)
+    mon.close()
+    loss = sink.every_step("loss")
+    assert sorted(loss) == list(range(11))
+    for s in range(11):
+        assert loss[s] == pytest.approx(seen[s]["loss"], rel=1e-6), s
+
+
+def test_a_full_ring_keeps_the_newest_steps_and_counts_the_rest(torch_one_thread: Any
+                                                                ) -> None:
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+    from logitwatch.hooks._history import StepHistory
+
+    model = tiny_lm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sink = Sink()
+    mon = attach(model, opt, run="h", client=sink.client, sample_every=10,
+                 overhead_budget=None)
+    mon._history = StepHistory(capacity=4)
+    seen = train(model, opt, 21)
+    mon.close()
+    assert [f["history"] and f["history"]["steps"] for f in sink.frames] == [
+        None, [6, 7, 8, 9], [16, 17, 18, 19]]
+    assert [f["scalars"].get("hooks.history_dropped") for f in sink.frames] == [None, 5.0, 5.0]
+    h = sink.frames[2]["history"]
+    assert h["scalars"]["loss"] == [seen[s]["loss"] for s in (16, 17, 18, 19)]
+
+
+def test_a_failing_history_is_disabled_and_training_goes_on(torch_one_thread: Any,
+                                                            caplog: Any) -> None:
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+
+    def run(broken: bool) -> tuple[list[dict[str, Any]], Sink, Any]:
+        model = tiny_lm()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sink = Sink()
+        mon = attach(model, opt, run="h", client=sink.client, sample_every=4,
+                     overhead_budget=None)
+        if broken:
+            def put(*args: Any) -> None:
+                raise RuntimeError("broken history")
+
+            mon._history.put = put  # type: ignore[method-assign]
+        seen = train(model, opt, 9)
+        mon.close()
+        return seen, sink, mon
+
+    good, _, _ = run(False)
+    bad, sink, mon = run(True)
+    assert [s["loss"] for s in bad] == [s["loss"] for s in good]  # training unchanged
+    assert mon.disabled == {"history"} and "broken history" in caplog.text
+    assert [f["step"] for f in sink.frames] == [0, 4, 8]  # frames still sent
+    assert all(f["history"] is None for f in sink.frames)

@@ -397,22 +397,30 @@ def test_no_host_sync_on_non_sampled_steps(recorder) -> None:
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     mon = watch(model, opt, run="r", client=client, sample_every=3)
-    calls = []
+    calls, losses, norms = [], [], []
     for ids in batches(7):
         with CountSyncs() as counter:
             out = model(ids, ids.roll(-1, 1))
             out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             mon.log(loss=out.loss, extra=out.loss * 2)
             opt.step()
             opt.zero_grad()
         calls.append(counter.calls)
+        losses.append(out.loss.item())
+        norms.append(norm.item())
     mon.close()
     assert [calls[i] for i in (1, 2, 4, 5)] == [[], [], [], []]
     for i in (0, 3, 6):
         assert calls[i] == ["tolist"]  # the one read-back (a .cpu() too on an accelerator)
     assert [f["step"] for f in rec.frames] == [0, 3, 6]
     assert rec.frames[0]["scalars"]["extra"] == pytest.approx(2 * rec.frames[0]["scalars"]["loss"])
+    # The steps in between came back in that one read-back, as the next frame's history.
+    assert [f.get("history", {}).get("steps") for f in rec.frames] == [None, [1, 2], [4, 5]]
+    for f in rec.frames[1:]:
+        steps = f["history"]["steps"]
+        assert f["history"]["scalars"]["loss"] == [losses[s] for s in steps]
+        assert f["history"]["scalars"]["grad.norm"] == [norms[s] for s in steps]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -421,21 +429,32 @@ def test_cuda_non_sampled_steps_do_not_sync() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     frames: list = []
     client = Client(None, run="r")
-    client.send = lambda step, scalars, heads, time=None: frames.append(step)
-    mon = watch(model, opt, run="r", client=client, sample_every=2)
-    for i, ids in enumerate(batches(5)):
+    client.send = lambda step, scalars, heads, time=None, history=None: frames.append(
+        (step, scalars, history))
+    mon = watch(model, opt, run="r", client=client, sample_every=3)
+    losses, norms = [], []
+    for i, ids in enumerate(batches(7)):
         ids = ids.cuda()
-        torch.cuda.set_sync_debug_mode("error" if i % 2 else "default")
+        torch.cuda.set_sync_debug_mode("error" if i % 3 else "default")
         try:
             out = model(ids, ids.roll(-1, 1))
             out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad()
         finally:
             torch.cuda.set_sync_debug_mode("default")
+        losses.append(out.loss.item())
+        norms.append(norm.item())
     mon.close()
-    assert frames == [0, 2, 4]
+    assert [f[0] for f in frames] == [0, 3, 6]
+    assert [f[1]["hooks.syncs"] for f in frames] == [1.0, 1.0, 1.0]
+    assert [f[2] and f[2]["steps"] for f in frames] == [None, [1, 2], [4, 5]]
+    for _, _, history in frames[1:]:
+        steps = history["steps"]
+        assert history["scalars"]["loss"] == [losses[s] for s in steps]
+        assert history["scalars"]["grad.norm"] == [norms[s] for s in steps]
+        assert history["scalars"]["grad.clipped"] == [float(norms[s] > 1.0) for s in steps]
 
 
 def test_sampling_interval_follows_control(recorder) -> None:

@@ -94,8 +94,9 @@ WORKER = MODEL + textwrap.dedent('''
         frames = []
         mon = attach(model, opt, run="fsdp", sample_every=1, overhead_budget=None,
                      max_grad_norm=MAX_NORM)
-        mon.client.send = lambda step, scalars, heads, time=None: frames.append(
-            {"step": step, "rank": mon.client.rank, "scalars": scalars, "heads": heads})
+        mon.client.send = lambda step, scalars, heads, time=None, history=None: frames.append(
+            {"step": step, "rank": mon.client.rank, "scalars": scalars, "heads": heads,
+             "history": history})
         ids = batches()[rank]  # a different batch on each rank
         for step in range(steps):
             if step == control_at and rank == 0:  # the collector reached rank 0 first
@@ -236,6 +237,12 @@ def test_fsdp_two_process_gloo_whole_catalog(tmp_path, gloo_pair, mode: str) -> 
         assert result["control"]["disabled"] == []
         assert [f["step"] for f in frames] == [0, 1, 4, 7]
         assert [f["scalars"]["hooks.sample_every"] for f in frames] == [1.0, 1.0, 3.0, 3.0]
+        # The unsampled steps between (no collective, no sync) came with the next frame.
+        assert [f["history"] and f["history"]["steps"] for f in frames] == [
+            None, None, [2, 3], [5, 6]]
+        for f in frames[2:]:
+            assert sorted(f["history"]["scalars"]) == ["loss", "lr"]  # the job never clips
+            assert all(math.isfinite(v) for v in f["history"]["scalars"]["loss"])
     check_rank_local_failures(results, refs[False])
 
 
