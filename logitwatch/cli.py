@@ -221,20 +221,26 @@ def _find_run(s: Session, run: str, project: str | None) -> int:
 @runs.command("list")
 @click.option("--project", default=None, help="Only this project's runs.")
 @click.option("--tag", default=None, help="Only runs with this tag.")
+@click.option("--status", default=None,
+              type=click.Choice(["running", "finished", "stopped", "diverged"]),
+              help="Only runs with this status.")
 @_DB
-def runs_list(project: str | None, tag: str | None, db_url: str | None) -> None:
-    """List runs, most recently active first."""
+def runs_list(project: str | None, tag: str | None, status: str | None,
+              db_url: str | None) -> None:
+    """List runs, most recently active first, with their status: running, finished (the
+    job said it ended), stopped (no data: hung or crashed), diverged."""
     with _store(db_url) as s:
         from logitwatch.server.store.queries import list_runs
 
-        found = list_runs(s, project=project, tag=tag)
+        found = list_runs(s, project=project, tag=tag, status=status)  # type: ignore[arg-type]
     if not found:
         click.echo("no runs")
         return
-    click.echo(f"{'id':>5}  {'project':<20} {'name':<32} {'last step':>10} {'alerts':>6}  tags")
+    click.echo(f"{'id':>5}  {'project':<20} {'name':<32} {'status':<9} {'last step':>10} "
+               f"{'alerts':>6}  tags")
     for r in found:
-        click.echo(f"{r.id:>5}  {r.project:<20} {r.name:<32} {r.last_step or 0:>10} "
-                   f"{r.open_alerts:>6}  {','.join(r.tags)}")
+        click.echo(f"{r.id:>5}  {r.project:<20} {r.name:<32} {r.status:<9} "
+                   f"{r.last_step or 0:>10} {r.open_alerts:>6}  {','.join(r.tags)}")
 
 
 @runs.command("delete")

@@ -31,6 +31,21 @@ The collector stores each history step as a frame of its own with scalars only (
 queries, retention and the alert engine see every step); a resent frame's history is
 deduplicated with it.
 
+An *end frame* says that the job ended normally after its last step::
+
+    {"run": "demo-unstable", "project": "default", "rank": 0, "seq": 43, "step": 420,
+     "time": 1764430001.5, "end": "finished"}
+
+``end`` is ``"finished"`` (the only value); ``step`` is the last step the client sent;
+``scalars``, ``heads`` and ``history`` are absent (or empty). It is numbered, queued,
+spooled, replayed and deduplicated like any frame, after every frame of that client.
+Rank 0's end frame makes the run ``finished`` (the collector's ``no_data`` rule then never
+fires for it); a later frame of rank 0 (a higher ``seq``: the job was resumed) makes it
+``running`` again, and an end frame numbered before a frame of rank 0 already stored
+changes nothing. Other ranks' end frames are accepted and change nothing. The client sends
+one from ``Client.shutdown()`` (so ``Monitor.close()``) and at interpreter exit, unless the
+interpreter is exiting on an uncaught exception.
+
 Non-finite numbers are signals, not errors, so they travel as what they are. JSON has no
 literal for them, so a value position may hold one of the strings ``"NaN"``,
 ``"Infinity"`` or ``"-Infinity"``; every other value is a JSON number. :func:`encode_float`

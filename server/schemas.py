@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -164,6 +164,9 @@ class FrameIn(BaseModel):
     scalars: dict[Name, WireFloat] = Field(default_factory=dict, max_length=256)
     heads: dict[Name, list[list[WireFloat]]] = Field(default_factory=dict, max_length=64)
     history: HistoryIn | None = None
+    end: Literal["finished"] | None = Field(
+        None, description="An end frame: the job ended normally after `step` (its last "
+        "step); it carries no scalars, heads or history.")
 
     @field_validator("heads")
     @classmethod
@@ -184,6 +187,13 @@ class FrameIn(BaseModel):
         if h is not None and h.steps and h.steps[-1] >= self.step:
             raise ValueError(f"history.steps: the last step {h.steps[-1]} is not before "
                              f"the frame's step {self.step}")
+        return self
+
+    @model_validator(mode="after")
+    def _end_frame_is_empty(self) -> FrameIn:
+        if self.end is not None and (self.scalars or self.heads or self.history is not None):
+            raise ValueError("end: an end frame carries no scalars, heads or history (send "
+                             "them in a frame of their own before it)")
         return self
 
 
@@ -242,8 +252,17 @@ class RunOut(BaseModel):
     open_alerts: int
     last_frame_id: int = Field(0, description="Pass as the live stream's `after`.")
     status: str = Field(
-        "idle", description="`active` (a frame within run_active_seconds) or `idle`."
-    )
+        "running", description="`running`; `finished` (its job said it ended); `stopped` "
+        "(no frame for the no_data rule's seconds without having finished: hung or "
+        "crashed); `diverged` (a run-level divergence alert fired on it, whatever came "
+        "after).")
+    active: bool = Field(False, description="A frame within run_active_seconds.")
+    ended_at: float | None = Field(None, description="When its job said it ended (the end "
+                                   "frame's time); null until then and once resumed.")
+    end_step: int | None = Field(None, description="Its last step, as its job said when "
+                                 "it ended; null until then and once resumed.")
+    diverged_step: int | None = Field(None, description="The step at which it diverged "
+                                      "(the first run-level divergence alert).")
     tags: list[str] = Field(default_factory=list, description="Labels (`logitwatch runs tag`).")
 
 

@@ -310,7 +310,7 @@ def test_dashboard_views_zoom_drill_compare(collector: str, tab: Any, tmp_path: 
     page.wait_for_selector(f"tr[data-run-id='{big}'] svg.spark path", timeout=WAIT_MS)
     assert int(page.locator(f"tr[data-run-id='{big}'] svg.spark").get_attribute(
         "data-points")) > 10
-    assert page.locator(f"tr[data-run-id='{big}'] .state").inner_text() == "active"
+    assert page.locator(f"tr[data-run-id='{big}'] .state").inner_text() == "running"
     page.fill("#f-q", "smal")
     page.wait_for_function("document.querySelectorAll('#runs-table tbody tr').length === 1",
                            timeout=WAIT_MS)

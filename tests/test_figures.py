@@ -312,7 +312,7 @@ def test_runs_overview_sparklines_and_filters(views_client: TestClient) -> None:
     runs = c.get("/api/v1/dashboard/runs").json()
     by = {r["name"]: r for r in runs}
     assert by["v"]["loss_steps"][0] == 0 and by["v"]["loss_steps"][-1] == 390
-    assert len(by["v"]["loss_steps"]) == 40 and by["v"]["status"] in ("active", "idle")
+    assert len(by["v"]["loss_steps"]) == 40 and by["v"]["status"] == "running"
     assert by["w"]["status"] == "diverged" and by["w"]["last_loss"] == "NaN"
     assert [r["name"] for r in c.get("/api/v1/dashboard/runs", params={"q": "W"}).json()] == ["w"]
     assert [r["name"] for r in c.get("/api/v1/dashboard/runs",

@@ -151,7 +151,9 @@ def test_runs_by_project_tag_status_time_and_name(client: TestClient, db_url: st
     assert names(since=2500) == ["new-b", "new-a"]
     assert names(name="new") == ["new-b", "new-a"]
     run = client.get("/api/v1/runs/3").json()
-    assert run["tags"] == ["qk-norm"] and run["status"] == "active"
+    assert run["tags"] == ["qk-norm"] and run["status"] == "running" and run["active"]
+    assert names(status="running") == ["new-b", "new-a", "old"]
+    assert names(status="finished") == [] and names(status="diverged") == []
     assert client.get("/api/v1/runs", params={"status": "bogus"}).status_code == 422
 
 

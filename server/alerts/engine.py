@@ -39,12 +39,12 @@ import math
 import threading
 import time as _time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
 import numpy as np
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
@@ -654,6 +654,9 @@ class AlertEngine:
             paged_step=t.step if (p.severity or rule.severity) in PAGING else None,
         )
         session.add(a)
+        if rule.inhibits and run is not None and (run.diverged_step is None
+                                                  or t.step < run.diverged_step):
+            run.diverged_step = t.step  # a run-level divergence: the run's status says so
         session.flush()
         (log.info if suppressed else log.warning)("ALERT %s%s", a.message,
                                                   f" ({suppressed})" if suppressed else "")
@@ -758,21 +761,39 @@ class AlertEngine:
 
     # -- no data ---------------------------------------------------------------------------
 
-    def check_stale(self, session: Session, now: float | None = None) -> list[Alert]:
-        """Fire ``no_data`` for every run whose last frame is older than the rule's
-        ``seconds`` (and that has no open ``no_data`` alert); returns the new alerts."""
-        rules = [r for r in self._rules if r.kind == "no_data" and r.enabled]
-        if not rules:
+    def check_stale(self, session: Session, now: float | None = None, *,
+                    runs: Collection[int] | None = None) -> list[Alert]:
+        """Fire ``no_data`` for every run that has not finished and whose last frame is
+        older than the rule's ``seconds`` (and that has no open ``no_data`` alert): the run
+        is then ``stopped``. Resolve the open ``no_data`` alerts of finished runs. Only the
+        runs of ``runs`` when given (the ingest route passes those that just finished).
+        Returns the alerts fired or resolved that people should hear about."""
+        names = [r.name for r in self._rules if r.kind == "no_data"]
+        if not names:
             return []
         now = _time.time() if now is None else now
         out: list[Alert] = []
-        for rule in rules:
+        ended = (select(Alert, Run).join(Run, Run.id == Alert.run_id)
+                 .where(Alert.rule.in_(names), Alert.state == State.FIRING.value,
+                        Run.status == "finished"))
+        if runs is not None:
+            ended = ended.where(Run.id.in_(list(runs)))
+        for a, run in session.execute(ended).all():
+            a.state = State.RESOLVED.value  # the job said it ended: it did not hang
+            a.resolved_step = run.end_step if run.end_step is not None else a.fired_step
+            if a.suppressed is None:
+                out.append(a)
+        for rule in self._rules:
+            if rule.kind != "no_data" or not rule.enabled:
+                continue
             seconds = float(rule.param("seconds"))
-            runs = session.scalars(
-                select(Run).where(Run.last_time.is_not(None), Run.last_time < now - seconds)
-            ).all()
-            for run in runs:
+            q = select(Run).where(Run.last_time.is_not(None), Run.last_time < now - seconds,
+                                  Run.status != "finished")
+            if runs is not None:
+                q = q.where(Run.id.in_(list(runs)))
+            for run in session.scalars(q).all():
                 if self._open_alert(session, run.id, 0, rule.name, None) is not None:
+                    run.status = "stopped"  # (a run alerted before statuses were stored)
                     continue
                 if session.scalar(select(Alert.id).where(
                         Alert.run_id == run.id, Alert.rule == rule.name,
@@ -781,7 +802,8 @@ class AlertEngine:
                 assert run.last_time is not None
                 silent = now - run.last_time
                 msg = (f"{run.name}: no data for {silent:.0f} s since step {run.last_step} "
-                       f"(limit {seconds:.0f} s): the job may have hung or crashed.")
+                       f"(limit {seconds:.0f} s) and its job did not say it ended: it may "
+                       "have hung or crashed.")
                 sid = self._silenced(session, run, rule.name, 0, None, now)
                 a = Alert(
                     run_id=run.id, rule=rule.name, metric="*", severity=rule.severity,
@@ -792,8 +814,10 @@ class AlertEngine:
                                            "rule_kind": "no_data"},
                     remedies=remedies_for("*", "no_data"),
                     suppressed="silenced" if sid is not None else None,
+                    paged_step=(run.last_step or 0) if rule.severity in PAGING else None,
                 )
                 session.add(a)
+                run.status = "stopped"
                 session.flush()
                 if a.suppressed is None:
                     out.append(a)
@@ -809,6 +833,10 @@ class AlertEngine:
         for a in rows:
             a.state = State.RESOLVED.value
             a.resolved_step = f.step
+        if rows:  # the stopped run reports again
+            session.execute(update(Run).where(Run.id == f.run_id, Run.status == "stopped")
+                            .values(status="running")
+                            .execution_options(synchronize_session="evaluate"))
         return [a for a in rows if a.suppressed is None]
 
 

@@ -28,8 +28,8 @@ from logitwatch.server.alerts.rules import RuleSpec
 from logitwatch.server.db.models import Run
 from logitwatch.server.db.session import make_engine, migrate, session_scope
 from logitwatch.server.schemas import AlertOut, IngestIn
+from logitwatch.server.store import lifecycle
 from logitwatch.server.store.alerts import alert_out, list_alerts
-from logitwatch.server.store.ingest import ingest_frames
 
 __all__ = ["ReplayResult", "read_frames", "replay", "replay_rules"]
 
@@ -141,9 +141,12 @@ def replay(
             for i in range(0, len(items), batch):
                 body = IngestIn.model_validate({"frames": items[i:i + batch]})
                 with session_scope(sessions) as s:
-                    stored = ingest_frames(s, body.frames)
+                    stored, finished = lifecycle.ingest(s, body.frames)
                     run_ids |= stored.run_ids
-                    for a in alerts.process(s, stored.new_frames):
+                    fired = alerts.process(s, stored.new_frames)
+                    if finished:
+                        fired += alerts.check_stale(s, runs=finished)
+                    for a in fired:
                         run = s.get(Run, a.run_id)
                         assert run is not None
                         result.notified.append(alert_out(a, run))

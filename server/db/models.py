@@ -48,6 +48,16 @@ class Run(Base):
     created_at: Mapped[float] = mapped_column(Float)
     last_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
     last_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # 0006: lifecycle (store/lifecycle.py): running, finished (rank 0's job said it ended:
+    # ended_at/end_step/end_seq of that end frame), stopped (the no_data alert fired);
+    # diverged_step: the first step a run-level divergence alert (a rule with `inhibits`)
+    # fired at, which makes the run's reported status "diverged"
+    status: Mapped[str] = mapped_column(String(16), default="running",
+                                        server_default=text("'running'"))
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    end_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    end_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    diverged_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class RunTag(Base):

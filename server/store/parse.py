@@ -188,6 +188,8 @@ def _history(v: Any, step: int) -> HistoryIn | None:
 def _frame(d: Any) -> FrameIn:
     if type(d) is not dict or not _REQUIRED <= d.keys() or not d.keys() <= _KEYS:
         raise _Slow
+    if "end" in d:  # an end frame (one per job): the model checks it
+        raise _Slow
     time = d["time"]
     if type(time) is int:
         time = float(time)

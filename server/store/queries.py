@@ -19,6 +19,7 @@ from logitwatch.server.schemas import DeletedOut, HeatmapOut, MetricOut, RunOut,
 from logitwatch.server.store.codec import decode
 from logitwatch.server.store.downsample import minmax_downsample
 from logitwatch.server.store.ingest import ENVELOPE
+from logitwatch.server.store.lifecycle import run_status
 
 __all__ = [
     "Agg",
@@ -34,7 +35,7 @@ __all__ = [
     "set_tags",
 ]
 
-RunStatus = Literal["active", "idle", "alerting"]
+RunStatus = Literal["running", "finished", "stopped", "diverged", "alerting", "active", "idle"]
 Merge = Literal["max", "min", "mean"]
 Agg = Literal["max", "min", "mean"]
 TAG_RE = re.compile(r"[A-Za-z0-9._:\-]{1,64}")
@@ -53,7 +54,11 @@ def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0, *, tags: list[s
         last_time=run.last_time,
         open_alerts=open_alerts,
         last_frame_id=last_frame_id,
-        status="active" if active else "idle",
+        status=run_status(run),
+        active=active,
+        ended_at=run.ended_at,
+        end_step=run.end_step,
+        diverged_step=run.diverged_step,
         tags=tags or [],
     )
 
@@ -83,8 +88,10 @@ def list_runs(
 ) -> list[RunOut]:
     """Runs, most recently active first, with their count of firing alerts.
 
-    Filters (all optional, combined with AND): ``project``; ``tag``; ``status``: ``active``
-    (a frame within ``active_seconds``), ``idle`` (none), ``alerting`` (an alert firing);
+    Filters (all optional, combined with AND): ``project``; ``tag``; ``status``: one of
+    :data:`~.lifecycle.STATUSES` (``running``, ``finished``, ``stopped``, ``diverged``: see
+    :mod:`.lifecycle`), ``alerting`` (an alert firing), ``active`` (a frame within
+    ``active_seconds``) or ``idle`` (none);
     ``since``/``until``: the run was active in that window of unix seconds (first seen by
     the collector at or before ``until``, its last frame's time at or after ``since``);
     ``name``: a substring of the run name.
@@ -103,7 +110,11 @@ def list_runs(
         q = q.where(Run.project == project)
     if tag is not None:
         q = q.where(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
-    if status == "active":
+    if status == "diverged":
+        q = q.where(Run.diverged_step.is_not(None))
+    elif status in ("running", "finished", "stopped"):
+        q = q.where(Run.diverged_step.is_(None), Run.status == status)
+    elif status == "active":
         q = q.where(Run.last_time >= now - active_seconds)
     elif status == "idle":
         q = q.where(or_(Run.last_time.is_(None), Run.last_time < now - active_seconds))

@@ -16,7 +16,7 @@ const selected = new Set();
 const projects = new Set();
 let timer = null;
 
-// Filters and selection from the address: /?project=p&status=live&q=gpt&compare=3
+// Filters and selection from the address: /?project=p&status=running&q=gpt&compare=3
 const start = new URLSearchParams(location.search);
 $("f-q").value = start.get("q") || "";
 $("f-status").value = start.get("status") || "";

@@ -52,7 +52,8 @@ def runs_overview(
     principal: ReadDep,
     project: Annotated[str | None, Query(max_length=128)] = None,
     status: Annotated[str | None, Query(max_length=16,
-                                        description="active, idle, diverged or empty")] = None,
+                                        description="running, finished, stopped, diverged "
+                                        "or empty")] = None,
     alerting: Annotated[bool, Query(description="only runs with a firing alert")] = False,
     q: Annotated[str | None, Query(max_length=128, description="name contains")] = None,
 ) -> list[views.RunSummaryOut]:

@@ -13,8 +13,8 @@ from logitwatch.server.db.session import session_scope
 from logitwatch.server.errors import Forbidden
 from logitwatch.server.limits import check_batch
 from logitwatch.server.schemas import AlertOut, IngestIn, IngestOut
+from logitwatch.server.store import lifecycle
 from logitwatch.server.store.alerts import alert_out, firing_alerts
-from logitwatch.server.store.ingest import ingest_frames
 from logitwatch.server.store.parse import ingest_openapi_body, parse_ingest
 
 router = APIRouter(tags=["ingest"])
@@ -48,6 +48,10 @@ def ingest(
     With an ingest token, a frame that names no ``project`` belongs to the token's project,
     and a frame of any other project refuses the whole batch (403 ``project-forbidden``).
 
+    An end frame (``"end": "finished"``) says the job ended: rank 0's finishes the run
+    (``status`` ``finished``, its open ``no_data`` alert resolves); a later frame of rank 0
+    makes it ``running`` again.
+
     The transaction commits *before* the answer is sent: a 200 means stored. While a run
     of the batch has a firing alert, ``control`` asks the job to sample every
     ``alert_sample_every`` steps (``{"sample_every": N}``); otherwise it is ``{}``.
@@ -61,9 +65,12 @@ def ingest(
     _own_project(body, principal)
     changed: list[AlertOut] = []
     with session_scope(state.sessions) as session:
-        result = ingest_frames(session, body.frames,
-                               max_metrics_per_run=state.settings.max_metrics_per_run)
-        for a in state.alert_engine.process(session, result.new_frames):
+        result, finished = lifecycle.ingest(
+            session, body.frames, max_metrics_per_run=state.settings.max_metrics_per_run)
+        alerts = state.alert_engine.process(session, result.new_frames)
+        if finished:  # their open no_data alerts resolve
+            alerts += state.alert_engine.check_stale(session, runs=finished)
+        for a in alerts:
             run = session.get(Run, a.run_id)
             assert run is not None
             changed.append(alert_out(a, run))

@@ -50,8 +50,9 @@ def runs(
     = None,
     status: Annotated[
         queries.RunStatus | None,
-        Query(description="`active`: a frame within run_active_seconds; `idle`: none; "
-              "`alerting`: an alert is firing"),
+        Query(description="`running`, `finished` (its job said it ended), `stopped` (no "
+              "data: hung or crashed), `diverged`; `alerting`: an alert is firing; "
+              "`active`: a frame within run_active_seconds; `idle`: none"),
     ] = None,
     since: Annotated[float | None, Query(ge=0, le=TIME, description="active at or after "
                                          "this time (unix seconds)")] = None,
