@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import shlex
+import sys
 import threading
 import time as _time
 import weakref
@@ -18,7 +19,7 @@ import httpx
 
 from logitwatch.wire import NAME_RE
 
-from ._codec import encode, pack
+from ._codec import Packed, encode, pack
 from ._http import IngestTransport, shared_ssl_context
 from ._queue import Backlog
 from ._spool import WriterDir
@@ -57,6 +58,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
 
 
+def _exiting_on_exception() -> bool:
+    """Whether the interpreter is exiting because of an uncaught exception: Python keeps
+    it in ``sys.last_exc`` (3.12) / ``sys.last_value`` before it runs the exit hooks. Not
+    in an interactive session, where an error at the prompt does not end it. An exit
+    through ``sys.exit(code)`` is a normal exit, whatever the code (the hooks are not told
+    it)."""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return False
+    return (getattr(sys, "last_exc", None) is not None
+            or getattr(sys, "last_value", None) is not None)
+
+
 class Client:
     """Queues frames (one per sampled step) and ships them to a collector in the background.
 
@@ -71,7 +84,11 @@ class Client:
 
     Shutdown (:meth:`shutdown`, ``with``, or interpreter exit) sends what it can within
     its timeout and leaves the rest in the spool, with one log line that says how to send
-    it later (``logitwatch push DIR``).
+    it later (``logitwatch push DIR``). It first says that the job ended (:meth:`finish`:
+    the run becomes ``finished`` on the collector), unless the job is ending on an
+    exception: ``with`` left by one, ``shutdown(finished=False)``, or an interpreter exiting
+    on an uncaught exception, whose run the collector's ``no_data`` rule then reports as
+    ``stopped``.
 
     Thread-safe (any thread may call :meth:`send`) and fork-safe: a forked child
     (DataLoader worker, ``torch.multiprocessing``) starts with an empty queue, new threads
@@ -135,6 +152,8 @@ class Client:
         self._close_lock = threading.Lock()
         self._start_lock = threading.Lock()
         self._started = self.url is None
+        self._last_step = -1  # the highest step sent (this process)
+        self._end_seq = -1  # the seq of the last end frame queued
         self._spool = WriterDir(cfg.spool_root(), project=self.project, run=self.run,
                                 rank=self.rank, url=self.url)
         self._backlog = Backlog(
@@ -222,6 +241,8 @@ class Client:
             if problems:
                 self._warn_once("problems:" + problems[0],
                                 "logitwatch: Client.send left out %s", "; ".join(problems))
+            if frame.step > self._last_step:
+                self._last_step = frame.step
             backlog = self._backlog
             n = backlog.put(frame, _time.time_ns() // 1000)
             if n >= self.config.max_batch and not sender.woken:
@@ -286,8 +307,42 @@ class Client:
             self._sender.wake(urgent=True)
         return self._backlog.wait_handled(target, timeout)
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def finish(self, step: int | None = None) -> None:
+        """Say that the job ended normally: queue an end frame (``"end": "finished"``)
+        after everything sent so far. Rank 0's makes the run ``finished`` on the collector
+        (no ``no_data`` alert for it); a frame sent later makes it ``running`` again.
+
+        Args:
+            step: The job's last step (default, and at least: the highest step sent).
+
+        :meth:`shutdown` does it (also at interpreter exit, unless on an uncaught
+        exception), so call it only to say so earlier. Nothing is sent by a client that
+        has sent no frame, nor twice in a row. Never blocks, never raises.
+        """
+        with self._close_lock:
+            if not self._closed:
+                self._queue_end(step)
+
+    def _queue_end(self, step: int | None = None) -> None:
+        try:
+            sender = self._sender
+            if sender is None or self._last_step < 0 or self._backlog.last_seq == self._end_seq:
+                return
+            last = self._last_step if step is None else max(self._last_step, int(step))
+            frame = Packed(last, _time.time(), {}, {}, 200)
+            frame.end = "finished"
+            self._backlog.put(frame, _time.time_ns() // 1000)
+            self._end_seq = self._backlog.last_seq
+            sender.wake()
+        except Exception:
+            self._warn_once("end", "logitwatch: could not queue the end frame", exc_info=True)
+
+    def shutdown(self, timeout: float = 10.0, *, finished: bool = True) -> None:
         """Send what remains within ``timeout`` s, keep the rest in the spool, and stop.
+
+        With ``finished`` (default), first say that the job ended (:meth:`finish`); pass
+        False when it is ending on an error, so the collector's ``no_data`` rule reports
+        the run as ``stopped`` instead.
 
         Idempotent; never raises. Frames left in the spool are reported in one log line
         with the command that sends them (``logitwatch push DIR``); frames that could not
@@ -296,6 +351,8 @@ class Client:
         with self._close_lock:
             if self._closed:
                 return
+            if finished:
+                self._queue_end()  # the last frame: delivered, or spooled, with the rest
             self._closed = True
         try:
             atexit.unregister(self._atexit)
@@ -339,10 +396,14 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown(self.config.exit_timeout)
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.shutdown(self.config.exit_timeout, finished=exc_type is None)
 
     def _atexit(self) -> None:
+        crashed = _exiting_on_exception()
+        if crashed and self._last_step >= 0:
+            log.info("logitwatch: exiting on an uncaught exception: run %r is not marked "
+                     "finished (the collector reports it stopped once no data comes)", self.run)
         pending = self._backlog.pending()
         if pending:
             log.info(
@@ -350,7 +411,7 @@ class Client:
                 "is left stays in the disk spool)",
                 pending, self.url, self.config.exit_timeout,
             )
-        self.shutdown(self.config.exit_timeout)
+        self.shutdown(self.config.exit_timeout, finished=not crashed)
 
     # -- sender thread -------------------------------------------------------------------
 

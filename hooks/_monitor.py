@@ -19,7 +19,7 @@ from . import _adapter, _clip, _eager, _logits
 from ._buffer import StepBuffer, collect
 from ._cost import CostMeter
 from ._final import final_stats, find_output_head, vocab_size
-from ._history import CLIPPED, LR, NORM, HistoryBlock, StepHistory
+from ._history import LR, HistoryBlock, StepHistory
 from ._logits import DEFAULT_BUDGET, attention_head_stats
 from ._qk import find_qk, qk_items, qk_norms
 from ._sdpa import SdpaCapture, parse_call
@@ -323,11 +323,14 @@ class Monitor:
             self._cost.add_host(time.perf_counter() - t0)
         self._end_step()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, *, finished: bool = True) -> None:
         """Remove every hook and patch, then shut down (or flush, if injected) the client.
 
+        Shutting down its own client says that the job ended (the run becomes
+        ``finished``); ``finished=False`` (and leaving a ``with`` block on an exception)
+        does not, so the collector reports the run ``stopped`` once no data comes.
         Idempotent and bounded by ``timeout`` seconds. A client passed to ``attach`` is
-        flushed but left running: its owner shuts it down.
+        flushed but left running: its owner shuts it down (and so says the job ended).
         """
         if self._closed:
             return
@@ -340,7 +343,9 @@ class Monitor:
         _eager.uninstall(self._eager_token)
         _clip.remove_listener(self._on_clip)
         if self._owns_client:
-            self.client.shutdown(timeout)
+            if finished and self._step > 0:
+                self.client.finish(step=self._step - 1)  # the last step, sampled or not
+            self.client.shutdown(timeout, finished=finished)
         else:
             self.client.flush(timeout)
 
@@ -349,8 +354,8 @@ class Monitor:
     def __enter__(self) -> Monitor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(finished=exc_type is None)
 
     # -- forward -------------------------------------------------------------------------
 
@@ -510,9 +515,7 @@ class Monitor:
             if not self._scheduled:
                 if self._keeps_history():
                     try:  # the norm and flag of this step, for the next frame's history
-                        self._history.put(NORM, total)
-                        if hit is not None:
-                            self._history.put(CLIPPED, hit)
+                        self._history.put_norm(total, max_norm, hit)
                     except Exception:
                         self._fail("history")
                 return

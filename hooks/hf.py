@@ -11,8 +11,8 @@ Example::
 The callback attaches at ``on_train_begin`` (the Trainer has built its optimizer then;
 accelerate's wrapper is looked through), ends steps on the optimizer's ``step()`` like a
 plain loop, reads ``args.max_grad_norm`` as the clip threshold, the rank from
-``args.process_index``, and closes at ``on_train_end``. The loss comes from the model
-outputs' ``.loss``.
+``args.process_index``, and closes at ``on_train_end``, which says the job ended (the run
+becomes ``finished`` on the collector). The loss comes from the model outputs' ``.loss``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ through ``torch.nn.utils.clip_grad_norm_``, which the monitor observes; without 
 it is computed at the step's end, where the gradients are still this step's), and one
 monitored step per optimizer step (``accumulate_grad_batches`` respected). Automatic
 optimization with one optimizer; the rank is ``trainer.global_rank``.
+
+``on_fit_end`` closes the monitor, which says the job ended (the run becomes ``finished``
+on the collector); a fit that raises closes it without (``on_exception``), so the run is
+reported ``stopped`` once no data comes.
 """
 
 from __future__ import annotations
@@ -82,4 +86,10 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.monitor is not None:
             self.monitor.close()
+            self.monitor = None
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        if self.monitor is not None:
+            self.monitor.close(finished=False)
             self.monitor = None

@@ -306,10 +306,11 @@ def test_flush_false_on_timeout_and_shutdown_keeps_the_rest_in_the_spool(
         elapsed = time.monotonic() - t0
     assert elapsed < 2.0
     stats = client.stats
-    assert stats["undelivered_at_shutdown"] == 0 and stats["spooled"] == 4
+    assert stats["undelivered_at_shutdown"] == 0 and stats["spooled"] == 5  # and the end
     path = client.spool_path
-    assert path is not None and len(list(__import__("pathlib").Path(path).glob("*.seg"))) == 1
-    assert "4 frame(s) of run 'r1' rank 0 were not delivered" in caplog.text
+    # the batch stuck in flight, and the end frame queued after it
+    assert path is not None and len(list(__import__("pathlib").Path(path).glob("*.seg"))) == 2
+    assert "5 frame(s) of run 'r1' rank 0 were not delivered" in caplog.text
     assert f"logitwatch push {path} --url http://collector" in caplog.text
     assert unregistered == [client._atexit]
     client.shutdown(0.3)  # idempotent
@@ -325,8 +326,8 @@ def test_shutdown_without_spool_counts_what_is_lost(make_client, caplog) -> None
     assert entered.wait(5)
     with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
         client.shutdown(0.2)
-    assert client.stats["undelivered_at_shutdown"] == 3
-    assert "3 frame(s) of run 'r1' rank 0 were NOT delivered" in caplog.text
+    assert client.stats["undelivered_at_shutdown"] == 4  # 3 and the end frame
+    assert "4 frame(s) of run 'r1' rank 0 were NOT delivered" in caplog.text
 
 
 def test_shutdown_delivers_what_is_queued(make_client) -> None:
@@ -334,8 +335,34 @@ def test_shutdown_delivers_what_is_queued(make_client) -> None:
     client = make_client(collector, config=ClientConfig(interval=60.0))
     send_n(client, 5)
     client.shutdown(5.0)
-    assert [f["step"] for f in collector.delivered] == list(range(5))
+    # and the end frame: the job ended after its last step
+    assert [(f["step"], f.get("end")) for f in collector.delivered] == [
+        *((i, None) for i in range(5)), (4, "finished")]
+    end = collector.delivered[-1]
+    assert "scalars" not in end and end["seq"] > collector.delivered[-2]["seq"]
     assert client.stats["undelivered_at_shutdown"] == 0
+
+
+def test_end_frame_once_after_the_last_frame(make_client) -> None:
+    collector = Collector()
+    client = make_client(collector, config=ClientConfig(interval=60.0))
+    client.finish()  # nothing sent yet: nothing to end
+    send_n(client, 3)
+    client.finish()
+    client.finish()  # once in a row
+    client.send(7, {"loss": 1.0}, {})  # the job goes on
+    client.shutdown(5.0)
+    assert [(f["step"], f.get("end")) for f in collector.delivered] == [
+        (0, None), (1, None), (2, None), (2, "finished"), (7, None), (7, "finished")]
+
+
+def test_shutdown_on_an_error_sends_no_end_frame(make_client) -> None:
+    collector = Collector()
+    client = make_client(collector, config=ClientConfig(interval=60.0))
+    with pytest.raises(RuntimeError), client:
+        send_n(client, 2)
+        raise RuntimeError("the training loop failed")
+    assert [f.get("end") for f in collector.delivered] == [None, None]
 
 
 def test_alerts_once_per_id_and_severity_and_control(make_client, caplog) -> None:
@@ -439,7 +466,7 @@ def test_token_is_sent_as_bearer_header_and_read_from_env() -> None:
     assert client.flush(5.0)
     client.shutdown(5.0)
     http.close()
-    assert seen == ["Bearer lw_secret"]
+    assert seen == ["Bearer lw_secret"] * 2  # the frame, then the end frame
     with pytest.raises(ValueError, match="token"):
         ClientConfig(token="  ")
 

@@ -23,10 +23,10 @@ def capturing_client(run: str = "r") -> tuple[Client, list[dict]]:
     return client, frames
 
 
-def test_hf_trainer_callback(tmp_path) -> None:
+def hf_trainer(tmp_path, callback) -> object:
+    """A tiny GPT-2 under ``transformers.Trainer`` for 5 steps, with ``callback``."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from logitwatch.hooks.hf import LogitwatchCallback
 
     config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64,
                                      n_positions=32, bos_token_id=0, eos_token_id=0)
@@ -41,11 +41,17 @@ def test_hf_trainer_callback(tmp_path) -> None:
         logging_strategy="no", use_cpu=True, dataloader_num_workers=0,
         disable_tqdm=True,
     )
+    return transformers.Trainer(model=model, args=args, train_dataset=data,
+                                callbacks=[callback])
+
+
+def test_hf_trainer_callback(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from logitwatch.hooks.hf import LogitwatchCallback
+
     client, frames = capturing_client()
     callback = LogitwatchCallback(run="r", client=client, sample_every=2, overhead_budget=None)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
-                                   callbacks=[callback])
-    trainer.train()
+    hf_trainer(tmp_path, callback).train()  # type: ignore[attr-defined]
     client.shutdown(5.0)
     assert callback.monitor is None  # closed at on_train_end
     assert [f["step"] for f in frames] == [0, 2, 4]
@@ -61,11 +67,10 @@ def test_hf_trainer_callback(tmp_path) -> None:
     assert frames[0]["scalars"]["loss.first_over_ln_vocab"] == pytest.approx(1.0, abs=0.1)
 
 
-@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
-@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
-def test_lightning_callback() -> None:
+def lightning_fit(callback, fail_at: int | None = None) -> None:
+    """A tiny attention model under ``lightning.Trainer`` for 3 optimizer steps (two
+    batches each); ``fail_at``: the training step raises at that batch."""
     pl = pytest.importorskip("lightning.pytorch")
-    from logitwatch.hooks.lightning import LogitwatchCallback
 
     class Attn(nn.Module):
         def __init__(self) -> None:
@@ -88,6 +93,8 @@ def test_lightning_callback() -> None:
             self.lm_head = nn.Linear(16, 32)
 
         def training_step(self, batch, batch_idx):  # does not go through forward()
+            if batch_idx == fail_at:
+                raise RuntimeError("the training step failed")
             (ids,) = batch
             logits = self.lm_head(self.attn(self.emb(ids)))
             return F.cross_entropy(logits[:, :-1].reshape(-1, 32), ids[:, 1:].reshape(-1))
@@ -98,13 +105,22 @@ def test_lightning_callback() -> None:
     torch.manual_seed(0)
     ids = torch.randint(0, 32, (24, 10))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
-    client, frames = capturing_client()
-    callback = LogitwatchCallback(run="r", client=client, sample_every=2, overhead_budget=None)
     trainer = pl.Trainer(max_steps=3, accelerator="cpu", logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, gradient_clip_val=0.05,
                          accumulate_grad_batches=2, callbacks=[callback])
     trainer.fit(Module(), loader)
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_callback() -> None:
+    pytest.importorskip("lightning.pytorch")
+    from logitwatch.hooks.lightning import LogitwatchCallback
+
+    client, frames = capturing_client()
+    callback = LogitwatchCallback(run="r", client=client, sample_every=2, overhead_budget=None)
+    lightning_fit(callback)
     client.shutdown(5.0)
     assert callback.monitor is None
     assert [f["step"] for f in frames] == [0, 2]  # optimizer steps, two batches each
@@ -114,3 +130,46 @@ def test_lightning_callback() -> None:
         assert s["lr"] == pytest.approx(0.1) and s["grad.clipped"] == 1.0
         assert len(frame["heads"]["attn.entropy_mean"]) == 1
         assert len(frame["heads"]["qk.k_weight_norm"][0]) == 2
+
+
+# -- the end of training: the run finishes (or, on an error, does not) --------------------
+
+
+def run_status(url: str, name: str) -> tuple[str, int | None]:
+    import httpx
+
+    (run,) = [r for r in httpx.get(f"{url}/api/v1/runs", timeout=10).json()
+              if r["name"] == name]
+    return run["status"], run["end_step"]
+
+
+def test_hf_on_train_end_finishes_the_run(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    from logitwatch.demo.runner import Collector
+    from logitwatch.hooks.hf import LogitwatchCallback
+
+    with Collector(f"sqlite:///{tmp_path / 'c.db'}") as col:
+        callback = LogitwatchCallback(run="hf", url=col.url, sample_every=2,
+                                      overhead_budget=None)
+        hf_trainer(tmp_path, callback).train()  # type: ignore[attr-defined]
+        assert run_status(col.url, "hf") == ("finished", 4)
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+@pytest.mark.parametrize(("fail_at", "status"), [(None, ("finished", 2)), (3, ("running", None))])
+def test_lightning_on_fit_end_finishes_the_run(tmp_path, fail_at, status) -> None:
+    pytest.importorskip("lightning.pytorch")
+    from logitwatch.demo.runner import Collector
+    from logitwatch.hooks.lightning import LogitwatchCallback
+
+    with Collector(f"sqlite:///{tmp_path / 'c.db'}") as col:
+        callback = LogitwatchCallback(run="pl", url=col.url, sample_every=1,
+                                      overhead_budget=None)
+        if fail_at is None:
+            lightning_fit(callback)
+        else:
+            with pytest.raises(RuntimeError, match="training step failed"):
+                lightning_fit(callback, fail_at=fail_at)
+        assert callback.monitor is None  # closed either way
+        assert run_status(col.url, "pl") == status

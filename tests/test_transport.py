@@ -405,7 +405,7 @@ def test_shutdown_message_and_push(tmp_path, clients, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
         client.shutdown(0.5)
     path = client.spool_path
-    assert path is not None and client.stats["spooled"] == 25
+    assert path is not None and client.stats["spooled"] == 26  # and the end frame
     assert f"logitwatch push {path} --url {col.url}" in caplog.text
     col.start()
     try:
@@ -413,8 +413,12 @@ def test_shutdown_message_and_push(tmp_path, clients, caplog) -> None:
         done = subprocess.run([*cli, str(tmp_path / "spool")], capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        assert "sent 25 frame(s): 25 stored, 0 already there" in done.stdout
+        assert "sent 26 frame(s): 26 stored, 0 already there" in done.stdout
         assert col.steps("pushed") == list(range(25))
+        # the job's end survived the collector being down: the run finished
+        (run,) = [r for r in httpx.get(col.url + "/api/v1/runs").json()
+                  if r["name"] == "pushed"]
+        assert (run["status"], run["end_step"]) == ("finished", 24)
         assert not Path(path).exists()
         again = subprocess.run([*cli, str(tmp_path / "spool")], capture_output=True,
                                text=True, timeout=60)

@@ -1,0 +1,290 @@
+"""A run's lifecycle: running, finished (the job said it ended: an end frame), stopped (the
+no_data alert), diverged; over the store and engine on SQLite and PostgreSQL, over the API,
+and for real: a uvicorn collector, the client in this process and in job subprocesses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from logitwatch.client import Client, ClientConfig
+from logitwatch.demo.runner import Collector
+from logitwatch.server.alerts.engine import AlertEngine
+from logitwatch.server.app import create_app
+from logitwatch.server.db.models import Alert, Run
+from logitwatch.server.db.session import make_engine, migrate, session_scope
+from logitwatch.server.schemas import IngestIn
+from logitwatch.server.settings import Settings
+from logitwatch.server.store import lifecycle
+from logitwatch.server.store.queries import get_run, list_runs
+
+HOUR = 3600.0
+
+
+def frame(i: int, *, run: str = "r", rank: int = 0, seq: int | None = None,
+          **scalars: Any) -> dict[str, Any]:
+    return {"run": run, "rank": rank, "seq": i if seq is None else seq, "step": i * 10,
+            "time": 1000.0 + i, "scalars": scalars or {"loss": 2.0}}
+
+
+def end(i: int, *, run: str = "r", rank: int = 0, seq: int | None = None) -> dict[str, Any]:
+    """The end frame a client sends after its frame ``i``."""
+    return {"run": run, "rank": rank, "seq": i + 1 if seq is None else seq, "step": i * 10,
+            "time": 1000.5 + i, "end": "finished"}
+
+
+@pytest.fixture
+def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(db_url)
+    migrate(engine)
+    yield sessionmaker(engine, expire_on_commit=False)
+    engine.dispose()
+
+
+class Feed:
+    """Batches through the collector's write path: lifecycle, engine, finished runs."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+        self.engine = AlertEngine()
+
+    def __call__(self, *frames: dict[str, Any]) -> tuple[int, int, list[Alert]]:
+        with session_scope(self.sessions) as s:
+            body = IngestIn.model_validate({"frames": list(frames)})
+            result, finished = lifecycle.ingest(s, body.frames)
+            changed = self.engine.process(s, result.new_frames)
+            if finished:
+                changed += self.engine.check_stale(s, runs=finished)
+            return result.accepted, result.duplicates, changed
+
+    def stale(self, now: float) -> list[Alert]:
+        with session_scope(self.sessions) as s:
+            return self.engine.check_stale(s, now=now)
+
+    def run(self, name: str = "r") -> Any:
+        with session_scope(self.sessions) as s:
+            rid = s.scalar(select(Run.id).where(Run.name == name))
+            return get_run(s, rid)
+
+    def alerts(self, rule: str = "no_data") -> list[Alert]:
+        with self.sessions() as s:
+            return list(s.scalars(select(Alert).where(Alert.rule == rule).order_by(Alert.id)))
+
+
+def test_a_finished_run_gets_no_no_data(sessions: sessionmaker[Session]) -> None:
+    feed = Feed(sessions)
+    feed(*[frame(i) for i in range(5)])
+    assert feed.run().status == "running"
+    assert feed(end(4)) == (1, 0, [])
+    run = feed.run()
+    assert (run.status, run.end_step, run.ended_at) == ("finished", 40, 1004.5)
+    assert feed.stale(now=1004.0 + HOUR) == [] and feed.alerts() == []
+    assert feed(end(4))[:2] == (0, 1)  # a resend: a duplicate
+
+
+def test_an_unclosed_run_is_stopped_then_running_again(sessions: sessionmaker[Session]) -> None:
+    feed = Feed(sessions)
+    feed(*[frame(i) for i in range(5)])
+    fired = feed.stale(now=1004.0 + HOUR)
+    assert [a.rule for a in fired] == ["no_data"] and fired[0].paged_step == 40
+    assert "did not say it ended" in fired[0].message
+    assert feed.run().status == "stopped"
+    feed(frame(5))  # it was only slow
+    assert feed.run().status == "running" and feed.alerts()[0].state == "resolved"
+
+
+def test_an_open_no_data_resolves_when_the_run_finishes(
+        sessions: sessionmaker[Session]) -> None:
+    feed = Feed(sessions)
+    feed(*[frame(i) for i in range(5)])
+    assert len(feed.stale(now=1004.0 + HOUR)) == 1  # the link was down, the job went on
+    _, _, changed = feed(end(4))  # its end frame, replayed from its spool
+    (nd,) = feed.alerts()
+    assert (nd.state, nd.resolved_step) == ("resolved", 40) and nd.id in {a.id for a in changed}
+    assert feed.run().status == "finished"
+
+
+def test_a_resumed_run_is_running_again(sessions: sessionmaker[Session]) -> None:
+    feed = Feed(sessions)
+    feed(*[frame(i) for i in range(5)], end(4))  # one batch: frames and the end
+    assert feed.run().status == "finished"
+    # the job restarts from a checkpoint at step 20: its seqs follow the clock, above
+    feed(frame(2, seq=100), frame(3, seq=101))
+    run = feed.run()
+    assert (run.status, run.ended_at, run.end_step) == ("running", None, None)
+    assert feed.stale(now=1004.0 + 60) == []  # its last frame is recent, not the old step
+    assert feed(end(4, seq=50))[:2] == (1, 0)  # the first life's end, pushed late: no effect
+    assert feed.run().status == "running"
+    feed(end(3, seq=102))
+    assert (feed.run().status, feed.run().end_step) == ("finished", 30)
+
+
+def test_rank_0_decides(sessions: sessionmaker[Session]) -> None:
+    feed = Feed(sessions)
+    feed(*[frame(i, rank=r) for i in range(3) for r in (0, 1)])
+    feed(end(2, rank=1))
+    assert feed.run().status == "running"
+    feed(end(2, rank=0))
+    assert feed.run().status == "finished"
+    feed(frame(3, rank=1, seq=200))  # another rank's late frame does not resume it
+    assert feed.run().status == "finished"
+
+
+def test_diverged_stays_diverged(sessions: sessionmaker[Session]) -> None:
+    feed = Feed(sessions)
+    feed(*[frame(i, loss=2.0 if i < 8 else "NaN") for i in range(10)])
+    run = feed.run()
+    assert (run.status, run.diverged_step) == ("diverged", 80)
+    feed(end(9))
+    run = feed.run()
+    assert (run.status, run.end_step) == ("diverged", 90)  # it ended, after diverging
+    with session_scope(sessions) as s:
+        assert [r.name for r in list_runs(s, status="diverged")] == ["r"]
+        assert list_runs(s, status="finished") == []
+
+
+def test_an_end_frame_carries_nothing_else() -> None:
+    with pytest.raises(ValueError, match="end frame carries no scalars"):
+        IngestIn.model_validate({"frames": [{**end(1), "scalars": {"loss": 1.0}}]})
+    with pytest.raises(ValueError):
+        IngestIn.model_validate({"frames": [{**end(1), "end": "crashed"}]})
+
+
+def test_api_statuses_and_filters(sqlite_url: str) -> None:
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+        now = time.time()
+        for name in ("a", "b"):
+            body = {"frames": [{**frame(i, run=name), "time": now} for i in range(3)]}
+            assert c.post("/api/v1/ingest", json=body).status_code == 200
+        # an end frame through the fast parser's path (it hands end frames to the model)
+        r = c.post("/api/v1/ingest", json={"frames": [{**end(2, run="b"), "time": now}]})
+        assert r.status_code == 200 and r.json()["accepted"] == 1
+        runs = {x["name"]: x for x in c.get("/api/v1/runs").json()}
+        assert runs["a"]["status"] == "running" and runs["a"]["ended_at"] is None
+        b = runs["b"]
+        assert (b["status"], b["end_step"], b["ended_at"], b["active"]) == (
+            "finished", 20, now, True)
+        assert c.get(f"/api/v1/runs/{b['id']}").json()["status"] == "finished"
+        names = [x["name"] for x in c.get("/api/v1/runs", params={"status": "finished"}).json()]
+        assert names == ["b"]
+        dash = {x["name"]: x["status"] for x in c.get("/api/v1/dashboard/runs").json()}
+        assert dash == {"a": "running", "b": "finished"}
+
+
+# -- for real: a uvicorn collector, the client, job processes ----------------------------
+
+
+def runs_of(url: str) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in httpx.get(f"{url}/api/v1/runs", timeout=10).json()}
+
+
+def stale_an_hour_later(db_url: str) -> list[str]:
+    """What the no-data check fires an hour from now, as the collector's would."""
+    engine = make_engine(db_url)
+    try:
+        with session_scope(sessionmaker(engine, expire_on_commit=False)) as s:
+            runs = {r.id: r.name for r in s.scalars(select(Run))}
+            return sorted(runs[a.run_id] for a in AlertEngine().check_stale(
+                s, now=time.time() + HOUR))
+    finally:
+        engine.dispose()
+
+
+def test_closed_and_unclosed_runs_for_real(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    import logitwatch
+
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+
+    def train(run: str, url: str) -> Any:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Linear(16, 32))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon = logitwatch.attach(model, opt, run=run, url=url, sample_every=2,
+                                overhead_budget=None)
+        for _ in range(6):
+            idx = torch.randint(0, 32, (4, 8))
+            loss = torch.nn.functional.cross_entropy(model(idx).reshape(-1, 32),
+                                                     idx.reshape(-1))
+            mon.log(loss=loss)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return mon
+
+    with Collector(db) as col:
+        train("closed", col.url).close(timeout=30)
+        hung = train("unclosed", col.url)
+        assert hung.client.flush(30)
+        runs = runs_of(col.url)
+        # its last step: the 6th, not sampled (every 2nd is)
+        assert (runs["closed"]["status"], runs["closed"]["end_step"]) == ("finished", 5)
+        assert runs["unclosed"]["status"] == "running"
+        # an hour later: the finished run is quiet, the other one is reported stopped
+        assert stale_an_hour_later(db) == ["unclosed"]
+        runs = runs_of(col.url)
+        assert (runs["closed"]["status"], runs["unclosed"]["status"]) == ("finished",
+                                                                          "stopped")
+        hung.close(timeout=30, finished=False)
+
+
+JOB = textwrap.dedent("""
+    import sys
+    from logitwatch.client import Client, ClientConfig
+    url, run, how, spool = sys.argv[1:]
+    c = Client(url, run=run, config=ClientConfig(interval=0.05, spool_dir=spool))
+    for step in range(5):
+        c.send(step, {"loss": 2.0}, {})
+    if how == "raise":
+        raise RuntimeError("the training step failed")
+    # "exit": the interpreter exits normally, the job never closed its client
+""")
+
+
+@pytest.mark.parametrize(("how", "status"), [("exit", "finished"), ("raise", "running")])
+def test_a_job_process_that_exits(tmp_path: Path, how: str, status: str) -> None:
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    with Collector(db) as col:
+        done = subprocess.run([sys.executable, "-c", JOB, col.url, how, how,
+                               str(tmp_path / "spool")], capture_output=True, text=True,
+                              timeout=60)
+        assert (done.returncode == 0) == (how == "exit"), done.stderr
+        run = runs_of(col.url)[how]
+        assert (run["status"], run["last_step"]) == (status, 4)
+        assert stale_an_hour_later(db) == ([] if how == "exit" else ["raise"])
+        if how == "raise":
+            assert runs_of(col.url)["raise"]["status"] == "stopped"
+
+
+def test_the_end_frame_waits_in_the_spool_while_the_collector_is_down(
+        tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    col = Collector(db)
+    client = Client(col.url, run="late", config=ClientConfig(
+        interval=0.05, max_backoff=0.2, spool_interval=0.05, timeout=2.0,
+        spool_dir=str(tmp_path / "spool")))
+    try:
+        for step in range(4):
+            client.send(step, {"loss": 2.0}, {})
+        client.finish()  # the job ended while the collector was down
+        deadline = time.monotonic() + 20
+        while client.stats["spooled"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.stats["spooled"] == 5
+        with col:  # it comes back: the client replays its spool, end frame last
+            assert client.flush(30)
+            run = runs_of(col.url)["late"]
+            assert (run["status"], run["end_step"]) == ("finished", 3)
+    finally:
+        client.shutdown(5.0)
