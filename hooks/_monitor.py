@@ -19,7 +19,7 @@ from . import _adapter, _clip, _eager, _logits
 from ._buffer import StepBuffer, collect
 from ._cost import CostMeter
 from ._final import final_stats, find_output_head, vocab_size
-from ._history import CLIPPED, LR, NORM, HistoryBlock, StepHistory
+from ._history import LR, HistoryBlock, StepHistory
 from ._logits import DEFAULT_BUDGET, attention_head_stats
 from ._qk import find_qk, qk_items, qk_norms
 from ._sdpa import SdpaCapture, parse_call
@@ -515,9 +515,7 @@ class Monitor:
             if not self._scheduled:
                 if self._keeps_history():
                     try:  # the norm and flag of this step, for the next frame's history
-                        self._history.put(NORM, total)
-                        if hit is not None:
-                            self._history.put(CLIPPED, hit)
+                        self._history.put_norm(total, max_norm, hit)
                     except Exception:
                         self._fail("history")
                 return

@@ -464,6 +464,7 @@ def train(model: Any, opt: Any, steps: int, *, clip: float | None = 1.3, micro: 
         mean = torch.stack(losses).mean() if micro > 1 else losses[0]
         seen.append({"loss": float(mean), "last": float(losses[-1]),
                      "norm": None if norm is None else float(norm), "lr": lr,
+                     "clipped": None if norm is None else float(norm > clip),  # in float32
                      "syncs": syncs.calls})
     return seen
 
@@ -497,7 +498,7 @@ def test_every_step_loss_grad_norm_clip_flag_and_lr_without_a_sync(torch_one_thr
     clipped, lr = sink.every_step("grad.clipped"), sink.every_step("lr")
     assert [loss[s] for s in covered] == [seen[s]["loss"] for s in covered]  # exactly
     assert [norm[s] for s in covered] == [seen[s]["norm"] for s in covered]
-    assert [clipped[s] for s in covered] == [float(seen[s]["norm"] > 1.3) for s in covered]
+    assert [clipped[s] for s in covered] == [seen[s]["clipped"] for s in covered]
     assert 0 < sum(clipped.values()) < len(covered)  # both cases met
     assert [lr[s] for s in covered] == [seen[s]["lr"] for s in covered]
     assert {seen[s]["lr"] for s in covered} == {0.2, 0.1, 0.05, 0.025, 0.0125}
@@ -595,3 +596,24 @@ def test_a_failing_history_is_disabled_and_training_goes_on(torch_one_thread: An
     assert mon.disabled == {"history"} and "broken history" in caplog.text
     assert [f["step"] for f in sink.frames] == [0, 4, 8]  # frames still sent
     assert all(f["history"] is None for f in sink.frames)
+
+
+def test_the_clip_flag_compares_as_the_device_does(torch_one_thread: Any) -> None:
+    torch = torch_one_thread
+    from logitwatch.hooks._history import StepHistory
+
+    h = StepHistory(capacity=8)
+    cases = [(0.1, 0.1), (0.2, 0.1), (0.05, 0.1), (math.nan, 1.0), (math.inf, 1.0),
+             (1.0, math.inf), (2.0, torch.tensor(1.5)), (1.0, torch.tensor(1.5))]
+    want = []
+    for step, (norm, max_norm) in enumerate(cases):
+        total = torch.tensor(norm, dtype=torch.float32)  # 0.1: just above 0.1 in float32
+        hit = (total > max_norm).to(torch.int32)
+        want.append(float(hit))
+        h.put_norm(total, max_norm, hit)
+        h.end_step(step)
+    block = h.take()
+    assert block is not None
+    flat = [x for t in block.tensors for x in t.reshape(-1).tolist()]
+    got = block.values(flat)["scalars"]["grad.clipped"]
+    assert got == want == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
