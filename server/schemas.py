@@ -254,15 +254,16 @@ class RunOut(BaseModel):
     status: str = Field(
         "running", description="`running`; `finished` (its job said it ended); `stopped` "
         "(no frame for the no_data rule's seconds without having finished: hung or "
-        "crashed); `diverged` (a run-level divergence alert fired on it, whatever came "
-        "after).")
+        "crashed); `diverged` (a run-level divergence alert, loss_nonfinite or loss_jump, "
+        "paged on it; whatever came after).")
     active: bool = Field(False, description="A frame within run_active_seconds.")
     ended_at: float | None = Field(None, description="When its job said it ended (the end "
                                    "frame's time); null until then and once resumed.")
     end_step: int | None = Field(None, description="Its last step, as its job said when "
                                  "it ended; null until then and once resumed.")
     diverged_step: int | None = Field(None, description="The step at which it diverged "
-                                      "(the first run-level divergence alert).")
+                                      "(the fired_step of the first run-level divergence "
+                                      "alert that paged).")
     tags: list[str] = Field(default_factory=list, description="Labels (`logitwatch runs tag`).")
 
 

@@ -104,3 +104,34 @@ def test_paged_step_filled_in_for_existing_alerts(db_url: str) -> None:
         assert [tuple(r) for r in got] == [(1, 310), (2, 370), (3, None)]
     finally:
         engine.dispose()
+
+
+def test_run_lifecycle_filled_in_for_existing_runs(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        _upgrade(engine, "0005")
+        with engine.begin() as conn:
+            for rid in (1, 2, 3):
+                conn.execute(text("INSERT INTO runs (id, project, name, created_at) VALUES "
+                                  "(:id, 'p', :name, 1.0)"), {"id": rid, "name": f"r{rid}"})
+            for aid, rid, rule, severity, state, step in (
+                (1, 1, "loss_jump", "critical", "resolved", 500),    # r1 diverged at 500
+                (2, 1, "loss_nonfinite", "critical", "firing", 700),
+                (3, 2, "loss_jump", "info", "resolved", 300),        # r2: a bump, recovered
+                (4, 3, "no_data", "warning", "firing", 90),          # r3: silent
+            ):
+                conn.execute(text(
+                    "INSERT INTO alerts (id, run_id, rule, metric, severity, state, rank, "
+                    "started_step, fired_step, fired_at, message, evidence, remedies) VALUES "
+                    "(:id, :rid, :rule, 'loss', :sev, :state, 0, :step, :step, 1.0, 'm', "
+                    "'{}', '[]')"
+                ), {"id": aid, "rid": rid, "rule": rule, "sev": severity, "state": state,
+                    "step": step})
+        migrate(engine)
+        with engine.connect() as conn:
+            got = conn.execute(text(
+                "SELECT id, status, diverged_step, ended_at FROM runs ORDER BY id")).all()
+        assert [tuple(r) for r in got] == [(1, "running", 500, None), (2, "running", None, None),
+                                           (3, "stopped", None, None)]
+    finally:
+        engine.dispose()

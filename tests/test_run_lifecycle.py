@@ -154,6 +154,28 @@ def test_diverged_stays_diverged(sessions: sessionmaker[Session]) -> None:
         assert list_runs(s, status="finished") == []
 
 
+@pytest.mark.parametrize(("length", "status"), [(40, "running"), (1000, "diverged")])
+def test_a_loss_jump_diverges_the_run_once_it_pages(sqlite_url: str, length: int,
+                                                    status: str) -> None:
+    """A loss bump of +11 nats from step 400: held at info while it may recover (a bad
+    batch: the run did not diverge), critical once it persists (the run diverged)."""
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    try:
+        feed = Feed(sessionmaker(engine, expire_on_commit=False))
+        frames = [{"run": "r", "rank": 0, "seq": s + 1, "step": s, "time": 1000.0 + s,
+                   "scalars": {"loss": 3.0 + (11.0 if 400 <= s < 400 + length else 0.0),
+                               "lr": 1e-3}} for s in range(700)]
+        for i in range(0, len(frames), 50):
+            feed(*frames[i:i + 50])
+        (jump,) = feed.alerts("loss_jump")
+        run = feed.run()
+        assert (run.status, jump.fired_step) == (status, 400)
+        assert run.diverged_step == (400 if status == "diverged" else None)
+    finally:
+        engine.dispose()
+
+
 def test_an_end_frame_carries_nothing_else() -> None:
     with pytest.raises(ValueError, match="end frame carries no scalars"):
         IngestIn.model_validate({"frames": [{**end(1), "scalars": {"loss": 1.0}}]})

@@ -6,10 +6,11 @@ minutes after it and it stayed "active"). A job now says that it ended with an e
 end frame said: ``ended_at`` (its time), ``end_step`` (the last step), ``end_seq`` (its
 sequence number: a later frame of rank 0 means the job was resumed, an older end frame
 replayed late is ignored). ``status`` is ``running``, ``finished`` or ``stopped`` (the
-``no_data`` alert fired); ``diverged_step`` is the first step at which a run-level
-divergence alert fired (a rule with ``inhibits``), which makes the reported status
-``diverged``. Existing runs: ``diverged_step`` from their ``loss_nonfinite``/``loss_jump``
-alerts (the default rules that inhibit), ``stopped`` where a ``no_data`` alert is open.
+``no_data`` alert fired); ``diverged_step`` is the step at which a run-level divergence
+alert (a rule with ``inhibits``) fired at its rule's severity, at once or once escalated,
+which makes the reported status ``diverged``. Existing runs: ``diverged_step`` from their
+critical ``loss_nonfinite``/``loss_jump`` alerts (the default rules that inhibit),
+``stopped`` where a ``no_data`` alert is open.
 
 Revision ID: 0006
 Revises: 0005
@@ -36,7 +37,8 @@ def upgrade() -> None:
     op.add_column("runs", sa.Column("diverged_step", sa.BigInteger(), nullable=True))
     op.execute(
         "UPDATE runs SET diverged_step = (SELECT MIN(alerts.fired_step) FROM alerts "
-        "WHERE alerts.run_id = runs.id AND alerts.rule IN ('loss_nonfinite', 'loss_jump'))"
+        "WHERE alerts.run_id = runs.id AND alerts.rule IN ('loss_nonfinite', 'loss_jump') "
+        "AND alerts.severity = 'critical')"
     )
     op.execute(
         "UPDATE runs SET status = 'stopped' WHERE EXISTS (SELECT 1 FROM alerts "

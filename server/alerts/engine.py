@@ -319,6 +319,8 @@ class AlertEngine:
             a.severity = rule.severity
             if a.paged_step is None and rule.severity in PAGING:
                 a.paged_step = f.step
+            if rule.inhibits:  # a run-level divergence alert, confirmed now
+                _diverged(session.get(Run, f.run_id), a.fired_step)
             ev.update(escalated_step=f.step, escalated_because=because)
             a.evidence = ev
             a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
@@ -654,9 +656,8 @@ class AlertEngine:
             paged_step=t.step if (p.severity or rule.severity) in PAGING else None,
         )
         session.add(a)
-        if rule.inhibits and run is not None and (run.diverged_step is None
-                                                  or t.step < run.diverged_step):
-            run.diverged_step = t.step  # a run-level divergence: the run's status says so
+        if rule.inhibits and a.severity == rule.severity:  # not held back at a lower one
+            _diverged(run, t.step)
         session.flush()
         (log.info if suppressed else log.warning)("ALERT %s%s", a.message,
                                                   f" ({suppressed})" if suppressed else "")
@@ -884,6 +885,13 @@ def _matrix(arrays: dict[str, np.ndarray], heads: dict[str, list[list[float]]],
         return None
     arrays[name] = a
     return a
+
+
+def _diverged(run: Run | None, step: int) -> None:
+    """A run-level divergence alert (a rule with ``inhibits``) fired at its own severity
+    on ``run`` at ``step``: the run's status is ``diverged`` from now on."""
+    if run is not None and (run.diverged_step is None or step < run.diverged_step):
+        run.diverged_step = step
 
 
 def _reopen(a: Alert, p: _Pending) -> None:

@@ -51,7 +51,7 @@ class Run(Base):
     # 0006: lifecycle (store/lifecycle.py): running, finished (rank 0's job said it ended:
     # ended_at/end_step/end_seq of that end frame), stopped (the no_data alert fired);
     # diverged_step: the first step a run-level divergence alert (a rule with `inhibits`)
-    # fired at, which makes the run's reported status "diverged"
+    # fired at its rule's severity (or was escalated to it): the reported status "diverged"
     status: Mapped[str] = mapped_column(String(16), default="running",
                                         server_default=text("'running'"))
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -12,9 +12,10 @@
 * ``stopped``: the ``no_data`` alert fired (``AlertEngine.check_stale``); the run's next frame
   resolves it and the run is ``running`` again. A finished run never gets ``no_data``, and an
   open ``no_data`` alert resolves when the run finishes.
-* ``diverged``: ``runs.diverged_step`` is set when a run-level divergence alert fires (a rule
-  with ``inhibits``: ``loss_nonfinite``, ``loss_jump``); it wins over the other three when
-  the status is read (:func:`run_status`).
+* ``diverged``: ``runs.diverged_step`` is set when a run-level divergence alert (a rule with
+  ``inhibits``: ``loss_nonfinite``, ``loss_jump``) fires at its rule's severity, at once or
+  once escalated (a loss bump held at ``info`` that recovers does not count); it wins over
+  the other three when the status is read (:func:`run_status`).
 
 :func:`ingest` is the write path's entry (the ingest route, replay): end frames are taken
 out of the batch, the other frames stored by :func:`~.ingest.ingest_frames`, then the
