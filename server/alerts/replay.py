@@ -12,6 +12,7 @@ that database (:func:`replay_rules`).
 
 from __future__ import annotations
 
+import gzip
 import json
 import tempfile
 from collections.abc import Callable, Iterable
@@ -78,13 +79,14 @@ def replay_rules(settings: Any = None, *, path: str | None = None,
 
 
 def read_frames(path: str | Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """Read a JSON-lines file: an optional header object (no ``seq``), then one frame a line.
+    """Read a JSON-lines file (gzip'd if its name ends in ``.gz``): an optional header object
+    (no ``seq``), then one frame a line.
 
     Raises ``ValueError`` naming the line that is not JSON.
     """
     header: dict[str, Any] | None = None
     frames: list[dict[str, Any]] = []
-    with open(path) as fh:
+    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as fh:
         for i, line in enumerate(fh, 1):
             if not line.strip():
                 continue
