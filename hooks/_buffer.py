@@ -110,6 +110,10 @@ class StepBuffer:
                 if isinstance(max_norm, torch.Tensor):
                     max_norm = max_norm.detach().to(self.grad_norm.device)
                 scalars["grad.clipped"] = (self.grad_norm > max_norm).float()
+                # the job's clip threshold: a norm under it is one the job allows (the
+                # alert rules do not call it a blow-up); a tensor travels in the transfer
+                scalars["grad.max_norm"] = (max_norm.float() if isinstance(max_norm, torch.Tensor)
+                                            else float(max_norm))
         if lr is not None:
             scalars["lr"] = lr.detach() if isinstance(lr, torch.Tensor) else float(lr)
         if self.final is not None:

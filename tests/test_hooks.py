@@ -31,7 +31,7 @@ COST = {"hooks.host_ms", "hooks.syncs", "hooks.bytes", "hooks.sample_every"}
 #: Present once the monitor has measured a sampled step against plain ones / on frame 0.
 LATER = {"hooks.cost_ms", "hooks.overhead", "loss.first_over_ln_vocab"}
 FINAL = {"final.hidden_rms", "final.logz", "final.logit_max"}
-SCALARS = ({"loss", "grad.norm", "grad.clipped", "grad.clip_rate", "lr", "attn.dtype_max"}
+SCALARS = ({"loss", "grad.norm", "grad.clipped", "grad.max_norm", "grad.clip_rate", "lr", "attn.dtype_max"}
            | FINAL | COST)
 ATTN = {"attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
         "attn.entropy_mean", "attn.entropy_min"}
@@ -208,6 +208,7 @@ def test_custom_sdpa_model_frames(recorder) -> None:
         assert_frame_matches(frame, step)
         assert frame["scalars"]["grad.norm"] == pytest.approx(step["norm"].item(), rel=1e-6)
         assert frame["scalars"]["grad.clipped"] == float(step["norm"].item() > 0.5)
+        assert frame["scalars"]["grad.max_norm"] == 0.5
         assert frame["scalars"]["loss"] == pytest.approx(step["losses"][0].item(), rel=1e-6)
         assert frame["scalars"]["lr"] == 0.05
         assert frame["rank"] == 0 and frame["run"] == "r"

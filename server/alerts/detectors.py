@@ -407,8 +407,11 @@ def _spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         bound = fv.get("grad.max_norm")
         if (clipped or 0.0) >= 0.5:
             breach = False  # clipping bounded this step's update
-        elif bound is not None and math.isfinite(bound) and v <= bound:
-            breach = False  # under the job's own clip threshold: a norm it allows
+        elif bound is not None and math.isfinite(bound) and bound / 10 <= v <= bound:
+            # just under the job's own clip threshold: a norm it allows, bounded by the
+            # same threshold as a clipped step (a threshold 10x above the norm, e.g. 1e9 for
+            # "no clipping", bounds nothing)
+            breach = False
     return Verdict(breach, v, {"value": v, "median": med, "robust_z": z, "scale": spread},
                    baseline=med, limit=med + float(r.param("z")) * spread)
 

@@ -37,7 +37,8 @@ wide sampling interval) takes the newest ``min_samples`` instead:
 ``spike``          robust z-score against the median/MAD of the last ``window`` steps above
                    ``z``, and the value above ``min_jump`` + median (absolute units);
                    ``only_unclipped``: not on a step whose gradient was clipped, nor on one
-                   under the job's clip threshold (``grad.max_norm``, when the job sends it).
+                   just under the job's clip threshold (``grad.max_norm``, when the job sends
+                   it: within 10x below it).
 ``loss_jump``      ``spike`` for the loss, whose evidence also says what happened at that
                    sample: the learning rate changed, the gradient norm jumped.
 ``lr_jump``        the learning rate changed by more than ``factor`` between two samples,
