@@ -77,6 +77,7 @@ RESTORE_FRAMES = 400  # frames of history replayed to rebuild state after a rest
 #: hold the same number of samples at any interval up to this one.
 HEAD_EVERY = 10
 LOSS_MIN_SAMPLES = 5  # the fewest loss samples a downgrade's loss median is taken over
+STICKY = "grad.max_norm"  # a scalar of sampled frames that holds for the steps after them
 MAX_BREACHES = 20  # re-breaches within a hold kept in an alert's evidence (the newest)
 PAGING = ("warning", "critical")  # severities that page: an alert's paged_step
 
@@ -181,6 +182,7 @@ class AlertEngine:
         self._screen = screen
         self._head_every = max(1, int(head_every))
         self._thin: dict[tuple[int, int], _Thin] = {}
+        self._sticky: dict[tuple[int, int], float] = {}  # the last grad.max_norm a rank said
         self._loss: dict[tuple[int, int, int], _LossRise] = {}  # run_id, rank, window
         self._down: dict[tuple[int, int], _Down] = {}  # open downgraded alerts
         self._mem: dict[Key, Memory] = {}
@@ -202,6 +204,7 @@ class AlertEngine:
             self._rules = list(rules)
             self._loss.clear()
             self._thin.clear()
+            self._sticky.clear()
             self._down.clear()
             self._mem.clear()
             self._tracks.clear()
@@ -406,6 +409,13 @@ class AlertEngine:
     def _advance(self, run_id: int, rank: int, step: int, scalars: dict[str, float],
                  heads: dict[str, list[list[float]]]) -> list[_Pending]:
         """Run every rule over one frame; return the transitions, grouped per layer."""
+        # the job's clip threshold travels on sampled frames only: every step's scalars
+        # (history rows) are judged against the last one it said
+        bound = scalars.get(STICKY)
+        if bound is not None:
+            self._sticky[(run_id, rank)] = bound
+        elif (run_id, rank) in self._sticky:
+            scalars = {**scalars, STICKY: self._sticky[(run_id, rank)]}
         fv = FrameView(scalars, heads)
         self._track_loss(run_id, rank, step, scalars)
         heads = self._thinned(run_id, rank, step, heads)
@@ -676,6 +686,12 @@ class AlertEngine:
                 names.add(str(r.param("other")))
             if r.downgrade is not None:
                 names |= {r.downgrade.metric, "loss"}
+                if r.downgrade.capped_metric:
+                    names.add(r.downgrade.capped_metric)
+            if r.kind == "spike" and r.param("only_unclipped"):
+                names |= {"grad.clipped", STICKY}
+            if r.kind == "forecast":
+                names |= {str(r.param("capped_metric")), str(r.param("critical_metric"))}
         metrics = session.execute(
             select(Metric.id, Metric.name, Metric.layers, Metric.heads)
             .where(Metric.run_id == run_id, Metric.name.in_(names))
