@@ -149,6 +149,9 @@ def test_demo_alerts_before_divergence_and_calls_the_webhook(
     fired = min(a["fired_step"] for a in alerts["unstable-t"])
     assert fired < unstable["divergence_step"], (fired, unstable["divergence_step"])
     assert alerts["healthy-t"] == []
+    # both jobs closed their monitors: finished, and no "no data" alert will follow
+    assert runs["healthy-t"]["status"] == "finished"
+    assert runs["unstable-t"]["status"] in ("finished", "diverged")
     # The job itself heard about it through the ingest answers (the return path).
     assert unstable["first_alert_step"] is not None
     hook = receiver.bodies[0]
