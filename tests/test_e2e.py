@@ -100,6 +100,7 @@ def test_stored_maxima_equal_an_eager_reference(tmp_path: Path) -> None:
     model = Tiny()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     refs: dict[int, list[list[float]]] = {}
+    losses: list[float] = []
     with Collector(f"sqlite:///{tmp_path / 'e2e.db'}") as col:
         mon = logitwatch.attach(model, opt, run="e2e", url=col.url, sample_every=4,
                                 max_grad_norm=1.0)
@@ -113,13 +114,16 @@ def test_stored_maxima_equal_an_eager_reference(tmp_path: Path) -> None:
             opt.step()
             opt.zero_grad()
             refs[step] = [a.ref_max.tolist() for a in model.attn]
+            losses.append(loss.item())
         mon.close(timeout=30)
         runs = httpx.get(f"{col.url}/api/v1/runs").json()
         (run,) = [r for r in runs if r["name"] == "e2e"]
         assert run["last_step"] == 12
         loss_series = httpx.get(f"{col.url}/api/v1/runs/{run['id']}/series",
                                 params={"name": "loss"}).json()
-        assert loss_series["steps"] == [0, 4, 8, 12]
+        # the sampled steps 0, 4, 8, 12 and, in their frames' histories, every step between
+        assert loss_series["steps"] == list(range(13))
+        assert loss_series["values"] == pytest.approx(losses, rel=1e-6)
         for step in (0, 4, 8, 12):
             h = httpx.get(f"{col.url}/api/v1/runs/{run['id']}/heatmap",
                           params={"name": "attn.logit_max", "step": step}).json()
