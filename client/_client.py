@@ -122,7 +122,7 @@ class Client:
         http: httpx.Client | None = None,
     ) -> None:
         for name, value in (("run", run), ("project", project)):
-            if not isinstance(value, str) or not NAME_RE.match(value):
+            if not isinstance(value, str) or not NAME_RE.fullmatch(value):
                 raise ValueError(
                     f"Client {name} must be 1-128 characters of [A-Za-z0-9._:-], got {value!r}"
                 )

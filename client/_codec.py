@@ -68,7 +68,7 @@ class Packed:
 def _name_ok(name: object) -> bool:
     if name in _good_names:
         return True
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         return False
     if len(_good_names) < 4096:
         _good_names.add(name)

@@ -617,3 +617,17 @@ def test_the_clip_flag_compares_as_the_device_does(torch_one_thread: Any) -> Non
     flat = [x for t in block.tensors for x in t.reshape(-1).tolist()]
     got = block.values(flat)["scalars"]["grad.clipped"]
     assert got == want == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_a_name_with_a_trailing_newline_is_left_out_by_the_client() -> None:
+    """``re.match`` lets ``$`` match before a final newline; the collector does not, and
+    would refuse the whole batch."""
+    from logitwatch.client import Client
+    from logitwatch.client._codec import pack
+
+    packed, problems = pack(3, {"loss\n": 1.0, "lr": 0.1}, {},
+                            T0, {"steps": [1], "scalars": {"loss\n": [1.0], "lr": [0.1]}})
+    assert list(packed.scalars) == ["lr"] and len(problems) == 2
+    assert packed.history is not None and list(packed.history[1]) == ["lr"]
+    with pytest.raises(ValueError):
+        Client(None, run="r\n")
