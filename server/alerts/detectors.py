@@ -359,9 +359,9 @@ def _forecast(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     known = fv.get(str(r.param("critical_metric"))) if r.param("critical_metric") else None
     if known is not None and math.isfinite(known) and known > 0:
         critical = known  # the job said where its attention overflows (its dtype's max)
-    if not math.isfinite(v):
-        return Verdict(True, v, {"value": str(v), "critical": critical, "eta_steps": 0},
-                       limit=critical)
+    if not math.isfinite(v) or v >= critical:  # past it already: no history needed
+        return Verdict(True, v, {"value": _num(v), "critical": critical, "eta_steps": 0,
+                                 "crosses_at_step": step}, limit=critical)
     xs, ys = _log_series(r, m, step, v)
     if len(xs) < int(r.param("min_samples")):
         return None
@@ -387,6 +387,10 @@ def _forecast(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                                "slope_log_per_step": slope, "horizon": horizon,
                                "observed_steps": span},
                    limit=critical, left_step=int(xs[0]) if breach else None)
+
+
+def _num(v: float) -> float | str:
+    return v if math.isfinite(v) else str(v)
 
 
 def _spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
