@@ -59,8 +59,11 @@ import re
 from typing import Any, Final
 
 __all__ = [
+    "MAX_HEADS",
     "MAX_HISTORY_SERIES",
     "MAX_HISTORY_STEPS",
+    "MAX_MATRIX_VALUES",
+    "MAX_SCALARS",
     "NAME_RE",
     "NONFINITE",
     "WIRE_VERSION",
@@ -77,6 +80,12 @@ NAME_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 #: Bounds of a frame's ``history``: steps, and series (names in ``history["scalars"]``).
 MAX_HISTORY_STEPS: Final = 4096
 MAX_HISTORY_SERIES: Final = 16
+
+#: Bounds of one frame, the collector's hard ceilings (a deployment may set lower ones):
+#: scalars, per-head matrices, and values (layers x heads) in one matrix.
+MAX_SCALARS: Final = 256
+MAX_HEADS: Final = 64
+MAX_MATRIX_VALUES: Final = 65_536
 
 NONFINITE: Final[dict[str, float]] = {
     "NaN": math.nan,

@@ -32,6 +32,7 @@ from logitwatch.server.errors import ApiError
 from logitwatch.server.limits import BodyLimit
 from logitwatch.server.notify import WebhookNotifier
 from logitwatch.server.settings import Settings
+from logitwatch.server.store.parse import MAX_ERRORS
 from logitwatch.server.store.retention import RetentionWorker
 
 __all__ = ["create_app"]
@@ -109,15 +110,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # The first few errors and a count: an answer never grows with the input.
         errors = [
-            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]}
-            for e in exc.errors()
+            {"field": ".".join(str(p) for p in e["loc"])[:300], "message": e["msg"][:1000]}
+            for e in exc.errors()[:MAX_ERRORS]
         ]
+        count = max(getattr(exc, "count", 0), len(exc.errors()))
         first = errors[0] if errors else {"field": "?", "message": "invalid"}
+        more = f"; {count} errors in all, the first {len(errors)} listed" \
+            if count > len(errors) else ""
         return JSONResponse(
             {"code": "invalid-request",
-             "message": f"{first['field']}: {first['message']} (nothing was stored)",
-             "errors": errors},
+             "message": f"{first['field']}: {first['message']} (nothing was stored{more})",
+             "errors": errors, "error_count": count},
             status_code=422,
         )
 

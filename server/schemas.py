@@ -16,8 +16,11 @@ from pydantic import (
 )
 
 from logitwatch.wire import (
+    MAX_HEADS,
     MAX_HISTORY_SERIES,
     MAX_HISTORY_STEPS,
+    MAX_MATRIX_VALUES,
+    MAX_SCALARS,
     NAME_RE,
     NONFINITE,
     decode_float,
@@ -134,6 +137,108 @@ def _history_value_ok(v: Any) -> bool:
     return True
 
 
+def _show(v: Any) -> str:
+    """A short, safe rendering of a bad input value for an error message."""
+    return repr(v)[:40] if not isinstance(v, (dict, list)) else type(v).__name__
+
+
+def _wire_value(v: Any) -> float:
+    """A wire float (a JSON number, or a non-finite string); ValueError for anything else."""
+    t = type(v)
+    if t is float:
+        return v  # type: ignore[no-any-return]
+    if t is int:
+        try:
+            return float(v)
+        except OverflowError:
+            raise ValueError from None
+    if t is str and v in NONFINITE:
+        return NONFINITE[v]
+    raise ValueError
+
+
+_EXPECTED = f"expected a number or one of {sorted(NONFINITE)}"
+
+
+def check_scalars(data: Any) -> dict[str, float]:
+    """Check and decode a frame's ``scalars`` in one pass, as :func:`check_history` does:
+    one ``ValueError`` naming at most :data:`MAX_PROBLEMS` problems, never one per value."""
+    if not isinstance(data, dict):
+        raise ValueError("must be an object {name: number}")
+    if len(data) > MAX_SCALARS:
+        raise ValueError(f"{len(data)} scalars, at most {MAX_SCALARS}")
+    out: dict[str, float] = {}
+    problems: list[str] = []
+    for name, v in data.items():
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            problems.append(f"name {str(name)[:140]!r} is not 1-128 characters of "
+                            "[A-Za-z0-9._:-]")
+        else:
+            try:
+                out[name] = _wire_value(v)
+            except ValueError:
+                problems.append(f"{name}: {_EXPECTED}, got {_show(v)}")
+        if len(problems) >= MAX_PROBLEMS:
+            break
+    if problems:
+        raise ValueError("; ".join(problems))
+    return out
+
+
+def _check_matrix(rows: Any) -> list[list[float]]:
+    """One layers x heads matrix, decoded; ValueError naming its first problem."""
+    if not isinstance(rows, list) or not rows or not isinstance(rows[0], list) or not rows[0]:
+        raise ValueError("is empty or not a list of lists; send a layers x heads matrix")
+    width = len(rows[0])
+    if len(rows) * width > MAX_MATRIX_VALUES:
+        raise ValueError(f"has more than {MAX_MATRIX_VALUES} values")
+    out: list[list[float]] = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != width:
+            raise ValueError(f"is not rectangular (layers x heads): row {i} is not a list "
+                             f"of {width} values")
+        try:
+            out.append([_wire_value(x) for x in row])
+        except ValueError:
+            j = next(j for j, x in enumerate(row) if not _wire_value_ok(x))
+            raise ValueError(f"{i}.{j}: {_EXPECTED}, got {_show(row[j])}") from None
+    return out
+
+
+def _wire_value_ok(v: Any) -> bool:
+    try:
+        _wire_value(v)
+    except ValueError:
+        return False
+    return True
+
+
+def check_heads(data: Any) -> dict[str, list[list[float]]]:
+    """Check and decode a frame's ``heads`` in one pass: one ``ValueError`` naming at most
+    :data:`MAX_PROBLEMS` problems (the first one per matrix), never one per value, so a
+    matrix of 65,536 booleans costs one short error."""
+    if not isinstance(data, dict):
+        raise ValueError("must be an object {name: [[per head] per layer]}")
+    if len(data) > MAX_HEADS:
+        raise ValueError(f"{len(data)} matrices, at most {MAX_HEADS}")
+    out: dict[str, list[list[float]]] = {}
+    problems: list[str] = []
+    for name, rows in data.items():
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            problems.append(f"name {str(name)[:140]!r} is not 1-128 characters of "
+                            "[A-Za-z0-9._:-]")
+        else:
+            try:
+                out[name] = _check_matrix(rows)
+            except ValueError as e:
+                problems.append(f"{name}: {e}")
+        if len(problems) >= MAX_PROBLEMS:
+            break
+    if problems:
+        raise ValueError("; ".join(problems))
+    return out
+
+
 class HistoryIn(BaseModel):
     """The every-step scalars of the steps between a (run, rank)'s previous frame and this
     one (see ``logitwatch.wire``); checked by :func:`check_history`."""
@@ -161,25 +266,35 @@ class FrameIn(BaseModel):
     seq: int = Field(ge=0, le=MAX_STEP)
     step: int = Field(ge=0, le=MAX_STEP)
     time: float = Field(allow_inf_nan=False, ge=0)
-    scalars: dict[Name, WireFloat] = Field(default_factory=dict, max_length=256)
-    heads: dict[Name, list[list[WireFloat]]] = Field(default_factory=dict, max_length=64)
+    scalars: dict[Name, WireFloat] = Field(default_factory=dict, max_length=MAX_SCALARS)
+    heads: dict[Name, list[list[WireFloat]]] = Field(default_factory=dict,
+                                                     max_length=MAX_HEADS)
     history: HistoryIn | None = None
     end: Literal["finished"] | None = Field(
         None, description="An end frame: the job ended normally after `step` (its last "
         "step); it carries no scalars, heads or history.")
 
-    @field_validator("heads")
+    # Scalars and matrices are checked in one pass each (check_scalars, check_heads): an
+    # error per bad value would let a small body build gigabytes of errors.
+    @model_validator(mode="before")
     @classmethod
-    def _rectangular(cls, v: dict[str, list[list[float]]]) -> dict[str, list[list[float]]]:
-        for name, rows in v.items():
-            if not rows or not rows[0]:
-                raise ValueError(f"heads[{name!r}] is empty; send a layers x heads matrix")
-            width = len(rows[0])
-            if any(len(r) != width for r in rows):
-                raise ValueError(f"heads[{name!r}] is not rectangular (layers x heads)")
-            if len(rows) * width > 65_536:
-                raise ValueError(f"heads[{name!r}] has more than 65536 values")
-        return v
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.keys() <= _FRAME_FIELDS:
+            extra = [k for k in data if k not in _FRAME_FIELDS]
+            raise ValueError(f"unknown field(s) {[str(k)[:40] for k in extra[:MAX_PROBLEMS]]}"
+                             f" ({len(extra)} in all); a frame has "
+                             f"{', '.join(sorted(_FRAME_FIELDS))}")
+        return data
+
+    @field_validator("scalars", mode="wrap")
+    @classmethod
+    def _scalars(cls, v: Any, _: Any) -> dict[str, float]:
+        return check_scalars(v)
+
+    @field_validator("heads", mode="wrap")
+    @classmethod
+    def _heads(cls, v: Any, _: Any) -> dict[str, list[list[float]]]:
+        return check_heads(v)
 
     @model_validator(mode="after")
     def _history_before_step(self) -> FrameIn:
@@ -197,8 +312,20 @@ class FrameIn(BaseModel):
         return self
 
 
+_FRAME_FIELDS = frozenset(FrameIn.model_fields)
+
+
 class IngestIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.keys() <= {"frames"}:
+            extra = [str(k)[:40] for k in data if k != "frames"]
+            raise ValueError(f"unknown field(s) {extra[:MAX_PROBLEMS]} ({len(extra)} in all);"
+                             " a batch is {\"frames\": [...]}")
+        return data
 
     frames: list[FrameIn] = Field(min_length=1, max_length=10_000)
 
