@@ -97,3 +97,21 @@ def test_deeply_nested_json_is_a_json_422(app_client: TestClient) -> None:
     assert r.status_code == 422 and r.headers["content-type"] == "application/json"
     assert "nested" in r.json()["message"] or "frames.0" in r.json()["message"]
     assert runs(app_client) == []
+
+
+# --- 3. steps beyond 32 bits: every step column holds what the API accepts ---------------
+
+
+def test_steps_beyond_32_bits_are_stored_and_alert(db_url: str) -> None:
+    big = 2**62 - 100  # the API's bound is 2**62
+    with TestClient(create_app(settings(db_url))) as c:
+        frames = [{"run": "huge", "seq": i, "step": big + i, "time": 1000.0 + i,
+                   "scalars": {"loss": 3.0 if i < 40 else "NaN"}} for i in range(60)]
+        r = c.post("/api/v1/ingest", json={"frames": frames})
+        assert r.status_code == 200, r.text
+        (run,) = runs(c)
+        assert run["last_step"] == big + 59
+        alerts = c.get(f"/api/v1/runs/{run['id']}/alerts").json()
+        nonfinite = [a for a in alerts if a["rule"] == "loss_nonfinite"]
+        assert nonfinite and nonfinite[0]["fired_step"] >= big + 40
+        assert nonfinite[0]["started_step"] >= big + 40

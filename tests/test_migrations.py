@@ -135,3 +135,27 @@ def test_run_lifecycle_filled_in_for_existing_runs(db_url: str) -> None:
                                            (3, "stopped", None, None)]
     finally:
         engine.dispose()
+
+
+def test_step_columns_widened_with_their_data(db_url: str) -> None:
+    engine = make_engine(db_url)
+    try:
+        _upgrade(engine, "0006")
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO runs (id, project, name, created_at, last_step) "
+                              "VALUES (1, 'p', 'r', 1.0, 2147483647)"))
+            conn.execute(text(
+                "INSERT INTO alerts (id, run_id, rule, metric, severity, state, rank, "
+                "started_step, fired_step, fired_at, message, evidence, remedies) VALUES "
+                "(1, 1, 'x', 'loss', 'warning', 'firing', 0, 7, 8, 1.0, 'm', '{}', '[]')"))
+        migrate(engine)
+        big = 2**62
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE runs SET last_step = :s"), {"s": big})
+            conn.execute(text("UPDATE alerts SET started_step = :s, fired_step = :s, "
+                              "resolved_step = :s"), {"s": big})
+            assert tuple(conn.execute(text(
+                "SELECT r.last_step, a.started_step, a.fired_step, a.resolved_step "
+                "FROM runs r JOIN alerts a ON a.run_id = r.id")).one()) == (big,) * 4
+    finally:
+        engine.dispose()

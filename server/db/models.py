@@ -34,6 +34,11 @@ NAMING = {
 }
 
 
+#: A step column created 32-bit and widened by migration 0007: BIGINT on PostgreSQL;
+#: INTEGER, which is 64 bits already, on SQLite (no table rewrite there).
+STEP = BigInteger().with_variant(Integer(), "sqlite")
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
 
@@ -46,7 +51,7 @@ class Run(Base):
     project: Mapped[str] = mapped_column(String(128))
     name: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[float] = mapped_column(Float)
-    last_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_step: Mapped[int | None] = mapped_column(STEP, nullable=True)
     last_time: Mapped[float | None] = mapped_column(Float, nullable=True)
     # 0006: lifecycle (store/lifecycle.py): running, finished (rank 0's job said it ended:
     # ended_at/end_step/end_seq of that end frame), stopped (the no_data alert fired);
@@ -139,10 +144,10 @@ class Alert(Base):
     rank: Mapped[int] = mapped_column(Integer)
     layer: Mapped[int | None] = mapped_column(Integer, nullable=True)
     head: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    started_step: Mapped[int] = mapped_column(Integer)
-    fired_step: Mapped[int] = mapped_column(Integer)
+    started_step: Mapped[int] = mapped_column(STEP)
+    fired_step: Mapped[int] = mapped_column(STEP)
     fired_at: Mapped[float] = mapped_column(Float)
-    resolved_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    resolved_step: Mapped[int | None] = mapped_column(STEP, nullable=True)
     value: Mapped[float | None] = mapped_column(Float, nullable=True)
     baseline: Mapped[float | None] = mapped_column(Float, nullable=True)
     threshold: Mapped[float | None] = mapped_column(Float, nullable=True)
