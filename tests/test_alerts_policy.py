@@ -185,3 +185,21 @@ def test_per_head_judged_at_most_every_ten_steps() -> None:
                                  _growing(600)), rules=DEFAULT_RULES)
     dep = by_rule(alerts, "attn_logit_departure")
     assert dep and dep[0].fired_step % 10 == 0
+
+
+def test_grad_norm_level_rising_pages_and_a_bump_does_not() -> None:
+    """grad.norm's level (100-step median) fivefold above the lowest it settled to pages;
+    a 30-step burst of huge norms (a bad batch run) does not move the level."""
+    def rising(step: int) -> float:
+        base = 0.5 + 0.05 * ((step * 7) % 5)
+        return base * (1.006 ** (step - 400)) if step > 400 else base
+    alerts = alerts_of(frames_at(1, 900, _grads(rising, 1.0)))
+    level = by_rule(alerts, "grad_norm_rising")
+    assert len(level) == 1 and level[0].severity == "warning"
+    # 5x at 1.006^n: n = 269 steps after 400, plus the 100-step median's lag and for_steps
+    assert 690 <= level[0].fired_step <= 800, level[0].fired_step
+    assert level[0].evidence["ratio"] >= 5.0
+
+    def burst(step: int) -> float:
+        return 40.0 if 500 <= step < 530 else 0.5 + 0.05 * ((step * 7) % 5)
+    assert not by_rule(alerts_of(frames_at(1, 900, _grads(burst, 1.0))), "grad_norm_rising")

@@ -40,6 +40,10 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_steps=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05},
              summary="the gradient norm stayed far above its recent median"),
+    RuleSpec("grad_norm_rising", "level_rise", "grad.norm", severity="warning", for_steps=20,
+             params={"window": 100, "factor": 5.0, "min_history": 200},
+             summary="the gradient norm's level rose fivefold above the lowest it had settled "
+             "to"),
     RuleSpec("first_loss", "first_loss", "loss", severity="warning",
              summary="the first loss is far from ln(vocab)"),
     # -- the leading signals: attention logits leaving their range -------------------------

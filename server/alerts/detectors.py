@@ -447,6 +447,35 @@ def _loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     return Verdict(True, v, ev, out.baseline, out.limit)
 
 
+def _level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+                cell: tuple[int | None, int | None]) -> Verdict | None:
+    """The series' level (median of its last ``window`` steps) against the lowest level it
+    has settled to (lowest since ``min_history`` steps into the series)."""
+    if not math.isfinite(v):
+        return None
+    n = int(r.param("min_samples"))
+    pts = [*window(m, step, 0, int(r.param("window")), n - 1), (step, v)]
+    first = m.first_step
+    if len(pts) < n or first is None:
+        return None
+    level = median(x for _, x in pts)
+    if step - first < int(r.param("min_history")):
+        return None  # early training: not settled yet
+    low = min(m.extra.get("low", math.inf), level)
+    m.extra["low"] = low
+    if r.param("margin") is not None:
+        limit = low + float(r.param("margin"))
+        how: dict[str, Any] = {"above_lowest": level - low}
+    else:
+        limit = low * float(r.param("factor"))
+        how = {"ratio": level / low if low > 0 else None}
+    limit = max(limit, float(r.param("floor")))
+    return Verdict(level >= limit, level,
+                   {"level": level, "lowest_level": low, "limit": limit, "value": v,
+                    "window": int(r.param("window")), **how},
+                   baseline=low, limit=limit)
+
+
 def _lr_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
              cell: tuple[int | None, int | None]) -> Verdict | None:
     past = [x for _, x in list(m.recent)[-4:]]
@@ -554,6 +583,8 @@ KINDS: dict[str, Kind] = {
                                    "min_samples": 5, "min_scale": 0.02,
                                    "only_unclipped": False},
                       hold_breaches=True, keep_firing_for=0),
+    "level_rise": Kind(_level_rise, {"window": 100, "min_samples": 5, "min_history": 200,
+                                     "factor": 5.0, "margin": None, "floor": 0.0}),
     "lr_jump": Kind(_lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
     "entropy_collapse": Kind(_entropy_collapse, {"first_steps": 100, "min_samples": 5,
                                                  "fraction": 0.25}),

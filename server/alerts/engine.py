@@ -1018,6 +1018,10 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
         what += f" vs a recent median of {_fmt(ev['median'])}"
         if ev.get("robust_z") is not None:
             what += f" (robust z {_fmt(ev['robust_z'])})"
+    elif rule.kind == "level_rise" and ev.get("lowest_level"):
+        what = (f"{rule.metric} level (median of {ev.get('window')} steps) = "
+                f"{_fmt(ev.get('level'))}, {_fmt(ev.get('level') / ev['lowest_level'])}x "
+                f"the lowest it settled to ({_fmt(ev['lowest_level'])})")
     elif rule.kind == "lr_jump":
         what += f", was {_fmt(ev.get('previous'))} at step {ev.get('previous_step')}"
     causes = ev.get("causes")

@@ -41,6 +41,10 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    it: within 10x below it).
 ``loss_jump``      ``spike`` for the loss, whose evidence also says what happened at that
                    sample: the learning rate changed, the gradient norm jumped.
+``level_rise``     the series' level (the median of its last ``window`` steps) is ``factor`` x
+                   (or, with ``margin``, ``margin`` above) the lowest level it settled to
+                   (lowest since ``min_history`` steps into the series), and above ``floor``:
+                   a gradient norm whose level keeps growing.
 ``lr_jump``        the learning rate changed by more than ``factor`` between two samples,
                    and by more than ``vs_schedule`` x the median change of the samples before
                    (a jump, not a ramp: a linear warm-up moves it by the same amount a sample).
