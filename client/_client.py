@@ -7,6 +7,7 @@ import functools
 import logging
 import math
 import os
+import re
 import shlex
 import sys
 import threading
@@ -19,7 +20,7 @@ import httpx
 
 from logitwatch.wire import NAME_RE
 
-from ._codec import Packed, encode, pack
+from ._codec import NameBudget, Packed, encode, pack
 from ._http import IngestTransport, shared_ssl_context
 from ._queue import Backlog
 from ._spool import WriterDir
@@ -33,6 +34,7 @@ log = logging.getLogger("logitwatch.client")
 AlertCallback = Callable[[dict[str, Any]], None]
 
 _LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
+_CAUSE = re.compile(r"'[^']*'|\d+|\(.*")  # names, numbers, details: not part of a cause
 
 
 def _after_fork_in_child() -> None:
@@ -140,6 +142,8 @@ class Client:
         self._control: dict[str, Any] = {}
         self._closed = False
         self._warned: set[str] = set()
+        # the run's metric names so far (a forked child inherits them: same run)
+        self._names = NameBudget(self.config.max_metrics)
         self._build()
         if url is not None:
             self._start()
@@ -233,14 +237,16 @@ class Client:
             if not self._started:
                 self._start()
             try:
-                frame, problems = pack(step, scalars, heads, time, history)
+                frame, problems = pack(step, scalars, heads, time, history, self._names)
             except (ValueError, TypeError, OverflowError) as e:
                 self._backlog.count("invalid")
                 self._warn_once("invalid", "logitwatch: Client.send dropped a frame: %s", e)
                 return
             if problems:
-                self._warn_once("problems:" + problems[0],
-                                "logitwatch: Client.send left out %s", "; ".join(problems))
+                # one line per cause, whatever the names and numbers in it
+                self._warn_once("problems:" + _CAUSE.sub("", problems[0]),
+                                "logitwatch: Client.send left out %s (further frames with "
+                                "this problem are not logged)", "; ".join(problems))
             if frame.step > self._last_step:
                 self._last_step = frame.step
             backlog = self._backlog
@@ -372,7 +378,8 @@ class Client:
     def _report(self, spooled: int, lost: int, timeout: float) -> None:
         counts = self._backlog.counts()
         drops = {k: counts[k] for k in ("dropped_queue_full", "dropped_spool_full",
-                                        "dropped_spool_corrupt", "rejected") if counts[k]}
+                                        "dropped_spool_corrupt", "rejected", "quarantined")
+                 if counts[k]}
         where = f"run {self.run!r} rank {self.rank}"
         if spooled:
             path = str(self._spool.path)

@@ -29,13 +29,22 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from logitwatch.wire import MAX_HISTORY_SERIES, MAX_HISTORY_STEPS, NAME_RE, encode_float
+from logitwatch.wire import (
+    MAX_HEADS,
+    MAX_HISTORY_SERIES,
+    MAX_HISTORY_STEPS,
+    MAX_MATRIX_VALUES,
+    MAX_SCALARS,
+    NAME_RE,
+    encode_float,
+)
 
-__all__ = ["Packed", "encode", "pack"]
+__all__ = ["NameBudget", "Packed", "encode", "pack"]
 
-#: The bounds the collector enforces on a frame (see ``server/schemas.py``).
+#: The bounds the collector enforces on a frame (see ``server/schemas.py``): a frame past
+#: one of them would make it refuse the whole batch, so pack() leaves out what is past.
 MAX_STEP = 2**62
-MAX_VALUES = 65_536
+MAX_VALUES = MAX_MATRIX_VALUES
 _FRAME_OVERHEAD = 200  # bytes counted for a frame besides its values
 _METRIC_OVERHEAD = 64
 
@@ -65,6 +74,27 @@ class Packed:
         self.end: str | None = None  # "finished": an end frame (no scalars, heads, history)
 
 
+class NameBudget:
+    """The distinct metric names a run has sent, up to ``limit`` (the collector's
+    ``max_metrics_per_run``): past it, the collector refuses every frame that brings a new
+    name, its loss with it, so pack() leaves such names out instead (and says so)."""
+
+    __slots__ = ("limit", "names")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.names: set[str] = set()
+
+    def admit(self, name: str) -> bool:
+        names = self.names
+        if name in names:
+            return True
+        if len(names) >= self.limit:
+            return False
+        names.add(name)
+        return True
+
+
 def _name_ok(name: object) -> bool:
     if name in _good_names:
         return True
@@ -75,8 +105,8 @@ def _name_ok(name: object) -> bool:
     return True
 
 
-def _pack_history(history: Mapping[str, Any], step: int,
-                  problems: list[str]) -> tuple[History | None, int]:
+def _pack_history(history: Mapping[str, Any], step: int, problems: list[str],
+                  budget: NameBudget | None = None) -> tuple[History | None, int]:
     """Copy a history (see ``logitwatch.wire``); return it (None: left out) and its bytes.
 
     A bad series is left out, a bad ``steps`` leaves the whole history out; beyond
@@ -115,6 +145,9 @@ def _pack_history(history: Mapping[str, Any], step: int,
         if len(copy) != n + cut:
             problems.append(f"history[{k!r}] must hold one number or None per step")
             continue
+        if budget is not None and not budget.admit(k):
+            problems.append(_over_budget(budget, k))
+            continue
         series[k] = copy[cut:]
     if not series:
         return None, 0
@@ -128,11 +161,14 @@ def pack(
     heads: Mapping[str, Sequence[Sequence[float]]],
     time: float | None,
     history: Mapping[str, Any] | None = None,
+    budget: NameBudget | None = None,
 ) -> tuple[Packed, list[str]]:
     """Copy one frame into compact buffers; return it and the problems found.
 
-    A problem with one metric (a bad name, a matrix that is not layers x heads) drops that
-    metric only and is described in the returned list; so does one with the history.
+    A problem with one metric (a bad name, a matrix that is not layers x heads or has more
+    than 65,536 values, a scalar past the 256th or a matrix past the 64th of the frame, a
+    new name past the run's ``budget``) drops that metric only and is described in the
+    returned list; so does one with the history. Each problem starts with its cause.
 
     Raises:
         ValueError: the frame itself is unusable (step not an int in [0, 2**62]).
@@ -147,16 +183,26 @@ def pack(
     problems: list[str] = []
     sc: dict[str, float] = {}
     for k, v in scalars.items():
-        if _name_ok(k):
-            sc[k] = float(v)
-        else:
+        if not _name_ok(k):
             problems.append(f"scalar name {k!r} is not 1-128 characters of [A-Za-z0-9._:-]")
+        elif len(sc) == MAX_SCALARS:
+            problems.append(f"scalars past the {MAX_SCALARS}th of a frame left out "
+                            f"({len(scalars) - MAX_SCALARS} or more, from {k!r})")
+            break
+        elif budget is not None and not budget.admit(k):
+            problems.append(_over_budget(budget, k))
+        else:
+            sc[k] = float(v)
     nbytes = _FRAME_OVERHEAD + _METRIC_OVERHEAD * len(sc)
     hd: dict[str, tuple[int, array[float]]] = {}
     for k, rows in heads.items():
         if not _name_ok(k):
             problems.append(f"metric name {k!r} is not 1-128 characters of [A-Za-z0-9._:-]")
             continue
+        if len(hd) == MAX_HEADS:
+            problems.append(f"matrices past the {MAX_HEADS}th of a frame left out "
+                            f"({len(heads) - MAX_HEADS} or more, from {k!r})")
+            break
         buf = array("d")
         width = -1
         ok = True
@@ -175,13 +221,21 @@ def pack(
                 f"{MAX_VALUES} values"
             )
             continue
+        if budget is not None and not budget.admit(k):
+            problems.append(_over_budget(budget, k))
+            continue
         hd[k] = (width, buf)
         nbytes += _METRIC_OVERHEAD + 8 * len(buf)
     packed_history = None
     if history is not None:
-        packed_history, n = _pack_history(history, step, problems)
+        packed_history, n = _pack_history(history, step, problems, budget)
         nbytes += n
     return Packed(step, t, sc, hd, nbytes, packed_history), problems
+
+
+def _over_budget(budget: NameBudget, name: str) -> str:
+    return (f"new metric names past the run's {budget.limit} left out (max_metrics; the "
+            f"collector's max_metrics_per_run would refuse the frame), e.g. {name!r}")
 
 
 _formats: dict[tuple[int, int], str] = {}

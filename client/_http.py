@@ -8,7 +8,9 @@
   (a proxy or another service answered, not the collector), and 401, 403 and 404 (a
   token or URL to fix: the frames wait for it instead of being thrown away).
 * ``"reject"``: any other 4xx (400, 413, 422, ...): the collector refused the batch as
-  invalid, and sending it again would not help.
+  invalid, and sending it again would not help. The sender then sends it in halves to
+  find the frames at fault (``_worker.Sender._isolate``), as it does when a batch is
+  answered 500 (or 409) three times in a row.
 
 The body is built from frames already encoded as JSON lines (``_codec.encode``), and
 compressed with gzip from 1 KiB on when ``gzip_level`` > 0.
@@ -43,6 +45,15 @@ class Outcome:
     answer: dict[str, Any] = field(default_factory=dict)
     retry_after: float | None = None
     message: str = ""
+    status: int = 0  # the HTTP status; 0 when no answer came (connection error, timeout)
+    code: str = ""  # the collector's error code ("invalid-request", "shape-mismatch", ...)
+
+    @property
+    def server_error(self) -> bool:
+        """A 500 or a 409: the collector failed on this request (a bug, a value its
+        database cannot hold, a conflict with stored data), not an outage (502, 503, 504,
+        no answer). Retried; when it repeats, the sender looks for the frame at fault."""
+        return self.status in (409, 500)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -160,27 +171,30 @@ class IngestTransport:
                 return Outcome("retry", message=f"HTTP {status} with a body that is not a "
                                "logitwatch ingest answer (is the URL a logitwatch collector?)")
             return Outcome("ok", answer=answer)
-        message = _server_message(resp)
+        message, code = _server_message(resp)
         if status >= 500 or status in KEEP_4XX:
             after = parse_retry_after(resp.headers.get("Retry-After"))
-            return Outcome("retry", retry_after=after, message=message)
-        return Outcome("reject", message=message)
+            return Outcome("retry", retry_after=after, message=message, status=status,
+                           code=code)
+        return Outcome("reject", message=message, status=status, code=code)
 
     def close(self) -> None:
         if self._owned:
             self._http.close()
 
 
-def _server_message(resp: httpx.Response) -> str:
-    """``HTTP 422: <message>`` from the collector's ``{"code", "message"}`` error body."""
-    text = ""
+def _server_message(resp: httpx.Response) -> tuple[str, str]:
+    """``("HTTP 422: <code>: <message>", code)`` from the collector's ``{"code",
+    "message"}`` error body."""
+    text = code = ""
     try:
         body = resp.json()
     except ValueError:
         body = None
     if isinstance(body, dict):
-        parts = [str(body[k]) for k in ("code", "message") if body.get(k)]
+        parts = [str(body[k])[:1000] for k in ("code", "message") if body.get(k)]
         text = ": ".join(parts)
+        code = str(body.get("code") or "")[:64]
     if not text:
         text = resp.text[:500]
-    return f"HTTP {resp.status_code}" + (f": {text}" if text else "")
+    return f"HTTP {resp.status_code}" + (f": {text}" if text else ""), code

@@ -10,7 +10,9 @@ after a failure nothing waits only in memory for longer than ``spool_interval``.
 Drops, each counted by reason (``COUNTERS``), happen only when a bound is hit: memory full
 while the spool is off or failing (``dropped_queue_full``, oldest first), the spool's disk
 budget (``dropped_spool_full``, oldest segment first), a damaged segment
-(``dropped_spool_corrupt``), or a batch the collector refused as invalid (``rejected``).
+(``dropped_spool_corrupt``), or a frame the collector refused as invalid (``rejected``)
+or kept failing on while the rest of its batch went through (``quarantined``): the sender
+finds such frames by sending the batch in halves, and only they are set aside.
 
 ``seq`` is assigned here, under the lock, as ``max(previous + 1, now in µs)``: strictly
 increasing, in queue order whatever thread calls ``send``, and, because it follows the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -51,13 +54,27 @@ COUNTERS = (
     "dropped_queue_full",  # oldest frames dropped because memory was full
     "dropped_spool_full",  # oldest spooled frames dropped to stay within spool_max_bytes
     "dropped_spool_corrupt",  # frames of spool segments found damaged
-    "rejected",  # frames in batches the collector refused as invalid (400, 413, 422, ...)
+    "rejected",  # frames the collector refused as invalid (400, 413, 422, ...), found by
+    # sending the batch in halves; kept aside in the spool (``.rejected``)
+    "quarantined",  # frames the collector kept failing on (500) while the rest of their
+    # batch went through; kept aside in the spool (``.quarantine``)
     "dropped_after_shutdown",  # frames sent after shutdown()
     "undelivered_at_shutdown",  # frames neither delivered nor spooled at shutdown
     "discarded",  # frames given to a client without a URL
 )
 
 StoreResult = Literal["stored", "dropped", "failed"]
+
+
+_SEQ = re.compile(rb'"seq":(\d+)')
+
+
+def _seq(line: bytes) -> int:
+    """The ``seq`` of an encoded frame (-1 if unreadable). The client writes ``run``,
+    ``project`` and ``rank`` before it, and names hold no quote, so the first ``"seq":`` is
+    the key."""
+    m = _SEQ.search(line, 0, 600)
+    return int(m.group(1)) if m else -1
 
 
 class Batch:
@@ -335,6 +352,51 @@ class Backlog:
                 else:
                     self._unindex(s)
                     unlink.append(s)
+            self._cond.notify_all()
+        for s in unlink:
+            with contextlib.suppress(OSError):
+                s.path.unlink()
+
+    def keep_aside(self, rejected: list[bytes], quarantined: list[bytes]) -> list[str]:
+        """Write frames (encoded lines) that will never be delivered to the spool
+        directory, where nothing replays them (``.rejected``, ``.quarantine``), for a
+        person to look at; returns the files written."""
+        paths: list[str] = []
+        for lines, suffix in ((rejected, ".rejected"), (quarantined, ".quarantine")):
+            if lines and self.spool is not None:
+                order = sorted(range(len(lines)), key=lambda i: _seq(lines[i]))
+                try:
+                    seg = write_segment(self.spool.ensure(), [_seq(lines[i]) for i in order],
+                                        [lines[i] for i in order], suffix=suffix)
+                    paths.append(str(seg.path))
+                except OSError as e:
+                    self._warn_once("aside", "logitwatch: cannot keep refused frames aside "
+                                    "under %s (%s); they are dropped", self.spool.base, e)
+        return paths
+
+    def settle_parts(self, batch: Batch, *, delivered: int, duplicates: int,
+                     rejected: list[bytes], quarantined: list[bytes]) -> None:
+        """Record a batch that was sent in parts: ``delivered`` of its frames were stored,
+        the ``rejected`` and ``quarantined`` ones (encoded lines) never will be (counted;
+        see :meth:`keep_aside`)."""
+        unlink: list[Segment] = []
+        with self._cond:
+            batch.settled = "delivered"
+            if self._inflight is batch:
+                self._inflight = None
+            self.link_down = False
+            self._counts["sent"] += delivered
+            self._counts["batches"] += 1
+            self._counts["duplicates"] += duplicates
+            self._counts["rejected"] += len(rejected)
+            self._counts["quarantined"] += len(quarantined)
+            if batch.segments:
+                self._counts["replayed"] += delivered
+            for line in (*rejected, *quarantined):
+                self._lost(_seq(line))
+            for s in batch.segments:
+                self._unindex(s)
+                unlink.append(s)
             self._cond.notify_all()
         for s in unlink:
             with contextlib.suppress(OSError):

@@ -6,6 +6,7 @@ Layout (``root`` is ``ClientConfig.spool_root()``)::
         meta.json                                 run, project, rank, url, pid
         LOCK                                      flock()ed while the process lives
         00001764430000123456-00001764430000123999.seg
+        00001764430000124000-00001764430000124000.rejected    quarantine: never replayed
 
 A *segment* holds up to ``max_batch`` frames, oldest first: one header line
 ``LWSEG1 {"frames": n, "first": seq, "last": seq, "bytes": b, "crc": crc32}`` and then
@@ -81,11 +82,15 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def write_segment(directory: Path, seqs: list[int], lines: list[bytes]) -> Segment:
+def write_segment(directory: Path, seqs: list[int], lines: list[bytes],
+                  suffix: str = SUFFIX) -> Segment:
     """Write ``lines`` (one encoded frame each, ``seqs`` ascending) as a new segment.
 
     Durable when it returns. Raises ``OSError`` (disk full, permissions) with nothing left
-    behind but possibly a ``.tmp-`` file, which readers ignore.
+    behind but possibly a ``.tmp-`` file, which readers ignore. Another ``suffix`` than
+    ``.seg`` writes a file that is never replayed: the quarantine (``.rejected``: frames the
+    collector refused as invalid; ``.quarantine``: frames it failed on, answering 500,
+    while the rest of their batch went through), kept for a person to look at.
     """
     body = b"\n".join(lines) + b"\n"
     first, last = seqs[0], seqs[-1]
@@ -93,7 +98,7 @@ def write_segment(directory: Path, seqs: list[int], lines: list[bytes]) -> Segme
         "frames": len(lines), "first": first, "last": last, "bytes": len(body),
         "crc": zlib.crc32(body),
     }).encode() + b"\n"
-    name = f"{first:020d}-{last:020d}{SUFFIX}"
+    name = f"{first:020d}-{last:020d}{suffix}"
     tmp = directory / f".tmp-{name}"
     final = directory / name
     try:

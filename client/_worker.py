@@ -7,6 +7,13 @@ the backlog (which spools it) and the next attempt waits ``backoff_delay(attempt
 wait is cut short by ``flush()`` and ``shutdown()`` but not by new frames, so a down
 collector is not hammered. While stopping, a failure ends the loop at once.
 
+One frame never takes its batch with it: a batch refused as invalid (4xx), or answered 500
+(or 409) three times in a row, is sent in halves, and halves of the halves that fail; the
+frames refused alone are set aside in the spool directory (``.rejected``, ``.quarantine``,
+never replayed), counted, and logged once per cause; the rest is delivered. A 500 is
+blamed on a frame only if other frames of the batch went through: a collector failing on
+everything is an outage, and the batch waits.
+
 Spooler loop: keeps the disk spool fed so that the sender, which may sit for seconds in
 one slow request, never makes the training thread wait or drop: when memory passes half
 of its bounds it writes the oldest frames down to a quarter; while the collector is
@@ -21,15 +28,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from ._http import IngestTransport, Outcome, backoff_delay
-from ._queue import Backlog
+from ._queue import Backlog, Batch, _seq
 
 __all__ = ["Sender", "Spooler"]
 
 log = logging.getLogger("logitwatch.client")
+
+#: A batch answered 500 this many times in a row is sent in halves to find the frame the
+#: collector fails on (again after as many more).
+POISON_AFTER = 3
 
 
 class Sender:
@@ -59,6 +71,13 @@ class Sender:
         self._stopping = False
         self._deadline = float("inf")
         self._warned: set[str] = set()
+        self._failing = (-1, 0)  # (first seq of the batch that failed with 500, times)
+        # What _isolate learnt about the batch starting at _progress_first, kept across
+        # attempts: seqs stored, and frames set aside (seq -> kind, line, cause, message).
+        self._progress_first = -1
+        self._stored: set[int] = set()
+        self._aside: dict[int, tuple[str, bytes, str, str]] = {}
+        self._duplicates = 0
         self.endpoint = ""
         self._thread = threading.Thread(target=self._run, name="logitwatch-sender", daemon=True)
 
@@ -122,6 +141,7 @@ class Sender:
             timeout = self._deadline - time.monotonic() if self._stopping else None
             outcome = self._transport.post(batch.lines, timeout=timeout)
             if outcome.kind == "ok":
+                self._failing = (-1, 0)
                 dup = outcome.answer.get("duplicates")
                 self._backlog.settle(batch, "delivered",
                                      duplicates=dup if isinstance(dup, int) else 0)
@@ -132,16 +152,10 @@ class Sender:
                 attempt = 0
                 self._answer(outcome)
                 continue
-            if outcome.kind == "reject":
-                self._warn_once(
-                    "reject:" + outcome.message,
-                    "logitwatch: the collector rejected a batch of %d frames as invalid, "
-                    "dropped: %s",
-                    len(batch.lines),
-                    outcome.message,
-                )
-                self._backlog.settle(batch, "rejected")
-                continue
+            if outcome.kind == "reject" or self._repeats(batch, outcome):
+                if self._isolate(batch, outcome):
+                    attempt = 0
+                    continue
             self._backlog.count("retries")
             self._backlog.settle(batch, "failed")
             self._on_down()
@@ -159,6 +173,103 @@ class Sender:
                 outcome.message,
             )
             self._urgent.wait(delay)
+
+    def _repeats(self, batch: Batch, outcome: Outcome) -> bool:
+        """Whether the collector answered 500 (or 409) to the batch starting at ``batch.first``
+        :data:`POISON_AFTER` times in a row (3, 6, ...): time to look for a frame it fails
+        on (e.g. a value its database cannot hold) instead of retrying for ever."""
+        if not outcome.server_error:
+            self._failing = (-1, 0)
+            return False
+        first, n = self._failing
+        n = n + 1 if first == batch.first else 1
+        self._failing = (batch.first, n)
+        return n % POISON_AFTER == 0
+
+    def _isolate(self, batch: Batch, outcome: Outcome) -> bool:
+        """Send ``batch`` in halves, and halves of the halves that fail, so that one frame
+        the collector refuses (4xx) or fails on (500) cannot take the others with it.
+
+        Frames refused one by one are set aside as rejected; frames failing alone with a
+        500 are set aside as quarantined, but only if some frame of the batch went through
+        (the collector works; those frames break it): with no 2xx at all it is an outage,
+        and the batch is kept for a later retry (returns False, as on a connection error,
+        429, 503, a timeout or the shutdown deadline). What was learnt is kept for that
+        retry (frames stored, frames refused), so a batch interrupted again and again still
+        gets through. Returns True once the batch is settled.
+        """
+        assert self._transport is not None
+        if self._progress_first != batch.first:
+            self._stored.clear()
+            self._aside.clear()
+            self._progress_first = batch.first
+        todo = [line for line in batch.lines
+                if _seq(line) not in self._stored and _seq(line) not in self._aside]
+        first: Outcome | None = outcome if len(todo) == len(batch.lines) else None
+        parts: deque[tuple[list[bytes], Outcome | None]] = deque([(todo, first)] if todo
+                                                                 else [])
+        budget = 2 * max(1, len(todo)).bit_length() + 3  # 500s before any frame went through
+        reset = False
+        while parts:
+            part, out = parts.popleft()
+            if out is None:
+                if self._stopping and time.monotonic() >= self._deadline:
+                    return False
+                timeout = self._deadline - time.monotonic() if self._stopping else None
+                out = self._transport.post(part, timeout=timeout)
+            if out.kind == "ok":
+                self._stored.update(_seq(line) for line in part)
+                dup = out.answer.get("duplicates")
+                self._duplicates += dup if isinstance(dup, int) else 0
+                self._answer(out)
+                continue
+            if out.kind != "reject" and not out.server_error:
+                if out.status == 0 and not reset:
+                    # A server may close the connection after a 500 (uvicorn does for an
+                    # exception): this request met the closed connection. Once more.
+                    reset = True
+                    parts.appendleft((part, None))
+                    continue
+                return False  # an outage, a rate limit: the usual retry with backoff
+            if out.server_error and not self._stored:
+                budget -= 1
+                if budget <= 0:
+                    return False  # nothing goes through: the collector is failing
+            if len(part) > 1:
+                mid = len(part) // 2
+                parts.extendleft([(part[mid:], None), (part[:mid], None)])
+                continue
+            kind = "rejected" if out.kind == "reject" else "quarantined"
+            self._aside[_seq(part[0])] = (kind, part[0], f"{out.status}:{out.code}",
+                                          out.message)
+        suspects = [v for v in self._aside.values() if v[0] == "quarantined"]
+        if suspects and not self._stored:
+            return False
+        seqs = {_seq(line) for line in batch.lines}
+        aside = [v for k, v in self._aside.items() if k in seqs]
+        delivered = sum(1 for k in self._stored if k in seqs)
+        rejected = [v[1] for v in aside if v[0] == "rejected"]
+        quarantined = [v[1] for v in aside if v[0] == "quarantined"]
+        paths = self._backlog.keep_aside(rejected, quarantined)
+        causes: dict[str, tuple[str, str, int]] = {}
+        for kind, _, cause, message in aside:
+            causes[cause] = (kind, message, causes.get(cause, ("", "", 0))[2] + 1)
+        where = f"; set aside in {', '.join(paths)}" if paths else ""
+        for cause, (kind, message, n) in causes.items():
+            self._warn_once(
+                "aside:" + cause,
+                "logitwatch: the collector %s %d of %d frame(s) of a batch (%s); the other "
+                "%d were delivered%s. Further frames %s for this cause are logged at debug "
+                "level (stats[%r])",
+                "refused" if kind == "rejected" else "keeps failing (500) on",
+                n, len(batch.lines), message, delivered, where, kind, kind)
+        self._backlog.settle_parts(batch, delivered=delivered, duplicates=self._duplicates,
+                                   rejected=rejected, quarantined=quarantined)
+        self._stored.clear()
+        self._aside.clear()
+        self._duplicates = 0
+        self._progress_first = -1
+        return True
 
     def _answer(self, outcome: Outcome) -> None:
         try:

@@ -53,6 +53,10 @@ class ClientConfig:
             process itself can lose.
         gzip_level: zlib level (1-9) used to compress request bodies of 1 KiB and more
             (``Content-Encoding: gzip``); 0 sends them uncompressed.
+        max_metrics: Distinct metric names (scalars, matrices, history series) this client
+            sends for its run; new names past it are left out of frames, with one log line.
+            Keep it at or below the collector's ``max_metrics_per_run`` (1000 by default),
+            which refuses a whole frame, loss included, that brings a name past its limit.
     """
 
     max_queue: int = 10_000
@@ -67,9 +71,10 @@ class ClientConfig:
     spool_max_bytes: int = 1024**3
     spool_interval: float = 2.0
     gzip_level: int = 1
+    max_metrics: int = 1000
 
     def __post_init__(self) -> None:
-        for name in ("max_queue", "max_batch", "max_queue_bytes"):
+        for name in ("max_queue", "max_batch", "max_queue_bytes", "max_metrics"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ClientConfig.{name} must be an int >= 1, got {value!r}")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -133,4 +135,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(dashboard.router)  # /api/v1/dashboard, worst heads, compare (+ page)
     app.mount("/static", StaticFiles(directory=WEB), name="static")
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(InternalErrors)
     return app
+
+
+class InternalErrors:
+    """ASGI middleware: an unexpected exception becomes a logged JSON 500
+    ``{"code": "internal-error", ...}`` instead of escaping to the server, which answers
+    plain text and then closes the connection (a client's next request on it fails with a
+    reset instead of an answer)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception:
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            body = json.dumps({"code": "internal-error", "message": "the collector failed on "
+                               "this request (see its log); nothing was stored"}).encode()
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})

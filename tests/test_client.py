@@ -187,18 +187,27 @@ def test_backoff_schedule() -> None:
 
 
 def test_400_is_not_retried_and_logged(make_client, caplog) -> None:
+    # The collector refuses any request holding step 1: the batch is sent in halves, and
+    # only that frame is dropped (set aside), never retried.
     body = {"code": "invalid-frame", "message": "frames[0].run: bad name"}
-    collector = Collector(lambda req, n: httpx.Response(400, json=body) if n == 0 else ok())
-    client = make_client(collector)
+
+    def reply(request: httpx.Request, n: int) -> httpx.Response:
+        steps = [f["step"] for f in json.loads(body_of(request))["frames"]]
+        return httpx.Response(400, json=body) if 1 in steps else ok()
+
+    collector = Collector(reply)
+    client = make_client(collector, config=ClientConfig(interval=0.5, max_backoff=0.02,
+                                                        timeout=5.0))
     with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
-        send_n(client, 2)
+        send_n(client, 3)
         assert client.flush(5.0) is False
-    assert len(collector.requests) == 1
-    assert client.stats["rejected"] == 2 and client.stats["retries"] == 0
+    assert [len(r) for r in collector.requests] == [3, 1, 2, 1, 1]
+    assert client.stats["rejected"] == 1 and client.stats["retries"] == 0
+    assert sorted(f["step"] for f in collector.delivered) == [0, 2]
     assert "invalid-frame: frames[0].run: bad name" in caplog.text
-    send_n(client, 1, start=2)  # the client keeps working afterwards
+    send_n(client, 1, start=3)  # the client keeps working afterwards
     assert client.flush(5.0)
-    assert [f["step"] for f in collector.delivered] == [2]
+    assert sorted(f["step"] for f in collector.delivered) == [0, 2, 3]
 
 
 def memory_backlog(max_frames: int, spool: WriterDir | None = None,

@@ -8,16 +8,28 @@ Each test here failed before the fix it guards.
 from __future__ import annotations
 
 import gzip
+import http.server
 import json
+import logging
+import os
+import subprocess
+import sys
+import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
+from logitwatch.client import Client, ClientConfig
+from logitwatch.demo.runner import free_port
 from logitwatch.server.app import create_app
+from logitwatch.server.db.session import make_engine
 from logitwatch.server.settings import Settings
 
 JSON = {"Content-Type": "application/json"}
@@ -115,3 +127,245 @@ def test_steps_beyond_32_bits_are_stored_and_alert(db_url: str) -> None:
         nonfinite = [a for a in alerts if a["rule"] == "loss_nonfinite"]
         assert nonfinite and nonfinite[0]["fired_step"] >= big + 40
         assert nonfinite[0]["started_step"] >= big + 40
+
+
+# --- a real collector process and a real client -------------------------------------------
+
+
+class Served:
+    """``logitwatch serve`` in a subprocess on a loopback port (stopped by the fixture)."""
+
+    def __init__(self, tmp: Path, db_url: str, *args: str, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db_url = db_url
+        self.log = tmp / f"collector-{self.port}.log"
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "logitwatch.cli", "serve", "--port", str(self.port),
+                 "--db", db_url, "--log-level", "warning", *args],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, self.log.read_text()[-2000:]
+            try:
+                if httpx.get(self.url + "/api/v1/session", timeout=2).status_code < 500:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, self.log.read_text()[-2000:]
+            time.sleep(0.05)
+
+    def get(self, path: str, **params: Any) -> Any:
+        r = httpx.get(self.url + path, params=params, timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def run_id(self, name: str) -> int:
+        return next(r["id"] for r in self.get("/api/v1/runs") if r["name"] == name)
+
+    def steps(self, run: str, name: str = "loss") -> list[int]:
+        s = self.get(f"/api/v1/runs/{self.run_id(run)}/series", name=name, max_points=100_000)
+        return sorted(s["steps"])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    made: list[Served] = []
+
+    def start(db_url: str | None = None, *args: str, **env: str) -> Served:
+        s = Served(tmp_path, db_url or f"sqlite:///{tmp_path / 'served.db'}", *args, **env)
+        made.append(s)
+        return s
+
+    yield start
+    for s in made:
+        s.stop()
+
+
+@pytest.fixture
+def client_for(tmp_path: Path) -> Iterator[Callable[..., Client]]:
+    made: list[Client] = []
+
+    def make(url: str, run: str, **config: Any) -> Client:
+        cfg = {"interval": 0.05, "max_backoff": 0.1, "spool_interval": 0.1, "timeout": 5.0,
+               "spool_dir": str(tmp_path / "spool"), **config}
+        c = Client(url, run=run, config=ClientConfig(**cfg))
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.shutdown(5.0)
+
+
+def aside(client: Client, suffix: str) -> list[dict[str, Any]]:
+    """The frames a client set aside in its spool directory (``.rejected``, ...)."""
+    path = client.spool_path
+    assert path is not None
+    out = []
+    for f in sorted(Path(path).glob(f"*{suffix}")):
+        out += [json.loads(line) for line in f.read_bytes().split(b"\n")[1:] if line]
+    return out
+
+
+def poison_trigger(db_url: str, step: int) -> None:
+    """Make the collector's database fail on frames of ``step``: on PostgreSQL with the
+    error a 32-bit column gave a large step (22003, out of range: a 500), on SQLite with
+    an aborting trigger (a constraint error: a 409)."""
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as c:
+            if engine.dialect.name == "postgresql":
+                c.execute(text(
+                    "CREATE FUNCTION poison() RETURNS trigger AS $$ BEGIN "
+                    f"IF NEW.step = {step} THEN RAISE EXCEPTION 'integer out of range' "
+                    "USING ERRCODE = '22003'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql"))
+                c.execute(text("CREATE TRIGGER poison BEFORE INSERT ON frames FOR EACH ROW "
+                               "EXECUTE FUNCTION poison()"))
+            else:
+                c.execute(text(f"CREATE TRIGGER poison BEFORE INSERT ON frames WHEN "
+                               f"NEW.step = {step} BEGIN SELECT RAISE(ABORT, 'poison'); END"))
+    finally:
+        engine.dispose()
+
+
+def test_a_frame_the_collector_fails_on_is_quarantined(db_url: str, serve, client_for,
+                                                       caplog) -> None:
+    col = serve(db_url)
+    poison_trigger(db_url, 13)
+    client = client_for(col.url, "poisoned", max_batch=64)
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        for step in range(40):
+            client.send(step, {"loss": float(step)}, {"attn.logit_max": [[1.0, 2.0]]})
+        assert client.flush(60) is False  # frame 13 never will be delivered
+        deadline = time.monotonic() + 30
+        while client.stats["pending"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert col.steps("poisoned") == [s for s in range(40) if s != 13]
+    stats = client.stats
+    assert (stats["quarantined"], stats["rejected"], stats["pending"]) == (1, 0, 0)
+    assert [f["step"] for f in aside(client, ".quarantine")] == [13]
+    lines = [r for r in caplog.records if "keeps failing" in r.getMessage()]
+    assert len(lines) == 1 and ".quarantine" in lines[0].getMessage()
+    # the queue is not held hostage: later frames go through at once
+    client.send(40, {"loss": 40.0}, {"attn.logit_max": [[1.0, 2.0]]})
+    assert client.flush(20)
+    assert col.steps("poisoned")[-1] == 40
+
+
+def test_an_outage_of_500s_quarantines_nothing(tmp_path: Path, client_for) -> None:
+    # Every request fails with a 500 (no frame gets through): that is an outage, not a
+    # poison frame; the frames wait in the spool.
+    hits = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            hits.append(1)
+            body = b'{"code": "oops", "message": "internal error"}'
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = client_for(f"http://127.0.0.1:{httpd.server_port}", "outage",
+                            max_backoff=0.02)
+        for step in range(20):
+            client.send(step, {"loss": float(step)}, {})
+        deadline = time.monotonic() + 30
+        while len(hits) < 60 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(hits) >= 60
+        stats = client.stats
+        assert stats["quarantined"] == stats["rejected"] == 0 and stats["pending"] == 20
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+# --- 5. one bad frame no longer drops its batch -------------------------------------------
+
+
+def test_one_refused_frame_is_set_aside_the_rest_delivered(serve, client_for, caplog) -> None:
+    col = serve()
+    client = client_for(col.url, "shapes", max_batch=256, interval=0.5)
+    four = [[1.0] * 4] * 4
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        for step in range(41):  # one batch: a 4x5 frame in a 4x4 run, which the client
+            m = [[1.0] * 5] * 4 if step == 20 else four  # cannot know is wrong
+            client.send(step, {"loss": float(step)}, {"attn.logit_max": m})
+        assert client.flush(30) is False  # frame 20 was refused
+    assert col.steps("shapes") == [s for s in range(41) if s != 20]
+    assert (client.stats["rejected"], client.stats["sent"]) == (1, 40)
+    assert [f["step"] for f in aside(client, ".rejected")] == [20]
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refused) == 1 and "shape-mismatch" in refused[0], refused
+    rid = col.run_id("shapes")
+    h = col.get(f"/api/v1/runs/{rid}/heatmap")
+    assert h["step"] == 40 and len(h["values"]) == 4 and len(h["values"][0]) == 4
+    # the same cause again: counted, not logged again
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        client.send(41, {"loss": 41.0}, {"attn.logit_max": [[1.0] * 5] * 4})
+        client.send(42, {"loss": 42.0}, {"attn.logit_max": four})
+        assert client.flush(30) is False
+    assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
+    assert client.stats["rejected"] == 2 and col.steps("shapes")[-1] == 42
+
+
+def test_frames_past_the_collectors_limits_keep_their_loss(serve, client_for, caplog) -> None:
+    col = serve(None, LOGITWATCH_MAX_METRICS_PER_RUN="50")
+    client = client_for(col.url, "limits", max_metrics=50, interval=0.5)
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        for step in range(20):
+            scalars = {"loss": float(step)}
+            scalars.update({f"s{step}.{j}": 1.0 for j in range(300 if step == 3 else 10)})
+            heads = {f"h{j}": [[1.0]] for j in range(70 if step == 5 else 1)}
+            client.send(step, scalars, heads)
+        assert client.flush(30)
+    assert col.steps("limits") == list(range(20))  # every loss, also past the limits
+    assert client.stats["rejected"] == client.stats["invalid"] == 0
+    metrics = col.get(f"/api/v1/runs/{col.run_id('limits')}/metrics")
+    assert len(metrics) == 50
+    left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert len(left_out) <= 3, left_out  # one line per cause: scalars, matrices, names
+
+
+# --- 2. one shape per metric in a batch ---------------------------------------------------
+
+
+def test_a_shape_change_inside_one_batch_stores_nothing(db_url: str) -> None:
+    with TestClient(create_app(settings(db_url))) as c:
+        ok = {**frame(0), "heads": {"attn.logit_max": [[1.0] * 5] * 2}}
+        assert c.post("/api/v1/ingest", json={"frames": [ok]}).status_code == 200
+        r = c.post("/api/v1/ingest", json={"frames": [
+            {**frame(1), "heads": {"attn.logit_max": [[2.0] * 5] * 2}},
+            {**frame(2), "heads": {"attn.logit_max": [[3.0] * 2] * 2}}]})
+        assert r.status_code == 422 and r.json()["code"] == "shape-mismatch"
+        (run,) = runs(c)
+        assert run["last_step"] == 0
+        for params in ({}, {"agg": "max"}, {"step": 1}):
+            h = c.get(f"/api/v1/runs/{run['id']}/heatmap", params=params)
+            assert h.status_code == 200 and h.json()["values"] == [[1.0] * 5] * 2
+        # a new run whose first batch holds both shapes stores nothing either
+        r = c.post("/api/v1/ingest", json={"frames": [
+            {**frame(0, run="fresh"), "heads": {"m": [[1.0] * 5] * 2}},
+            {**frame(1, run="fresh"), "heads": {"m": [[1.0] * 2] * 2}}]})
+        assert r.status_code == 422 and [x["name"] for x in runs(c)] == ["r1"]
