@@ -20,6 +20,7 @@ from ._buffer import StepBuffer, collect
 from ._cost import CostMeter
 from ._final import final_stats, find_output_head, vocab_size
 from ._history import LR, HistoryBlock, StepHistory
+from ._lrwatch import LrWatch
 from ._logits import DEFAULT_BUDGET, attention_head_stats
 from ._qk import find_qk, qk_items, qk_norms
 from ._sdpa import SdpaCapture, parse_call
@@ -155,6 +156,7 @@ class Monitor:
         self._clip_steps = 0
         self._clipped_window: deque[float] = deque(maxlen=CLIP_WINDOW)
         self._history = StepHistory()
+        self._lr_watch = LrWatch()
         self._send_key: Any = None
         self._send_history = True
         self._frames = 0
@@ -576,7 +578,25 @@ class Monitor:
             self._cost.step_end(scheduled)
         except Exception:
             self._fail("step")
+        self._watch_lr(step)
         self._reschedule(agree=scheduled)
+
+    def _watch_lr(self, step: int) -> None:
+        """Sample the next step when the learning rate jumps or climbs far past where it
+        settled (:mod:`~logitwatch.hooks._lrwatch`; a host number: no sync). Every rank
+        runs the same schedule, so ranks request the same steps."""
+        try:
+            if self.optimizer is None or not self.optimizer.param_groups:
+                return
+            lr = self.optimizer.param_groups[0].get("lr")
+            if isinstance(lr, torch.Tensor):
+                if lr.device.type != "cpu":
+                    return  # reading it would be a sync
+                lr = float(lr)
+            if self._lr_watch.step(step, lr):
+                self._force_next = True
+        except Exception:
+            self._fail("step")
 
     def _end_history(self, step: int) -> None:
         """Close the step in the history: a non-sampled step keeps its lr (a host float)

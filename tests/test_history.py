@@ -631,3 +631,45 @@ def test_a_name_with_a_trailing_newline_is_left_out_by_the_client() -> None:
     assert packed.history is not None and list(packed.history[1]) == ["lr"]
     with pytest.raises(ValueError):
         Client(None, run="r\n")
+
+
+def test_an_lr_jump_or_a_climb_past_the_settled_peak_samples_the_next_step(
+        torch_one_thread: Any) -> None:
+    """At sample_every=40: constant lr for 150 steps (settled), a x5 jump at step 160 and a
+    climb from step 200 (doubling every 4 steps): the step after the jump and a few steps
+    of the climb (one per doubling past 2x the settled peak) are sampled; nothing read on
+    the others."""
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+    from logitwatch.hooks._lrwatch import LrWatch
+
+    def lr_at(step: int) -> float:
+        if step < 160:
+            return 1e-3
+        if step < 200:
+            return 5e-3 if step < 170 else 1e-3
+        return 1e-3 * 2 ** ((step - 200) / 4)
+
+    model = tiny_lm()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s) / 1e-3)
+    sink = Sink()
+    mon = attach(model, opt, run="h", client=sink.client, sample_every=40,
+                 overhead_budget=None)
+    seen = train(model, opt, 216, sched=sched)
+    mon.close()
+    sampled = [f["step"] for f in sink.frames]
+    watch, expected, last = LrWatch(), [0], 0
+    for s in range(215):
+        if watch.step(s, seen[s]["lr"]) or s + 1 >= last + 40:
+            expected.append(s + 1)
+            last = s + 1
+    assert sampled == expected
+    assert 161 in sampled and 171 in sampled  # the jump up, and back down
+    assert len([s for s in sampled if s > 200]) >= 2  # the climb
+    for s in range(216):
+        assert seen[s]["syncs"] == (["tolist"] if s in sampled else []), s
+    # plain schedules never trigger it: a warm-up, a constant lr, a step decay
+    w = LrWatch()
+    assert not any(w.step(s, 1e-3 * min(1.0, (s + 1) / 100) * (0.5 if s > 500 else 1.0))
+                   for s in range(1000))

@@ -31,6 +31,10 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              summary="the gradient norm is NaN or infinite"),
     RuleSpec("lr_jump", "lr_jump", "lr", severity="warning", params={"factor": 10.0},
              summary="the learning rate jumped tenfold or more between two samples"),
+    RuleSpec("lr_above_peak", "above_peak", "lr", severity="warning",
+             params={"factor": 10.0, "settle": 100},
+             summary="the learning rate rose tenfold above the peak its schedule had settled "
+             "at (a re-warm or ramp too far)"),
     RuleSpec("lr_change", "lr_jump", "lr", severity="info", params={"factor": 2.0},
              summary="the learning rate changed abruptly between two samples"),
     RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning",

@@ -476,6 +476,26 @@ def _level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                    baseline=low, limit=limit)
 
 
+def _above_peak(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+                cell: tuple[int | None, int | None]) -> Verdict | None:
+    """The value against the peak the series settled at: the highest value before it went
+    ``settle`` steps without a new high (a learning rate after its warm-up)."""
+    if not math.isfinite(v):
+        return None
+    ex = m.extra
+    if "high" not in ex or v > ex["high"]:
+        ex["high"], ex["high_step"] = v, step
+    elif step - ex["high_step"] >= int(r.param("settle")) and "settled" not in ex:
+        ex["settled"], ex["settled_step"] = ex["high"], step
+    peak = ex.get("settled")
+    if peak is None or peak <= 0:
+        return None  # still rising (a warm-up): nothing settled to compare with
+    limit = float(r.param("factor")) * peak
+    return Verdict(v > limit, v, {"value": v, "settled_peak": peak, "limit": limit,
+                                  "ratio": v / peak, "settled_at_step": ex["settled_step"]},
+                   baseline=peak, limit=limit)
+
+
 def _lr_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
              cell: tuple[int | None, int | None]) -> Verdict | None:
     past = [x for _, x in list(m.recent)[-4:]]
@@ -585,6 +605,7 @@ KINDS: dict[str, Kind] = {
                       hold_breaches=True, keep_firing_for=0),
     "level_rise": Kind(_level_rise, {"window": 100, "min_samples": 5, "min_history": 200,
                                      "factor": 5.0, "margin": None, "floor": 0.0}),
+    "above_peak": Kind(_above_peak, {"factor": 10.0, "settle": 100}),
     "lr_jump": Kind(_lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
     "entropy_collapse": Kind(_entropy_collapse, {"first_steps": 100, "min_samples": 5,
                                                  "fraction": 0.25}),

@@ -1022,6 +1022,9 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
         what = (f"{rule.metric} level (median of {ev.get('window')} steps) = "
                 f"{_fmt(ev.get('level'))}, {_fmt(ev.get('level') / ev['lowest_level'])}x "
                 f"the lowest it settled to ({_fmt(ev['lowest_level'])})")
+    elif rule.kind == "above_peak" and ev.get("settled_peak"):
+        what += (f", {_fmt(ev.get('ratio'))}x the peak of {_fmt(ev['settled_peak'])} it had "
+                 f"settled at (step {ev.get('settled_at_step')})")
     elif rule.kind == "lr_jump":
         what += f", was {_fmt(ev.get('previous'))} at step {ev.get('previous_step')}"
     causes = ev.get("causes")

@@ -45,6 +45,9 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    (or, with ``margin``, ``margin`` above) the lowest level it settled to
                    (lowest since ``min_history`` steps into the series), and above ``floor``:
                    a gradient norm whose level keeps growing.
+``above_peak``     the value is above ``factor`` x the peak the series settled at (its highest
+                   value before it went ``settle`` steps without a new high): a learning rate
+                   re-warmed, ramped or jumped far above where its schedule had settled.
 ``lr_jump``        the learning rate changed by more than ``factor`` between two samples,
                    and by more than ``vs_schedule`` x the median change of the samples before
                    (a jump, not a ramp: a linear warm-up moves it by the same amount a sample).
