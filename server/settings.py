@@ -117,6 +117,15 @@ class Settings(BaseSettings):
         description="How long token lookups are cached; a token created or revoked with the "
         "CLI takes effect within this many seconds.",
     )
+    allowed_hosts: str | None = Field(
+        None,
+        description="Host names the collector answers to, comma-separated, besides the "
+        "loopback names (localhost, 127.0.0.1, [::1]) and the bound address; '*' answers "
+        "to any. A request naming another host gets 421 host-not-allowed: that is how a "
+        "page of another site reaching this collector through DNS rebinding shows. Set it "
+        "to the public name behind a proxy that passes the Host header on (Caddy). Unset "
+        "on a wildcard bind (0.0.0.0, ::): no check.",
+    )
     secure_cookies: bool = Field(
         False,
         description="Mark the dashboard's session cookie Secure even when the request did "

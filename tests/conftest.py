@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Starlette's TestClient names its fake server "testserver" in the Host header; a collector
+# answers only to its own names (server/guards.py), so the tests add that one.
+os.environ.setdefault("LOGITWATCH_ALLOWED_HOSTS", "testserver")
 
 PG_URL = os.environ.get("LOGITWATCH_TEST_PG_URL")
 

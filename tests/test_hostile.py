@@ -369,3 +369,40 @@ def test_a_shape_change_inside_one_batch_stores_nothing(db_url: str) -> None:
             {**frame(0, run="fresh"), "heads": {"m": [[1.0] * 5] * 2}},
             {**frame(1, run="fresh"), "heads": {"m": [[1.0] * 2] * 2}}]})
         assert r.status_code == 422 and [x["name"] for x in runs(c)] == ["r1"]
+
+
+# --- 4. DNS rebinding: the collector answers to its own names only -------------------------
+
+
+def test_dns_rebinding_host_is_refused(serve) -> None:
+    col = serve()
+    evil = {"Host": "evil.example"}
+    body = {"frames": [frame(0, run="rebound")]}
+    for method, path, kw in (("GET", "/api/v1/runs", {}), ("GET", "/", {}),
+                             ("POST", "/api/v1/ingest", {"json": body}),
+                             ("GET", "/api/v1/session", {})):
+        r = httpx.request(method, col.url + path, headers=evil, timeout=10, **kw)
+        assert r.status_code == 421, (path, r.status_code)
+        assert r.json()["code"] == "host-not-allowed" and "ALLOWED_HOSTS" in r.json()["message"]
+    assert col.get("/api/v1/runs") == []  # nothing was stored
+    for host in (f"127.0.0.1:{col.port}", f"localhost:{col.port}", "LOCALHOST.",
+                 f"[::1]:{col.port}", "127.0.0.2"):
+        r = httpx.get(col.url + "/api/v1/runs", headers={"Host": host}, timeout=10)
+        assert r.status_code == 200, (host, r.text)
+
+
+def test_allowed_hosts_setting(sqlite_url: str, monkeypatch) -> None:
+    monkeypatch.delenv("LOGITWATCH_ALLOWED_HOSTS", raising=False)
+    for allowed, host, status in (
+        (None, "evil.example", 421),
+        ("lw.example.com", "lw.example.com:443", 200),
+        ("lw.example.com", "evil.example", 421),
+        ("*", "evil.example", 200),
+    ):
+        s = settings(sqlite_url, **({} if allowed is None else {"allowed_hosts": allowed}))
+        with TestClient(create_app(s), base_url=f"http://{host}") as c:
+            assert c.get("/api/v1/runs").status_code == status, (allowed, host)
+    # A wildcard bind cannot know its names: no check unless allowed_hosts says them.
+    s = settings(sqlite_url, host="0.0.0.0", insecure_no_auth=True)
+    with TestClient(create_app(s), base_url="http://evil.example") as c:
+        assert c.get("/api/v1/runs").status_code == 200
