@@ -5,8 +5,9 @@
 * ``"ok"``: a 2xx answer that is a JSON object; the frames are stored.
 * ``"retry"``: the frames are kept (in the spool) and sent again later: a connection
   error or timeout, 408, 409, 425, 429, any 5xx, a 2xx whose body is not a JSON object
-  (a proxy or another service answered, not the collector), and 401, 403 and 404 (a
-  token or URL to fix: the frames wait for it instead of being thrown away).
+  (a proxy or another service answered, not the collector), and 401, 403, 404 and 421 (a
+  token, URL or allowed host name to fix: the frames wait for it instead of being thrown
+  away).
 * ``"reject"``: any other 4xx (400, 413, 422, ...): the collector refused the batch as
   invalid, and sending it again would not help. The sender then sends it in halves to
   find the frames at fault (``_worker.Sender._isolate``), as it does when a batch is
@@ -97,7 +98,7 @@ def backoff_delay(
 
 
 #: 4xx statuses after which the frames are kept and sent again (see the module docstring).
-KEEP_4XX = frozenset({401, 403, 404, 408, 409, 425, 429})
+KEEP_4XX = frozenset({401, 403, 404, 408, 409, 421, 425, 429})
 _GZIP_MIN = 1024
 
 

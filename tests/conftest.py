@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Starlette's TestClient names its fake server "testserver" in the Host header; a collector
-# answers only to its own names (server/guards.py), so the tests add that one.
-os.environ.setdefault("LOGITWATCH_ALLOWED_HOSTS", "testserver")
+# Starlette's TestClient names its fake server "testserver" in the Host header, and some
+# tests forward a client's requests for "http://collector" to it; a collector answers only
+# to its own names (server/guards.py), so the tests add those two.
+os.environ.setdefault("LOGITWATCH_ALLOWED_HOSTS", "testserver,collector")
 
 PG_URL = os.environ.get("LOGITWATCH_TEST_PG_URL")
 
