@@ -31,7 +31,7 @@ from logitwatch.server.api.routes.pages import WEB
 from logitwatch.server.auth import Authenticator, bind_refusal
 from logitwatch.server.db.session import make_engine, migrate
 from logitwatch.server.errors import ApiError
-from logitwatch.server.guards import HostCheck
+from logitwatch.server.guards import CsrfCheck, FrameHeaders, HostCheck
 from logitwatch.server.limits import BodyLimit
 from logitwatch.server.notify import WebhookNotifier
 from logitwatch.server.settings import Settings
@@ -136,7 +136,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(dashboard.router)  # /api/v1/dashboard, worst heads, compare (+ page)
     app.mount("/static", StaticFiles(directory=WEB), name="static")
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(CsrfCheck, settings=settings)
     app.add_middleware(HostCheck, settings=settings)
+    app.add_middleware(FrameHeaders)
     app.add_middleware(InternalErrors)
     return app
 

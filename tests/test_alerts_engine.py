@@ -242,7 +242,7 @@ def test_alerts_api_rules_silences_ack(sqlite_url: str) -> None:
         ans = c.post("/api/v1/ingest", json={"frames": [frame(0, loss=9.0)]}).json()
         assert [a["rule"] for a in ans["alerts"]] == ["big_loss"]
         aid = ans["alerts"][0]["id"]
-        acked = c.post(f"/api/v1/alerts/{aid}/ack").json()
+        acked = c.post(f"/api/v1/alerts/{aid}/ack", json={}).json()
         assert acked["acked_at"] is not None and acked["state"] == "firing"
         s = c.post("/api/v1/alerts/silences", json={"run": "r1", "duration_s": 60}).json()
         assert s["active"] and c.get("/api/v1/alerts/silences").json()[0]["id"] == s["id"]

@@ -406,3 +406,50 @@ def test_allowed_hosts_setting(sqlite_url: str, monkeypatch) -> None:
     s = settings(sqlite_url, host="0.0.0.0", insecure_no_auth=True)
     with TestClient(create_app(s), base_url="http://evil.example") as c:
         assert c.get("/api/v1/runs").status_code == 200
+
+
+# --- 7. CSRF and clickjacking ---------------------------------------------------------------
+
+
+def test_cross_origin_and_form_posts_change_nothing(serve) -> None:
+    col = serve()
+    frames = [frame(i, run="csrf", scalars={"loss": 3.0 if i < 20 else "NaN"})
+              for i in range(40)]
+    r = httpx.post(col.url + "/api/v1/ingest", json={"frames": frames}, timeout=10)
+    alert = r.json()["alerts"][0]
+    ack = f"{col.url}/api/v1/alerts/{alert['id']}/ack"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for headers in (
+        {**form, "Origin": "http://evil.example"},  # a form on another site
+        {**form},  # an old browser sending no Origin: still a form post
+        {"Content-Type": "text/plain", "Origin": f"http://127.0.0.1:{col.port}"},
+        {"Content-Type": "application/json", "Origin": "http://evil.example"},
+        {"Content-Type": "application/json", "Origin": f"http://127.0.0.1:{col.port + 1}"},
+        {"Content-Type": "application/json", "Origin": "null"},  # a sandboxed frame
+    ):
+        r = httpx.post(ack, headers=headers, content=b"x=1", timeout=10)
+        assert r.status_code == 403, (headers, r.text)
+        assert r.json()["code"] in ("cross-origin", "form-post-forbidden")
+    rid = col.run_id("csrf")
+    assert all(a["acked_at"] is None for a in col.get(f"/api/v1/runs/{rid}/alerts"))
+    evil = {"Origin": "http://evil.example"}
+    assert httpx.post(col.url + "/api/v1/alerts/silences", json={"duration_s": 60},
+                      headers=evil, timeout=10).status_code == 403
+    assert httpx.delete(f"{col.url}/api/v1/runs/{rid}", params={"confirm": "csrf"},
+                        headers=evil, timeout=10).status_code == 403
+    assert httpx.post(col.url + "/api/v1/ingest", json={"frames": [frame(99, run="csrf")]},
+                      headers=evil, timeout=10).status_code == 403
+    assert col.get("/api/v1/alerts/silences") == [] and col.run_id("csrf") == rid
+    # the dashboard's own requests (same origin, JSON) work
+    r = httpx.post(ack, headers={"Content-Type": "application/json",
+                                 "Origin": f"http://127.0.0.1:{col.port}"}, timeout=10)
+    assert r.status_code == 200 and r.json()["acked_at"] is not None
+
+
+def test_pages_cannot_be_framed(serve) -> None:
+    col = serve()
+    for path in ("/", "/runs/1", "/compare", "/api/v1/runs", "/static/style.css"):
+        r = httpx.get(col.url + path, timeout=10)
+        assert r.headers["x-frame-options"] == "DENY", path
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
+        assert r.headers["x-content-type-options"] == "nosniff"
