@@ -43,8 +43,6 @@ def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
     needs API tokens first (`logitwatch token create`).
     """
     _need_server()
-    import uvicorn
-
     from logitwatch.server.app import create_app
     from logitwatch.server.auth import bind_refusal
     from logitwatch.server.settings import Settings
@@ -75,7 +73,9 @@ def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
     mode = f"{active} API token(s) active" if tokens else "open mode: no API tokens"
     click.echo(f"logitwatch collector on http://{host}:{port}  (database: {settings.db_url}; "
                f"{mode})")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    from logitwatch.server.serving import serve as run_guarded
+
+    run_guarded(create_app(settings), settings, log_level=log_level)
 
 
 def _need_server() -> None:

@@ -135,7 +135,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(pages.router)
     app.include_router(dashboard.router)  # /api/v1/dashboard, worst heads, compare (+ page)
     app.mount("/static", StaticFiles(directory=WEB), name="static")
-    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
+                       body_timeout=settings.body_timeout)
     app.add_middleware(CsrfCheck, settings=settings)
     app.add_middleware(HostCheck, settings=settings)
     app.add_middleware(FrameHeaders)

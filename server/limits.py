@@ -33,9 +33,10 @@ class BodyLimit:
     it is known to fit, so the app never sees a partial body.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout: float | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -59,18 +60,26 @@ class BodyLimit:
             return
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._too_large(send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        done = False
+        with anyio.move_on_after(self.body_timeout):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_bytes:
+                    await self._too_large(send)
+                    return
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    done = True
+                    break
+        if not done:
+            await _refuse(send, 408, "request-timeout",
+                          f"request body: not received within {self.body_timeout:g} s "
+                          "(body_timeout); nothing was stored")
+            return
         body = b"".join(chunks)
         headers = dict(scope["headers"])
         encoding = headers.get(b"content-encoding", b"identity").strip().lower()

@@ -101,6 +101,31 @@ class Settings(BaseSettings):
     rate_limit_burst: int = Field(
         200, ge=1, description="Requests a token may make at once before the rate applies."
     )
+    # --- connections: slow or piled-up clients (server/serving.py) -------------------------
+    header_timeout: float = Field(
+        10.0, gt=0,
+        description="Seconds a connection may take to send a request's headers, from when "
+        "it opens or its previous answer was sent; then it is closed (slow clients cannot "
+        "hold connections for ever).",
+    )
+    body_timeout: float = Field(
+        60.0, gt=0,
+        description="Seconds a request body may take to arrive (408 request-timeout).",
+    )
+    keep_alive_timeout: float = Field(
+        5.0, gt=0, description="Seconds an idle keep-alive connection stays open.")
+    max_connections: int = Field(
+        900, ge=8,
+        description="Open connections at most (lowered to the open-file limit minus 64); a "
+        "new connection past it closes the oldest one with no request in progress.",
+    )
+    limit_concurrency: int | None = Field(
+        None, ge=1,
+        description="uvicorn's limit_concurrency: past this many connections or requests in "
+        "progress, requests are answered 503 (the client retries). None: no such limit "
+        "(max_connections still holds); keep it above max_connections to leave room for "
+        "the live streams of dashboards.",
+    )
     # --- authentication (see README, SECURITY) -------------------------------------------
     require_tokens: bool = Field(
         False,

@@ -12,6 +12,8 @@ import http.server
 import json
 import logging
 import os
+import resource
+import socket
 import subprocess
 import sys
 import threading
@@ -135,16 +137,23 @@ def test_steps_beyond_32_bits_are_stored_and_alert(db_url: str) -> None:
 class Served:
     """``logitwatch serve`` in a subprocess on a loopback port (stopped by the fixture)."""
 
-    def __init__(self, tmp: Path, db_url: str, *args: str, **env: str) -> None:
+    def __init__(self, tmp: Path, db_url: str, *args: str, nofile: int | None = None,
+                 **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db_url = db_url
         self.log = tmp / f"collector-{self.port}.log"
+
+        def limit_files() -> None:  # in the child: a low open-file limit
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "logitwatch.cli", "serve", "--port", str(self.port),
                  "--db", db_url, "--log-level", "warning", *args],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                preexec_fn=limit_files if nofile is not None else None)
         deadline = time.monotonic() + 60
         while True:
             assert self.proc.poll() is None, self.log.read_text()[-2000:]
@@ -182,8 +191,10 @@ class Served:
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     made: list[Served] = []
 
-    def start(db_url: str | None = None, *args: str, **env: str) -> Served:
-        s = Served(tmp_path, db_url or f"sqlite:///{tmp_path / 'served.db'}", *args, **env)
+    def start(db_url: str | None = None, *args: str, nofile: int | None = None,
+              **env: str) -> Served:
+        s = Served(tmp_path, db_url or f"sqlite:///{tmp_path / 'served.db'}", *args,
+                   nofile=nofile, **env)
         made.append(s)
         return s
 
@@ -453,3 +464,52 @@ def test_pages_cannot_be_framed(serve) -> None:
         assert r.headers["x-frame-options"] == "DENY", path
         assert "frame-ancestors 'none'" in r.headers["content-security-policy"], path
         assert r.headers["x-content-type-options"] == "nosniff"
+
+
+# --- 6. slow clients cannot lock everyone out ------------------------------------------------
+
+
+def test_slow_connections_do_not_lock_clients_out(serve) -> None:
+    # 256 open files for the collector, and 400 connections that never finish their
+    # headers: before, new connections found no file descriptor, and every request failed.
+    col = serve(None, nofile=256, LOGITWATCH_HEADER_TIMEOUT="3")
+    slow: list[socket.socket] = []
+    try:
+        for _ in range(400):
+            s = socket.create_connection(("127.0.0.1", col.port), timeout=5)
+            s.sendall(b"POST /api/v1/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            slow.append(s)
+        t0 = time.monotonic()
+        for i in range(5):  # a training job and a dashboard keep working, at once
+            r = httpx.post(col.url + "/api/v1/ingest", timeout=5,
+                           json={"frames": [frame(i, run="busy")]})
+            assert r.status_code == 200, r.text
+            assert httpx.get(col.url + "/api/v1/runs", timeout=5).status_code == 200
+        assert time.monotonic() - t0 < 10
+        # and the slow ones are closed within the header timeout
+        time.sleep(4.5)
+        closed = 0
+        for s in slow[-50:]:
+            s.settimeout(0.5)
+            try:
+                closed += s.recv(1024) == b""
+            except (ConnectionResetError, BrokenPipeError):
+                closed += 1
+            except TimeoutError:
+                pass
+        assert closed == 50
+    finally:
+        for s in slow:
+            s.close()
+    assert col.steps("busy") == list(range(5))
+
+
+def test_a_body_that_never_arrives_gets_408(serve) -> None:
+    col = serve(None, LOGITWATCH_BODY_TIMEOUT="1")
+    with socket.create_connection(("127.0.0.1", col.port), timeout=10) as s:
+        s.sendall(b"POST /api/v1/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"fr")
+        t0 = time.monotonic()
+        answer = s.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
+        assert time.monotonic() - t0 < 5

@@ -1,0 +1,111 @@
+"""Serving the collector with uvicorn, guarded against slow and piled-up connections.
+
+uvicorn keeps a connection whose request headers never finish open for ever (its
+keep-alive timeout only starts after a response), so a few hundred such connections
+("slowloris") use up the process's file descriptors and every new request fails. Here
+each connection must complete a request's headers within ``header_timeout`` seconds of
+opening (or of its previous response), or it is closed; and past ``max_connections`` open
+connections (bounded below the open-file limit) a new connection closes the oldest one
+that has no request in progress, so slow or idle connections can never lock real clients
+out. ``limit_concurrency`` (uvicorn's) answers 503 past that many requests in progress; a
+request body must arrive within ``body_timeout`` (``limits.BodyLimit``, 408).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from typing import Any
+
+from logitwatch.server.settings import Settings
+
+__all__ = ["connection_limit", "guarded_protocol", "serve"]
+
+log = logging.getLogger("logitwatch.server")
+
+#: File descriptors kept for the database, log files and the like.
+SPARE_FDS = 64
+
+
+def connection_limit(settings: Settings) -> int:
+    """``max_connections``, lowered to fit the process's open-file limit."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return settings.max_connections
+    return max(8, min(settings.max_connections, soft - SPARE_FDS))
+
+
+def _idle(protocol: Any) -> bool:
+    """No request in progress: none yet, or the last one answered."""
+    cycle = getattr(protocol, "cycle", None)
+    return cycle is None or bool(getattr(cycle, "response_complete", True))
+
+
+def guarded_protocol(base: type[Any], *, header_timeout: float,
+                     max_connections: int) -> type[Any]:
+    """A subclass of uvicorn's HTTP protocol ``base`` with the header timeout and the
+    connection bound of the module docstring."""
+
+    class Guarded(base):  # type: ignore[misc, valid-type]
+        _since = 0.0
+        _timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+            if len(self.connections) > max_connections:
+                idle = [c for c in self.connections if c is not self and _idle(c)]
+                victim = min(idle, key=lambda c: getattr(c, "_since", 0.0)) if idle else self
+                log.warning("%d connections open (max_connections %d): closing the oldest "
+                            "with no request in progress", len(self.connections),
+                            max_connections)
+                victim.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._since = self.loop.time()
+            self._timer = self.loop.call_later(header_timeout, self._expire)
+
+        def _expire(self) -> None:
+            self._timer = None
+            if _idle(self) and not self.transport.is_closing():
+                self.transport.close()
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
+    return Guarded
+
+
+def _base_protocol() -> type[Any]:
+    try:  # what uvicorn's http="auto" picks
+        import httptools  # noqa: F401
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        return HttpToolsProtocol
+    except ImportError:  # pragma: no cover - depends on the install
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        return H11Protocol
+
+
+def serve(app: Any, settings: Settings, *, log_level: str = "info") -> None:
+    """Run ``app`` with uvicorn on ``settings.host:settings.port``, guarded."""
+    import uvicorn
+
+    limit = connection_limit(settings)
+    protocol = guarded_protocol(_base_protocol(), header_timeout=settings.header_timeout,
+                                max_connections=limit)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level,
+                http=protocol, timeout_keep_alive=int(max(1, settings.keep_alive_timeout)),
+                limit_concurrency=settings.limit_concurrency)
