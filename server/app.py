@@ -92,7 +92,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.alert_engine = AlertEngine(configured_rules(settings))
+    app.state.alert_engine = AlertEngine(configured_rules(settings),
+                                         max_ranks=settings.alert_state_max_ranks,
+                                         idle_seconds=settings.alert_state_idle_seconds)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:

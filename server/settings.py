@@ -179,6 +179,18 @@ class Settings(BaseSettings):
         "step by step; 0 never changes the jobs' own sampling.",
     )
 
+    alert_state_max_ranks: int = Field(
+        2000, ge=0,
+        description="The alert engine keeps the rules' memory of this many (run, rank)s at "
+        "most, the least recently seen dropped first; a (run, rank) that sends again is "
+        "rebuilt from the store, as after a restart.",
+    )
+    alert_state_idle_seconds: float = Field(
+        1800.0, ge=0,
+        description="The rules' memory of a (run, rank) without frames for this long is "
+        "dropped (rebuilt from the store if it sends again).",
+    )
+
     @model_validator(mode="after")
     def _check_auth(self) -> Settings:
         if self.require_tokens and self.insecure_no_auth:

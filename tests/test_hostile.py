@@ -513,3 +513,94 @@ def test_a_body_that_never_arrives_gets_408(serve) -> None:
         answer = s.recv(4096)
         assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer
         assert time.monotonic() - t0 < 5
+
+
+# --- 8. memory that shrinks: the alert engine forgets idle ranks, /runs pages -------------
+
+
+def _episode(run: str, seq: int) -> dict[str, Any]:
+    """A run whose head (1, 2) climbs after seq 30 and whose loss goes NaN at seq 70."""
+    m = [[5.0 + 0.1 * h for h in range(4)] for _ in range(2)]
+    if seq >= 30:
+        m[1][2] = 5.0 * 1.15 ** (seq - 29)
+    loss: Any = 3.0 - 0.001 * seq if seq < 70 else "NaN"
+    return {"run": run, "seq": seq, "step": seq * 10, "time": 1000.0 + seq,
+            "scalars": {"loss": loss, "grad.norm": 1.0}, "heads": {"attn.logit_max": m}}
+
+
+def _alerts(c: TestClient) -> list[tuple[Any, ...]]:
+    out = []
+    for r in runs(c):
+        for a in c.get(f"/api/v1/runs/{r['id']}/alerts").json():
+            out.append((r["name"], a["rule"], a["rank"], a["layer"], a["head"], a["state"],
+                        a["severity"], a["started_step"], a["fired_step"], a["resolved_step"]))
+    return sorted(out, key=repr)
+
+
+def test_alert_state_evicted_then_resumed_fires_the_same(tmp_path: Path) -> None:
+    got = []
+    for max_ranks in (10_000, 0):  # never evicted; evicted after every batch
+        s = settings(f"sqlite:///{tmp_path / f'evict{max_ranks}.db'}",
+                     alert_state_max_ranks=max_ranks)
+        with TestClient(create_app(s)) as c:
+            for start in range(0, 100, 5):  # three runs interleaved, five frames a batch
+                for run in ("a", "b", "c"):
+                    frames = [_episode(run, i) for i in range(start, start + 5)]
+                    r = c.post("/api/v1/ingest", json={"frames": frames})
+                    assert r.status_code == 200, r.text
+            engine = c.app.state.alert_engine  # type: ignore[attr-defined]
+            if max_ranks == 0:
+                assert not engine._loaded and not engine._seen
+            got.append(_alerts(c))
+    assert got[0] and {a[1] for a in got[0]} >= {"loss_nonfinite"}
+    assert got[1] == got[0]
+
+
+def test_alert_state_is_bounded(sqlite_url: str) -> None:
+    with TestClient(create_app(settings(sqlite_url, alert_state_max_ranks=50))) as c:
+        for i in range(0, 600, 100):  # 600 one-frame runs
+            frames = [{**_episode(f"one-{j}", 40), "seq": 1} for j in range(i, i + 100)]
+            assert c.post("/api/v1/ingest", json={"frames": frames}).status_code == 200
+        engine = c.app.state.alert_engine  # type: ignore[attr-defined]
+        ranks = {k for k in engine._seen}
+        assert len(ranks) == 50 and engine._loaded <= ranks
+        # every container of per-(run, rank) state holds those 50 ranks only
+        for name, value in vars(engine).items():
+            if isinstance(value, (dict, set)) and value and name not in ("_broken",):
+                keys = {k[:2] if name in ("_thin", "_sticky", "_down", "_loss", "_loaded",
+                                          "_seen") else k[1:3] for k in value}
+                assert keys <= ranks, name
+        # and an idle rank is forgotten after idle_seconds
+        engine._idle_seconds = 0.0
+        assert c.post("/api/v1/ingest", json={"frames": [_episode("last", 1)]}
+                      ).status_code == 200
+        assert len(engine._seen) <= 1
+
+
+def test_runs_come_in_pages(sqlite_url: str) -> None:
+    with TestClient(create_app(settings(sqlite_url))) as c:
+        frames = [{**frame(0, run=f"run-{i:04d}"), "time": 1000.0 + i} for i in range(1200)]
+        assert c.post("/api/v1/ingest", json={"frames": frames}).status_code == 200
+        seen: list[str] = []
+        url = "/api/v1/runs"
+        while url:
+            r = c.get(url)
+            assert r.status_code == 200 and int(r.headers["x-total-count"]) == 1200
+            assert len(r.json()) <= 500
+            seen += [x["name"] for x in r.json()]
+            link = r.headers.get("link")
+            url = link[1:link.index(">")] if link else ""
+        assert seen == [f"run-{i:04d}" for i in reversed(range(1200))]  # newest first, once
+        r = c.get("/api/v1/runs", params={"limit": 10, "offset": 1195})
+        assert [x["name"] for x in r.json()] == [f"run-{i:04d}" for i in range(4, -1, -1)]
+        assert "link" not in r.headers
+        r = c.get("/api/v1/runs", params={"name": "run-00", "limit": 5})
+        assert r.headers["x-total-count"] == "100" and len(r.json()) == 5
+        # the dashboard's list pages the same way, with a sparkline per run of the page
+        r = c.get("/api/v1/dashboard/runs", params={"limit": 100})
+        assert r.headers["x-total-count"] == "1200" and len(r.json()) == 100
+        assert r.json()[0]["name"] == "run-1199" and r.json()[0]["loss_values"] == [3.0]
+        r = c.get("/api/v1/dashboard/runs", params={"q": "run-119", "limit": 3, "offset": 2})
+        assert r.headers["x-total-count"] == "10"
+        assert [x["name"] for x in r.json()] == ["run-1197", "run-1196", "run-1195"]
+        assert c.get("/api/v1/runs", params={"limit": 0}).status_code == 422

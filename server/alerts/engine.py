@@ -38,7 +38,7 @@ import logging
 import math
 import threading
 import time as _time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import median
@@ -71,6 +71,10 @@ Cell = tuple[int | None, int | None]  # (layer, head), (None, None) for a run-le
 Key = tuple[str, int, int, int | None, int | None]  # rule, run_id, rank, layer, head
 
 RESTORE_FRAMES = 400  # frames of history replayed to rebuild state after a restart
+#: In-memory state is kept for this many (run, rank)s at most, and dropped after this many
+#: seconds without a frame (rebuilt from the store if it comes back).
+MAX_RANKS = 2000
+IDLE_SECONDS = 1800.0
 #: Per-head statistics are judged at most once every this many steps (what the frames in
 #: between held is folded in: max, or min for entropies): a job that samples every step
 #: costs the engine what one sampling every 10 steps does, and per-head windows (in steps)
@@ -177,7 +181,12 @@ class AlertEngine:
     """
 
     def __init__(self, rules: Iterable[RuleSpec] | None = None, *, screen: bool = True,
-                 head_every: int = HEAD_EVERY) -> None:
+                 head_every: int = HEAD_EVERY, max_ranks: int = MAX_RANKS,
+                 idle_seconds: float = IDLE_SECONDS) -> None:
+        self._max_ranks = max(0, int(max_ranks))
+        self._idle_seconds = float(idle_seconds)
+        # (run_id, rank) -> when it last sent a frame (monotonic), least recent first
+        self._seen: OrderedDict[tuple[int, int], float] = OrderedDict()
         self._rules: list[RuleSpec] = list(DEFAULT_RULES if rules is None else rules)
         self._screen = screen
         self._head_every = max(1, int(head_every))
@@ -212,6 +221,7 @@ class AlertEngine:
             self._per_cell.clear()
             self._broken.clear()
             self._loaded.clear()
+            self._seen.clear()
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -231,7 +241,37 @@ class AlertEngine:
                 changed.extend(self._persist(session, f, pending))
                 if self._down.get((f.run_id, f.rank)):
                     changed.extend(self._escalate(session, f))
+            self._evict({(f.run_id, f.rank) for f in frames})
         return changed
+
+    def _evict(self, seen: Iterable[tuple[int, int]], now: float | None = None) -> None:
+        """Note that ``seen`` (run, rank)s sent frames now; forget every in-memory state
+        of the (run, rank)s idle for ``idle_seconds`` and of the least recently seen past
+        ``max_ranks``. Such a (run, rank) is rebuilt from the store (:meth:`_restore`) when
+        it sends again, as after a restart, so memory stays bounded whatever the number
+        of runs, and alerts are the same."""
+        now = _time.monotonic() if now is None else now
+        for key in seen:
+            self._seen[key] = now
+            self._seen.move_to_end(key)
+        gone: set[tuple[int, int]] = set()
+        for key, at in self._seen.items():
+            if len(self._seen) - len(gone) <= self._max_ranks and now - at < self._idle_seconds:
+                break
+            gone.add(key)
+        if not gone:
+            return
+        for key in gone:
+            del self._seen[key]
+            self._loaded.discard(key)
+            self._thin.pop(key, None)
+            self._sticky.pop(key, None)
+            self._down.pop(key, None)
+        self._loss = {k: v for k, v in self._loss.items() if k[:2] not in gone}
+        self._mem = {k: v for k, v in self._mem.items() if k[1:3] not in gone}
+        self._tracks = {k: v for k, v in self._tracks.items() if k[1:3] not in gone}
+        self._cells_of = {k: v for k, v in self._cells_of.items() if k[1:] not in gone}
+        self._per_cell = {k for k in self._per_cell if k[1:] not in gone}
 
     # -- downgrade -------------------------------------------------------------------------
 

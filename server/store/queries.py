@@ -85,8 +85,14 @@ def list_runs(
     name: str | None = None,
     active_seconds: float = 600.0,
     now: float | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+    total: list[int] | None = None,
 ) -> list[RunOut]:
     """Runs, most recently active first, with their count of firing alerts.
+
+    ``limit``/``offset`` page through them (None: all); ``total``, a list, gets the number
+    of runs that match the filters appended.
 
     Filters (all optional, combined with AND): ``project``; ``tag``; ``status``: one of
     :data:`~.lifecycle.STATUSES` (``running``, ``finished``, ``stopped``, ``diverged``: see
@@ -126,6 +132,12 @@ def list_runs(
         q = q.where(Run.created_at <= until)
     if name is not None:
         q = q.where(Run.name.contains(name, autoescape=True))
+    if total is not None:
+        total.append(session.scalar(select(func.count()).select_from(q.subquery())) or 0)
+    if limit is not None:
+        q = q.limit(limit)
+    if offset:
+        q = q.offset(offset)
     rows = session.execute(q).all()
     tags = _tags(session, [r.id for r, _ in rows])
     return [_run_out(r, int(n), tags=tags.get(r.id), now=now, active_seconds=active_seconds)

@@ -165,19 +165,27 @@ def runs_overview(
     status: str | None = None,
     alerting: bool = False,
     q: str | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+    total: list[int] | None = None,
 ) -> list[RunSummaryOut]:
     """The runs list, most recently active first, filtered by project, status (one of
     :data:`STATUSES`: the run's own, ``diverged`` also for a non-finite last loss, ``empty``
-    before its first frame), open alerts and a substring of the run or project name."""
+    before its first frame), open alerts and a substring of the run or project name; a
+    page of ``limit`` runs from ``offset`` (None: all), sparklines made for that page only
+    unless ``status`` needs them all. ``total``, a list, gets the number that match."""
     if status is not None and status not in STATUSES:
         raise BadRequest("bad-status", f"status: {status!r} is not one of {', '.join(STATUSES)}",
                          field="status")
-    runs = queries.list_runs(session, project=project)
+    runs = queries.list_runs(session, project=project, status="alerting" if alerting else None)
     if q:
         needle = q.lower()
         runs = [r for r in runs if needle in r.name.lower() or needle in r.project.lower()]
-    if alerting:
-        runs = [r for r in runs if r.open_alerts > 0]
+    end = None if limit is None else offset + limit
+    if status is None:
+        if total is not None:
+            total.append(len(runs))
+        runs = runs[offset:end]
     sparks = cache.get(session, runs)
     out = []
     for r in runs:
@@ -191,6 +199,10 @@ def runs_overview(
             last_time=r.last_time, open_alerts=r.open_alerts, loss_steps=steps.tolist(),
             loss_values=values.tolist(), last_loss=last,
         ))
+    if status is not None:
+        if total is not None:
+            total.append(len(out))
+        out = out[offset:end]
     return out
 
 

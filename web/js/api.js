@@ -25,6 +25,23 @@ export async function getJSON(url) {
   return res.json();
 }
 
+/** GET one page of a list: its items and the X-Total-Count the collector reports. */
+export async function getPage(url) {
+  const res = await fetch(url, { headers: { Accept: "application/json" } });
+  if (!res.ok) {
+    let body = {};
+    try {
+      body = await res.json();
+    } catch {
+      /* not JSON: keep the status */
+    }
+    throw new ApiError(res.status, body.code || "http-" + res.status, body.message || res.statusText);
+  }
+  const items = await res.json();
+  const total = Number(res.headers.get("X-Total-Count"));
+  return { items, total: Number.isFinite(total) && total > 0 ? total : items.length };
+}
+
 const NONFINITE = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity };
 
 /** A wire value (number, or "NaN" / "Infinity" / "-Infinity") as a JS number; else null. */

@@ -2,7 +2,7 @@
 // filters (kept in the address, so a filtered view can be bookmarked); tick runs to compare.
 // Refreshed every few seconds (the collector caches sparklines and reads only new frames).
 
-import { API, ago, el, getJSON, query, sparkline, wireText } from "./api.js";
+import { API, ago, el, getPage, query, sparkline, wireText } from "./api.js";
 import { needsLogin, showLogin } from "./login.js";
 
 const REFRESH_MS = 3000;
@@ -94,7 +94,8 @@ async function refresh() {
   let again = true;
   const f = filters();
   try {
-    const runs = await getJSON(`${API}/dashboard/runs${query(f)}`);
+    // the newest runs first, one page (the collector's default: 500); filters narrow it
+    const { items: runs, total } = await getPage(`${API}/dashboard/runs${query(f)}`);
     for (const r of runs) projects.add(r.project);
     showProjects();
     wantedProject = "";
@@ -103,7 +104,8 @@ async function refresh() {
     table.hidden = runs.length === 0;
     $("runs-empty").hidden = runs.length !== 0 || filtered;
     $("runs-none").hidden = runs.length !== 0 || !filtered;
-    $("f-count").textContent = `${runs.length} run${runs.length === 1 ? "" : "s"}`;
+    const shown = runs.length < total ? `${runs.length} of ${total}` : `${runs.length}`;
+    $("f-count").textContent = `${shown} run${total === 1 ? "" : "s"}`;
     status.textContent = `updated ${new Date().toLocaleTimeString()}`;
     status.dataset.state = "ok";
   } catch (err) {

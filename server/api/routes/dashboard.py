@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from logitwatch.server import figures
 from logitwatch.server.api.deps import INT32_MAX, ReadDep, RunIdDep, SessionDep
 from logitwatch.server.api.routes.pages import WEB
+from logitwatch.server.api.routes.runs import MAX_PAGE, PAGE, paginate
 from logitwatch.server.auth import Principal
 from logitwatch.server.db.models import Run
 from logitwatch.server.errors import BadRequest, NotFound
@@ -48,6 +49,7 @@ def _cache(request: Request) -> views.SparklineCache:
 @router.get(f"{API}/dashboard/runs", response_model=list[views.RunSummaryOut])
 def runs_overview(
     request: Request,
+    response: Response,
     session: SessionDep,
     principal: ReadDep,
     project: Annotated[str | None, Query(max_length=128)] = None,
@@ -56,14 +58,21 @@ def runs_overview(
                                         "or empty")] = None,
     alerting: Annotated[bool, Query(description="only runs with a firing alert")] = False,
     q: Annotated[str | None, Query(max_length=128, description="name contains")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="runs in this page")] = PAGE,
+    offset: Annotated[int, Query(ge=0, le=2**31, description="runs to skip")] = 0,
 ) -> list[views.RunSummaryOut]:
-    """The runs list: status, last step, open alerts and a loss sparkline per run."""
+    """The runs list: status, last step, open alerts and a loss sparkline per run; a page
+    of ``limit`` runs from ``offset``, ``X-Total-Count`` saying how many match."""
     if principal.project is not None:
         if project is not None and project != principal.project:
+            response.headers["X-Total-Count"] = "0"
             return []
         project = principal.project
-    return views.runs_overview(session, _cache(request), project=project, status=status or None,
-                               alerting=alerting, q=q)
+    total: list[int] = []
+    out = views.runs_overview(session, _cache(request), project=project, status=status or None,
+                              alerting=alerting, q=q, limit=limit, offset=offset, total=total)
+    paginate(request, response, total[0], limit, offset)
+    return out
 
 
 @router.get(f"{API}/runs/{{run_id}}/worst_heads", response_model=views.WorstHeadsOut)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from sqlalchemy import select
 
 from logitwatch.server.api.deps import (
@@ -39,8 +39,24 @@ MetricName = Annotated[str, Query(max_length=128, description="metric name, e.g.
 TIME = 1e12  # unix seconds bound for time filters (year 33658)
 
 
+#: Runs in one page of GET /runs (and the dashboard's list) by default, and at most.
+PAGE = 500
+MAX_PAGE = 10_000
+
+
+def paginate(request: Request, response: Response, total: int, limit: int,
+             offset: int) -> None:
+    """``X-Total-Count`` and, while more follow, a ``Link`` to the next page."""
+    response.headers["X-Total-Count"] = str(total)
+    if offset + limit < total:
+        url = request.url.include_query_params(offset=offset + limit, limit=limit)
+        response.headers["Link"] = f'<{url.path}?{url.query}>; rel="next"'
+
+
 @router.get("/runs", response_model=list[RunOut])
 def runs(
+    request: Request,
+    response: Response,
     session: SessionDep,
     principal: ReadDep,
     settings: SettingsDep,
@@ -59,16 +75,25 @@ def runs(
     until: Annotated[float | None, Query(ge=0, le=TIME, description="first seen at or "
                                          "before this time (unix seconds)")] = None,
     name: Annotated[str | None, Query(max_length=128, description="run name contains")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="runs in this page")]
+    = PAGE,
+    offset: Annotated[int, Query(ge=0, le=2**31, description="runs to skip")] = 0,
 ) -> list[RunOut]:
     """Runs the caller may read (a read token: its project's), most recently active first,
-    filtered by project, tag, status, activity window and name."""
+    filtered by project, tag, status, activity window and name; a page of ``limit`` runs
+    from ``offset``. ``X-Total-Count`` says how many match; ``Link: <...>; rel="next"``
+    gives the next page while there is one."""
     if principal.project is not None:
         if project is not None and project != principal.project:
+            response.headers["X-Total-Count"] = "0"
             return []
         project = principal.project
-    return queries.list_runs(session, project=project, tag=tag, status=status, since=since,
-                             until=until, name=name,
-                             active_seconds=settings.run_active_seconds)
+    total: list[int] = []
+    out = queries.list_runs(session, project=project, tag=tag, status=status, since=since,
+                            until=until, name=name, active_seconds=settings.run_active_seconds,
+                            limit=limit, offset=offset, total=total)
+    paginate(request, response, total[0], limit, offset)
+    return out
 
 
 @router.get("/runs/{run_id}", response_model=RunOut)
