@@ -5,7 +5,8 @@ woken because a batch is full or a flush was asked for, then send batches of up 
 ``max_batch`` frames, oldest first, until nothing waits. A batch that fails is handed to
 the backlog (which spools it) and the next attempt waits ``backoff_delay(attempt)``; that
 wait is cut short by ``flush()`` and ``shutdown()`` but not by new frames, so a down
-collector is not hammered. While stopping, a failure ends the loop at once.
+collector is not hammered. While stopping, it keeps trying until the shutdown deadline,
+waiting at most a second between two attempts.
 
 One frame never takes its batch with it: a batch refused as invalid (4xx), or answered 500
 (or 409) three times in a row, is sent in halves, and halves of the halves that fail; the
@@ -38,6 +39,9 @@ from ._queue import Backlog, Batch, _seq
 __all__ = ["Sender", "Spooler"]
 
 log = logging.getLogger("logitwatch.client")
+
+#: Longest wait between two attempts while shutting down (within its timeout).
+SHUTDOWN_BACKOFF = 1.0
 
 #: A batch answered 500 this many times in a row is sent in halves to find the frame the
 #: collector fails on (again after as many more).
@@ -159,11 +163,14 @@ class Sender:
             self._backlog.count("retries")
             self._backlog.settle(batch, "failed")
             self._on_down()
-            if self._stopping:
-                return
             delay = backoff_delay(
                 attempt, max_backoff=self._max_backoff, retry_after=outcome.retry_after
             )
+            if self._stopping:  # shutdown: keep trying, more often, until its deadline
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    return
+                delay = min(delay, SHUTDOWN_BACKOFF, left)
             attempt += 1
             self._warn_once(
                 "retry",

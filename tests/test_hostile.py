@@ -138,8 +138,8 @@ class Served:
     """``logitwatch serve`` in a subprocess on a loopback port (stopped by the fixture)."""
 
     def __init__(self, tmp: Path, db_url: str, *args: str, nofile: int | None = None,
-                 **env: str) -> None:
-        self.port = free_port()
+                 port: int | None = None, **env: str) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db_url = db_url
         self.log = tmp / f"collector-{self.port}.log"
@@ -192,9 +192,9 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     made: list[Served] = []
 
     def start(db_url: str | None = None, *args: str, nofile: int | None = None,
-              **env: str) -> Served:
+              port: int | None = None, **env: str) -> Served:
         s = Served(tmp_path, db_url or f"sqlite:///{tmp_path / 'served.db'}", *args,
-                   nofile=nofile, **env)
+                   nofile=nofile, port=port, **env)
         made.append(s)
         return s
 
@@ -604,3 +604,27 @@ def test_runs_come_in_pages(sqlite_url: str) -> None:
         assert r.headers["x-total-count"] == "10"
         assert [x["name"] for x in r.json()] == ["run-1197", "run-1196", "run-1195"]
         assert c.get("/api/v1/runs", params={"limit": 0}).status_code == 422
+
+
+# --- 9. shutdown uses its whole timeout -------------------------------------------------------
+
+
+def test_shutdown_keeps_trying_until_its_timeout(serve, client_for) -> None:
+    port = free_port()
+    client = client_for(f"http://127.0.0.1:{port}", "late-collector", max_backoff=30.0)
+    for step in range(30):
+        client.send(step, {"loss": float(step)}, {})
+    started: list[Served] = []
+    later = threading.Timer(3.0, lambda: started.append(serve(None, port=port)))
+    later.start()  # the collector comes back 3 s into the shutdown (and takes ~2 s to start)
+    t0 = time.monotonic()
+    try:
+        client.shutdown(timeout=30)
+    finally:
+        later.join(60)
+    took = time.monotonic() - t0
+    assert 3 < took < 20, took
+    assert client.stats["pending"] == 0 and client.spool_path is None
+    assert started[0].steps("late-collector") == list(range(30))
+    (run,) = [r for r in started[0].get("/api/v1/runs") if r["name"] == "late-collector"]
+    assert run["status"] == "finished"  # the end frame went too
