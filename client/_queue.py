@@ -150,20 +150,27 @@ class Backlog:
 
     # -- spooler thread (and shutdown) ---------------------------------------------------
 
-    def spill(self, keep_frames: int, keep_bytes: int) -> int:
+    def spill(self, keep_frames: int, keep_bytes: int, through: int | None = None) -> int:
         """Write the oldest frames in memory to the spool until at most ``keep_frames``
-        frames and ``keep_bytes`` bytes remain there. Returns the frames written."""
+        frames and ``keep_bytes`` bytes remain there, or, with ``through``, every frame
+        numbered up to it. Returns the frames written."""
         if self.spool is None:
             return 0
         written = 0
         while True:
             with self._cond:
                 mem = self._mem
-                if self._spilling is not None or not mem or (
-                    len(mem) <= keep_frames and self.mem_bytes <= keep_bytes
-                ):
+                if self._spilling is not None or not mem:
                     return written
-                frames = [mem.popleft() for _ in range(min(len(mem), self._max_batch))]
+                if through is not None:
+                    n = bisect.bisect_right(mem, through, key=lambda f: f.seq)
+                    if n == 0:
+                        return written
+                elif len(mem) <= keep_frames and self.mem_bytes <= keep_bytes:
+                    return written
+                else:
+                    n = len(mem)
+                frames = [mem.popleft() for _ in range(min(n, self._max_batch))]
                 self.mem_bytes -= sum(f.nbytes for f in frames)
                 self._spilling = frames[0].seq
             result: StoreResult = "failed"
@@ -407,6 +414,31 @@ class Backlog:
             self._counts[counter] += n
 
     # -- shutdown ------------------------------------------------------------------------
+
+    def persist_inflight(self, through: int) -> bool:
+        """Write the batch in flight to the spool if it came from memory and holds frames
+        numbered up to ``through`` (it has been waiting that long: a slow collector), so a
+        crash cannot lose it; it stays in flight, and is unlinked once delivered. Returns
+        True if it was written."""
+        with self._cond:
+            batch = self._inflight
+            if (self.spool is None or batch is None or not batch.frames or batch.segments
+                    or batch.settled is not None or batch.first > through):
+                return False
+        lines = batch.lines or self._encode_all(batch.frames)
+        result, seg = self._store([f.seq for f in batch.frames], lines)
+        if seg is None:
+            return False
+        with self._cond:
+            if self._inflight is batch and not batch.segments and batch.settled is None:
+                seg.busy = True
+                batch.segments = [seg]
+                self._counts["spilled"] += seg.frames
+                return True
+            self._unindex(seg)  # settled meanwhile: delivered, or spooled by its failure
+        with contextlib.suppress(OSError):
+            seg.path.unlink()
+        return False
 
     def close(self) -> tuple[int, int]:
         """Write what is left in memory, and a batch still stuck in flight, to the spool.

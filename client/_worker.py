@@ -18,7 +18,10 @@ everything is an outage, and the batch waits.
 Spooler loop: keeps the disk spool fed so that the sender, which may sit for seconds in
 one slow request, never makes the training thread wait or drop: when memory passes half
 of its bounds it writes the oldest frames down to a quarter; while the collector is
-unreachable it writes everything in memory every ``spool_interval``.
+unreachable it writes everything in memory every ``spool_interval``; and every half
+``spool_interval`` it writes the frames, and the batch in flight, that were already queued
+half an interval before and are still not delivered. So a crash of the job loses at most
+``spool_interval`` seconds of frames, however slow the collector.
 
 Neither thread ever lets an exception out: a bug is logged, and the client degrades
 instead of breaking the training job.
@@ -318,9 +321,10 @@ class Spooler:
 
     def _run(self) -> None:
         backlog = self._backlog
+        mark = backlog.last_seq  # the newest frame at the previous tick
         try:
             while not self._stopping:
-                self._wake.wait(self._interval)
+                self._wake.wait(self._interval / 2)
                 self._wake.clear()
                 if self._stopping:
                     return
@@ -329,6 +333,13 @@ class Spooler:
                 elif (backlog.waiting() > self.high_frames
                       or backlog.mem_bytes > self.high_bytes):
                     backlog.spill(self.high_frames // 2, self.high_bytes // 2)
+                # Frames that were already queued at the previous tick, half an interval
+                # ago, and are still not delivered (a slow collector: the sender sits in one
+                # long request) go to disk too, in flight or not: a crash of the job loses
+                # at most spool_interval seconds of frames.
+                backlog.spill(0, 0, through=mark)
+                backlog.persist_inflight(mark)
+                mark = backlog.last_seq
         except Exception:
             log.exception("logitwatch: the spooler thread failed; frames are no longer "
                           "written to disk")

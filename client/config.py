@@ -48,9 +48,10 @@ class ClientConfig:
         spool_max_bytes: Disk budget of one process's spool. Past it, the oldest spooled
             frames are dropped, counted in ``stats["dropped_spool_full"]``. 0 turns the
             spool off (frames then wait in memory only).
-        spool_interval: While the collector is unreachable, frames in memory are written to
-            the spool at least this often (seconds): the most a crash of the training
-            process itself can lose.
+        spool_interval: Frames not delivered within this many seconds (the collector is
+            unreachable or slow, or ``interval`` is longer) are written to the spool, the
+            batch in flight included: the most a crash of the training process itself can
+            lose.
         gzip_level: zlib level (1-9) used to compress request bodies of 1 KiB and more
             (``Content-Encoding: gzip``); 0 sends them uncompressed.
         max_metrics: Distinct metric names (scalars, matrices, history series) this client

@@ -7,6 +7,7 @@ Each test here failed before the fix it guards.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.server
 import json
@@ -29,6 +30,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from logitwatch.client import Client, ClientConfig
+from logitwatch.client._spool import read_segment
 from logitwatch.demo.runner import free_port
 from logitwatch.server.app import create_app
 from logitwatch.server.db.session import make_engine
@@ -628,3 +630,75 @@ def test_shutdown_keeps_trying_until_its_timeout(serve, client_for) -> None:
     assert started[0].steps("late-collector") == list(range(30))
     (run,) = [r for r in started[0].get("/api/v1/runs") if r["name"] == "late-collector"]
     assert run["status"] == "finished"  # the end frame went too
+
+
+SLOW_JOB = """
+import sys, time
+from logitwatch.client import Client, ClientConfig
+c = Client(sys.argv[1], run="crash", config=ClientConfig(
+    spool_dir=sys.argv[2], interval=0.2, spool_interval=1.0, timeout=30.0, max_batch=1000))
+step = 0
+while True:
+    c.send(step, {"loss": float(step)}, {"attn.logit_max": [[1.0] * 16] * 8})
+    print(step, time.monotonic(), flush=True)
+    step += 1
+    time.sleep(0.01)
+"""
+
+
+def test_a_crash_loses_at_most_spool_interval_with_a_slow_collector(tmp_path: Path) -> None:
+    # The collector takes 4 s to answer each request; the job (spool_interval 1 s) is killed
+    # mid-run. Before, it lost the batch in flight and everything queued since: 3-5 s.
+    delivered: set[int] = set()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            time.sleep(4.0)
+            delivered.update(f["step"] for f in json.loads(body)["frames"])
+            answer = b'{"accepted": 0, "duplicates": 0, "alerts": [], "control": {}}'
+            with contextlib.suppress(OSError):  # the job may be dead by now
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    spool = tmp_path / "spool"
+    job = subprocess.Popen([sys.executable, "-c", SLOW_JOB, f"http://127.0.0.1:{httpd.server_port}",
+                            str(spool)], stdout=subprocess.PIPE, text=True)
+    sent: dict[int, float] = {}
+    try:
+        assert job.stdout is not None
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 7.5:
+            step, at = job.stdout.readline().split()
+            sent[int(step)] = float(at)
+        job.kill()
+        killed = time.monotonic()
+        for line in job.stdout:  # what it printed before it died
+            step, at = line.split()
+            sent[int(step)] = float(at)
+        job.wait(10)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(10)
+        if job.stdout is not None:
+            job.stdout.close()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+    spooled = {json.loads(line)["step"] for seg in spool.rglob("*.seg")
+               for line in read_segment(seg)}
+    lost = sorted(set(sent) - delivered - spooled)
+    window = killed - min(sent[s] for s in lost) if lost else 0.0
+    assert len(sent) > 300 and spooled
+    assert window < 2.0, f"{len(lost)} frames lost, sent in the last {window:.1f} s"
