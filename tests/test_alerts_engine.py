@@ -3,6 +3,7 @@ silences, no data, the persistent webhook outbox, the alerts API and the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -32,6 +33,10 @@ from logitwatch.server.store.alerts import alert_out, list_alerts
 from logitwatch.server.store.ingest import ingest_frames
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "bench" / "scenarios"
+#: The defaults with attn_logit_rising on (off by default): the simplest per-head rule, the
+#: subject of the lifecycle tests below
+RULES = [dataclasses.replace(r, enabled=True) if r.name == "attn_logit_rising" else r
+         for r in DEFAULT_RULES]
 
 
 def frame(i: int, *, run: str = "r1", heads: Any = None, **scalars: Any) -> dict[str, Any]:
@@ -73,7 +78,7 @@ def alerts(sessions: sessionmaker[Session]) -> list[Alert]:
 
 
 def test_grouping_one_alert_for_heads_of_a_layer(sessions: sessionmaker[Session]) -> None:
-    eng = AlertEngine()
+    eng = AlertEngine(RULES)
     frames = [frame(i, heads=logits(i, rising=((1, 1), (1, 3))), loss=2.0) for i in range(26)]
     changed = feed(sessions, eng, frames)
     rising = [a for a in alerts(sessions) if a.rule == "attn_logit_rising"]
@@ -88,15 +93,15 @@ def test_grouping_one_alert_for_heads_of_a_layer(sessions: sessionmaker[Session]
 
 def test_state_resumes_after_restart(sessions: sessionmaker[Session]) -> None:
     frames = [frame(i, heads=logits(i, rising=((0, 2),)), loss=2.0) for i in range(30)]
-    one = AlertEngine()
+    one = AlertEngine(RULES)
     feed(sessions, one, frames[:23])  # sample 22: pending, not yet firing
     assert [a.rule for a in alerts(sessions) if a.rule == "attn_logit_rising"] == []
-    two = AlertEngine()  # a restarted collector
+    two = AlertEngine(RULES)  # a restarted collector
     feed(sessions, two, frames[23:])
     got = [(a.rule, a.started_step, a.fired_step) for a in alerts(sessions)]
     assert ("attn_logit_rising", 220, 240) in got
     assert len([g for g in got if g[0] == "attn_logit_rising"]) == 1
-    three = AlertEngine()  # restarted again while firing: no second alert
+    three = AlertEngine(RULES)  # restarted again while firing: no second alert
     feed(sessions, three, [frame(i, heads=logits(i, rising=((0, 2),)), loss=2.0)
                            for i in range(30, 33)])
     assert len([a for a in alerts(sessions) if a.rule == "attn_logit_rising"]) == 1
@@ -104,7 +109,7 @@ def test_state_resumes_after_restart(sessions: sessionmaker[Session]) -> None:
 
 def test_inhibition_holds_back_head_alerts_while_loss_diverged(
         sessions: sessionmaker[Session]) -> None:
-    eng = AlertEngine()
+    eng = AlertEngine(RULES)
     frames = [frame(i, heads=logits(i, rising=((0, 0),), start=22),
                     loss=2.0 if i < 20 else "NaN") for i in range(30)]
     changed = feed(sessions, eng, frames)
@@ -124,7 +129,7 @@ def test_silence_stores_but_does_not_notify(sessions: sessionmaker[Session]) -> 
         now = time.time()
         s.add(Silence(project=None, run="r1", rule="attn_logit_rising", rank=None, layer=None,
                       starts_at=now - 1, ends_at=now + 3600, comment="known", created_by="t"))
-    eng = AlertEngine()
+    eng = AlertEngine(RULES)
     changed = feed(sessions, eng, [frame(i, heads=logits(i, rising=((1, 2),)), loss=2.0)
                                    for i in range(26)])
     a = next(a for a in alerts(sessions) if a.rule == "attn_logit_rising")
@@ -132,7 +137,7 @@ def test_silence_stores_but_does_not_notify(sessions: sessionmaker[Session]) -> 
 
 
 def test_no_data_fires_then_resolves(sessions: sessionmaker[Session]) -> None:
-    eng = AlertEngine()
+    eng = AlertEngine(RULES)
     feed(sessions, eng, [frame(i, loss=2.0) for i in range(5)])
     with session_scope(sessions) as s:
         assert eng.check_stale(s, now=1004.0 + 100) == []  # 100 s: fine
@@ -145,7 +150,7 @@ def test_no_data_fires_then_resolves(sessions: sessionmaker[Session]) -> None:
 
 
 def test_lr_jump_and_loss_jump_say_what_happened(sessions: sessionmaker[Session]) -> None:
-    eng = AlertEngine()
+    eng = AlertEngine(RULES)
     frames = [frame(i, loss=2.5 - 0.001 * i, lr=0.01, **{"grad.norm": 0.5}) for i in range(25)]
     frames.append(frame(25, loss=7.0, lr=0.5, **{"grad.norm": 30.0}))
     feed(sessions, eng, frames)
@@ -176,7 +181,7 @@ def test_webhook_retries_survive_a_collector_restart(sqlite_url: str) -> None:
     port = server.server_address[1]
     url = f"http://127.0.0.1:{port}/hook"
     server.server_close()  # nothing listens yet: deliveries fail and wait in the outbox
-    eng = AlertEngine()
+    eng = AlertEngine(RULES)
     feed(sessions, eng, [frame(i, heads=logits(i, rising=((0, 1),)), loss=2.0)
                          for i in range(25)])
     with sessions() as s:
@@ -455,8 +460,10 @@ def test_screened_engine_equals_per_cell_engine(tmp_path: Path, name: str) -> No
     mid = frames[len(frames) // 2]["heads"]["attn.logit_max"]
     mid[0][0], mid[1][1] = "NaN", "Infinity"
     # and a per-head departure with an additive margin (the screen's other limit form)
-    rules = [*DEFAULT_RULES, RuleSpec("logit_margin", "departure", "attn.logit_max",
-                                      params={"margin": 10.0, "floor": 0.0})]
+    # (every default on, the screened kinds that are off by default included)
+    rules = [*(dataclasses.replace(r, enabled=True) for r in DEFAULT_RULES),
+             RuleSpec("logit_margin", "departure", "attn.logit_max",
+                      params={"margin": 10.0, "floor": 0.0})]
     for restarts in (0, 2):  # a restart rebuilds from the stored (float32) values
         ref = _replay_alerts(f"sqlite:///{tmp_path / f'a{restarts}.db'}", frames,
                              screen=False, restarts=restarts, rules=rules)

@@ -203,3 +203,20 @@ def test_grad_norm_level_rising_pages_and_a_bump_does_not() -> None:
     def burst(step: int) -> float:
         return 40.0 if 500 <= step < 530 else 0.5 + 0.05 * ((step * 7) % 5)
     assert not by_rule(alerts_of(frames_at(1, 900, _grads(burst, 1.0))), "grad_norm_rising")
+
+
+def test_an_unclipped_spike_with_a_loss_jump_pages_at_once() -> None:
+    """No clipping; at step 600 the gradient norm spikes 1000x and the loss jumps on the
+    next step: each alone is shown, together they are a blow-up and page at that step."""
+    def scalars(step: int) -> dict[str, float]:
+        g = 500.0 if step == 600 else 0.5 + 0.01 * (step % 5)
+        loss = 9.0 if step >= 601 else _loss(step)
+        return {"loss": loss, "grad.norm": g}
+    alerts = alerts_of(frames_at(1, 700, scalars))
+    pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+    assert pages[:2] == [(601, "grad_blowup"), (601, "loss_jump")], pages
+    jump = by_rule(alerts, "loss_jump")[0]
+    assert jump.severity == "critical" and jump.fired_step == 601
+    blow = by_rule(alerts, "grad_blowup")[0]
+    assert blow.fired_step == 600 and "corroborated: loss_jump" in blow.evidence[
+        "escalated_because"]

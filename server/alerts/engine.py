@@ -50,6 +50,7 @@ from sqlalchemy.orm import Session
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.rules import (
     KINDS,
+    Page,
     SCREENS,
     CellMemory,
     FrameView,
@@ -373,6 +374,33 @@ class AlertEngine:
                 out.append(a)
         return out
 
+    def _unpaged(self, rule: RuleSpec, run_id: int, rank: int,
+                 t: Transition) -> dict[str, object] | None:
+        """What would page a firing alert that its rule's :class:`~.rules.Page` holds back
+        at ``info`` on the firing sample, or None when it pages at once."""
+        pg = rule.page
+        if pg is None or rule.severity == "info":
+            return None
+        if pg.after is not None and t.step - t.started_step >= pg.after:
+            return None
+        eta = t.verdict.evidence.get("eta_steps")
+        if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
+            return None
+        if self._corroborated(pg, run_id, rank, t.step) is not None:
+            return None
+        return {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note,
+                "with_rules": list(pg.with_rules)}
+
+    def _corroborated(self, pg: Page, run_id: int, rank: int, step: int) -> str | None:
+        """The first of ``pg.with_rules`` that breached on (run, rank) within ``pg.within``
+        steps of ``step``, with where, or None."""
+        for name in pg.with_rules:
+            t = self._tracks.get((name, run_id, rank, None, None))
+            if t is not None and t.last_breach is not None \
+                    and abs(t.last_breach[0] - step) <= pg.within:
+                return f"{name} breached at step {t.last_breach[0]}"
+        return None
+
     def _page_due(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,
                   step: int) -> str | None:
         """Why the alert ``a``, held back by ``rule.page``, pages now (its cells breach at
@@ -388,7 +416,14 @@ class AlertEngine:
                        self._tracks.get((rule.name, run_id, rank, a.layer, h)))
                       for h in (a.heads or [])]
         for t in tracks:
-            if t is None or t.last_breach is None or t.last_breach[0] != step:
+            if t is None or t.last_breach is None:
+                continue
+            own = t.last_breach[0]
+            if pg.with_rules and step - own <= pg.within:
+                other = self._corroborated(pg, run_id, rank, own)
+                if other is not None:
+                    return f"corroborated: {other}"
+            if own != step:
                 continue
             if pg.after is not None and step - a.started_step >= pg.after:
                 return (f"it persisted {step - a.started_step} steps (since step "
@@ -479,7 +514,7 @@ class AlertEngine:
                 if p.downgraded is not None:
                     assert p.rule.downgrade is not None
                     p.severity = p.rule.downgrade.to
-                p.unpaged = _unpaged(p.rule, p.transition)
+                p.unpaged = self._unpaged(p.rule, run_id, rank, p.transition)
                 if p.unpaged is not None:
                     p.severity = "info"
         return out
@@ -978,29 +1013,17 @@ def _reopen(a: Alert, p: _Pending) -> None:
     a.evidence = ev
 
 
-def _unpaged(rule: RuleSpec, t: Transition) -> dict[str, object] | None:
-    """What would page a firing alert that its rule's :class:`~.rules.Page` holds back at
-    ``info`` on the firing sample, or None when it pages at once."""
-    pg = rule.page
-    if pg is None or rule.severity == "info":
-        return None
-    if pg.after is not None and t.step - t.started_step >= pg.after:
-        return None
-    eta = t.verdict.evidence.get("eta_steps")
-    if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
-        return None
-    return {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note}
-
-
 def _page_text(why: dict[str, object], severity: str) -> str:
     """What an alert held back by its page policy adds to its message."""
-    if why.get("after") is not None and why.get("eta_within") is not None:
-        cond = (f"if it persists {why['after']} steps or the crossing comes within "
-                f"{why['eta_within']} steps")
-    elif why.get("after") is not None:
-        cond = f"if it persists {why['after']} steps"
-    else:
-        cond = f"once the crossing is within {why['eta_within']} steps"
+    conds = []
+    if why.get("after") is not None:
+        conds.append(f"if it persists {why['after']} steps")
+    if why.get("eta_within") is not None:
+        conds.append(f"once the crossing is within {why['eta_within']} steps")
+    if why.get("with_rules"):
+        conds.append("if " + " or ".join(str(r) for r in why["with_rules"])  # type: ignore[attr-defined]
+                     + " breaches with it")
+    cond = " or ".join(conds)
     note = why.get("note")
     return f" Info for now: it becomes a {severity} {cond}." + (f" {note}" if note else "")
 

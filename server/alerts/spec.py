@@ -169,15 +169,20 @@ class Page:
       (counted on a breaching sample: a bump that recovers sooner is reported, as ``info``,
       and resolves as recovered; one that persists is escalated);
     * ``eta_within``: a forecast's ``evidence.eta_steps`` is at most this many steps (a
-      crossing far ahead is shown with its horizon; one close enough to act on pages).
+      crossing far ahead is shown with its horizon; one close enough to act on pages);
+    * ``with_rules``: corroboration: one of these run-level rules breached on the same rank
+      within ``within`` steps of this rule's newest breach (an unclipped gradient spike and a
+      loss jump together are a blow-up; either alone may be one bad batch).
 
-    With both set, either one pages. Until then the alert is stored as ``info`` with
-    ``evidence.page`` saying what would page it.
+    Any one of them pages. Until then the alert is stored as ``info`` with ``evidence.page``
+    saying what would page it.
     """
 
     after: int | None = None
     eta_within: float | None = None
     note: str = ""
+    with_rules: tuple[str, ...] = ()
+    within: int = 5
 
     def __post_init__(self) -> None:
         a = self.after
@@ -187,13 +192,22 @@ class Page:
         if e is not None and (isinstance(e, bool) or not isinstance(e, (int, float))
                               or not e >= 0):
             raise RuleError(f"page.eta_within must be a number >= 0 (steps) or null, got {e!r}")
-        if a is None and e is None:
-            raise RuleError("page needs after (steps) or eta_within (steps)")
+        w = self.with_rules
+        if isinstance(w, list):
+            object.__setattr__(self, "with_rules", w := tuple(w))
+        if not isinstance(w, tuple) or not all(isinstance(x, str) and x for x in w):
+            raise RuleError(f"page.with_rules must be a list of rule names, got {w!r}")
+        n = self.within
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise RuleError(f"page.within must be an int >= 0 (steps), got {n!r}")
+        if a is None and e is None and not w:
+            raise RuleError("page needs after (steps), eta_within (steps) or with_rules")
         if not isinstance(self.note, str):
             raise RuleError(f"page.note must be a string, got {self.note!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"after": self.after, "eta_within": self.eta_within, "note": self.note}
+        return {"after": self.after, "eta_within": self.eta_within, "note": self.note,
+                "with_rules": list(self.with_rules), "within": self.within}
 
     @classmethod
     def from_dict(cls, d: Any) -> Page:
@@ -202,10 +216,10 @@ class Page:
             return d
         if not isinstance(d, Mapping):
             raise RuleError(f"page must be a mapping, got {type(d).__name__}")
-        unknown = set(d) - {"after", "eta_within", "note"}
+        known = {"after", "eta_within", "note", "with_rules", "within"}
+        unknown = set(d) - known
         if unknown:
-            raise RuleError(f"page: unknown fields {sorted(unknown)}; known: "
-                            "['after', 'eta_within', 'note']")
+            raise RuleError(f"page: unknown fields {sorted(unknown)}; known: {sorted(known)}")
         return cls(**d)
 
 
