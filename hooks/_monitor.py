@@ -344,6 +344,7 @@ class Monitor:
         _logits.release_workspace()  # this thread's CPU scratch buffers (a few MiB)
         _eager.uninstall(self._eager_token)
         _clip.remove_listener(self._on_clip)
+        self._flush_history()
         if self._owns_client:
             if finished and self._step > 0:
                 self.client.finish(step=self._step - 1)  # the last step, sampled or not
@@ -352,6 +353,28 @@ class Monitor:
             self.client.flush(timeout)
 
     detach = close
+
+    def _flush_history(self) -> None:
+        """Send the steps since the last frame in one last frame (the newest step's scalars,
+        the others as its history), so the steps a run ends with between two samples (a
+        divergence among them) are not lost. One read-back, at close, not in a training
+        step; no collective."""
+        if self._closed and ("history" in self.disabled or "step" in self.disabled):
+            return
+        try:
+            block = self._history.take()
+            if block is None or not block.steps or not self._send_takes_history():
+                return
+            flat = collect({}, {}, extra=block.tensors)[4] if block.tensors else []
+            hist = block.values(flat)
+            last = hist["steps"][-1]
+            scalars = {n: v[-1] for n, v in hist["scalars"].items() if v[-1] is not None}
+            rest = {"steps": hist["steps"][:-1],
+                    "scalars": {n: v[:-1] for n, v in hist["scalars"].items()}}
+            self.client.send(last, scalars, {}, time=time.time(),
+                             history=rest if rest["steps"] else None)
+        except Exception:
+            self._fail("history")
 
     def __enter__(self) -> Monitor:
         return self

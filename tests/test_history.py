@@ -489,11 +489,11 @@ def test_every_step_loss_grad_norm_clip_flag_and_lr_without_a_sync(torch_one_thr
                  overhead_budget=None)
     seen = train(model, opt, 35, sched=sched)
     mon.close()
-    assert [f["step"] for f in sink.frames] == [0, 10, 20, 30]
+    assert [f["step"] for f in sink.frames] == [0, 10, 20, 30, 34]  # 34: close()'s
     assert sink.frames[0]["history"] is None
     assert [f["history"]["steps"] for f in sink.frames[1:]] == [
-        list(range(1, 10)), list(range(11, 20)), list(range(21, 30))]
-    covered = range(31)  # steps 31-34 wait for a frame that never comes
+        list(range(1, 10)), list(range(11, 20)), list(range(21, 30)), [31, 32, 33]]
+    covered = range(35)
     loss, norm = sink.every_step("loss"), sink.every_step("grad.norm")
     clipped, lr = sink.every_step("grad.clipped"), sink.every_step("lr")
     assert [loss[s] for s in covered] == [seen[s]["loss"] for s in covered]  # exactly
@@ -658,7 +658,8 @@ def test_an_lr_jump_or_a_climb_past_the_settled_peak_samples_the_next_step(
                  overhead_budget=None)
     seen = train(model, opt, 216, sched=sched)
     mon.close()
-    sampled = [f["step"] for f in sink.frames]
+    assert sink.frames[-1]["step"] == 215  # close() sends the steps since the last frame
+    sampled = [f["step"] for f in sink.frames[:-1]]
     watch, expected, last = LrWatch(), [0], 0
     for s in range(215):
         if watch.step(s, seen[s]["lr"]) or s + 1 >= last + 40:
@@ -673,3 +674,24 @@ def test_an_lr_jump_or_a_climb_past_the_settled_peak_samples_the_next_step(
     w = LrWatch()
     assert not any(w.step(s, 1e-3 * min(1.0, (s + 1) / 100) * (0.5 if s > 500 else 1.0))
                    for s in range(1000))
+
+
+def test_close_sends_the_steps_since_the_last_frame(torch_one_thread: Any) -> None:
+    """A run that ends between two samples: close() sends the last steps (the newest as a
+    frame of its own scalars, the others as its history), so its end is not lost."""
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+
+    model = tiny_lm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sink = Sink()
+    mon = attach(model, opt, run="h", client=sink.client, sample_every=10,
+                 overhead_budget=None)
+    seen = train(model, opt, 26)
+    assert [f["step"] for f in sink.frames] == [0, 10, 20]
+    mon.close()
+    last = sink.frames[-1]
+    assert last["step"] == 25 and last["history"]["steps"] == [21, 22, 23, 24]
+    loss = sink.every_step("loss")
+    assert [loss[s] for s in range(26)] == [seen[s]["loss"] for s in range(26)]
+    assert last["scalars"]["grad.norm"] == seen[25]["norm"]

@@ -471,7 +471,7 @@ def test_sampling_interval_follows_control(recorder) -> None:
     assert client.flush(5.0) and client.control == {"sample_every": True}
     train_tiny(model, opt, mon, batches(7, seed=2))  # steps 7..13: next sample at 6 + 5
     mon.close()
-    assert [f["step"] for f in rec.frames] == [0, 2, 4, 6, 11]
+    assert [f["step"] for f in rec.frames] == [0, 2, 4, 6, 11, 13]  # 13: close()'s
 
 
 def test_eval_and_no_grad_forwards_are_not_captured(recorder) -> None:
