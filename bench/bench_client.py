@@ -226,6 +226,7 @@ def main() -> None:
     rows = [
         ("send() per frame, median (µs)", "send_p50_us"),
         ("send() per frame, p99 (µs)", "send_p99_us"),
+        ("send() per frame, max (µs)", "send_max_us"),
         ("client CPU per value (µs)", "cpu_per_value_us"),
         ("sustained frames/s, end to end", "frames_per_s"),
     ]
@@ -238,7 +239,7 @@ def main() -> None:
             ratio = n / c if key != "frames_per_s" else c / n
             print(f"{label:34} {n:12.2f} {c:12.2f} {ratio:7.1f}x")
     print(f"\n{'collector down (frames spooled)':34} {'':>12} {'logitwatch':>12}")
-    for label, key in rows[:3]:
+    for label, key in rows[:4]:
         print(f"{label:34} {'':>12} {med('down', key):12.2f}")
     print(f"\nframes spooled while down: {med('down', 'spilled'):.0f} of {args.frames}; "
           f"values/s delivered to the real collector: "

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
-from ._codec import Packed
+from ._codec import Packed, Queued, freeze
 from ._spool import Segment, SpoolCorrupt, WriterDir, read_segment, write_segment
 
 __all__ = ["COUNTERS", "Backlog", "Batch"]
@@ -82,7 +82,7 @@ class Batch:
 
     __slots__ = ("first", "frames", "lines", "segments", "settled")
 
-    def __init__(self, first: int, frames: list[Packed] | None = None,
+    def __init__(self, first: int, frames: list[Queued] | None = None,
                  segments: list[Segment] | None = None) -> None:
         self.first = first
         self.frames = frames or []
@@ -103,7 +103,7 @@ class Backlog:
     """The thread-safe state of undelivered frames (memory, spool index, in flight)."""
 
     def __init__(self, *, max_frames: int, max_bytes: int, max_batch: int,
-                 encode: Callable[[Packed], bytes], spool: WriterDir | None,
+                 encode: Callable[[Queued], bytes], spool: WriterDir | None,
                  spool_max_bytes: int) -> None:
         self.max_frames = max_frames
         self.max_bytes = max_bytes
@@ -112,7 +112,7 @@ class Backlog:
         self.spool = spool if spool_max_bytes > 0 else None
         self._budget = spool_max_bytes
         self._cond = threading.Condition(threading.Lock())
-        self._mem: deque[Packed] = deque()
+        self._mem: deque[Queued] = deque()  # (seq, nbytes, frozen frame): see Queued
         self.mem_bytes = 0
         self._segments: list[Segment] = []  # sorted by first seq
         self._spool_bytes = 0
@@ -130,22 +130,23 @@ class Backlog:
     # -- training thread: O(1), never blocks beyond a short lock --------------------------
 
     def put(self, frame: Packed, now_us: int) -> int:
-        """Number and append a frame; drop the oldest if memory is full. Returns how many
-        frames are now waiting in memory."""
+        """Number and append a frame (frozen: one bytes object, see :data:`Queued`); drop
+        the oldest if memory is full. Returns how many frames are now waiting in memory."""
+        blob = freeze(frame)
         with self._cond:
             seq = self._last_seq + 1
             frame.seq = seq if seq > now_us else now_us
             self._last_seq = frame.seq
-            self._mem.append(frame)
+            self._mem.append((frame.seq, frame.nbytes, blob))
             self.mem_bytes += frame.nbytes
             self._counts["queued"] += 1
             mem = self._mem
             while len(mem) > self.max_frames or (self.mem_bytes > self.max_bytes
                                                  and len(mem) > 1):
                 old = mem.popleft()
-                self.mem_bytes -= old.nbytes
+                self.mem_bytes -= old[1]
                 self._counts["dropped_queue_full"] += 1
-                self._lost(old.seq)
+                self._lost(old[0])
             return len(mem)
 
     # -- spooler thread (and shutdown) ---------------------------------------------------
@@ -163,7 +164,7 @@ class Backlog:
                 if self._spilling is not None or not mem:
                     return written
                 if through is not None:
-                    n = bisect.bisect_right(mem, through, key=lambda f: f.seq)
+                    n = bisect.bisect_right(mem, through, key=lambda f: f[0])
                     if n == 0:
                         return written
                 elif len(mem) <= keep_frames and self.mem_bytes <= keep_bytes:
@@ -171,12 +172,12 @@ class Backlog:
                 else:
                     n = len(mem)
                 frames = [mem.popleft() for _ in range(min(n, self._max_batch))]
-                self.mem_bytes -= sum(f.nbytes for f in frames)
-                self._spilling = frames[0].seq
+                self.mem_bytes -= sum(f[1] for f in frames)
+                self._spilling = frames[0][0]
             result: StoreResult = "failed"
             try:
                 lines = self._encode_all(frames)
-                result, _ = self._store([f.seq for f in frames], lines)
+                result, _ = self._store([f[0] for f in frames], lines)
             except Exception:  # a bug: keep the frames, say so once
                 self._warn_once("spill-bug", "logitwatch: writing to the spool failed",
                                 exc_info=True)
@@ -184,7 +185,7 @@ class Backlog:
                 self._spilling = None
                 if result == "failed":  # back to the front of memory, in order
                     mem.extendleft(reversed(frames))
-                    self.mem_bytes += sum(f.nbytes for f in frames)
+                    self.mem_bytes += sum(f[1] for f in frames)
                 elif result == "stored":
                     self._counts["spilled"] += len(frames)
                 self._cond.notify_all()
@@ -192,7 +193,7 @@ class Backlog:
                 return written
             written += len(frames)
 
-    def _encode_all(self, frames: list[Packed]) -> list[bytes]:
+    def _encode_all(self, frames: list[Queued]) -> list[bytes]:
         """Encode frames, letting the training thread have the GIL between two: encoding
         holds it, and without this a send() could wait out a whole switch interval."""
         lines = []
@@ -283,8 +284,8 @@ class Backlog:
                 elif self._mem:
                     mem = self._mem
                     frames = [mem.popleft() for _ in range(min(len(mem), max_frames))]
-                    self.mem_bytes -= sum(f.nbytes for f in frames)
-                    batch = Batch(frames[0].seq, frames=frames)
+                    self.mem_bytes -= sum(f[1] for f in frames)
+                    batch = Batch(frames[0][0], frames=frames)
                 else:
                     return None
                 self._inflight = batch
@@ -326,7 +327,7 @@ class Backlog:
         kept in flight and sent again first); one from the spool stays there.
         """
         if kind == "failed" and not batch.segments:
-            result, seg = self._store([f.seq for f in batch.frames], batch.lines)
+            result, seg = self._store([f[0] for f in batch.frames], batch.lines)
             with self._cond:
                 self.link_down = True
                 if result == "stored":
@@ -426,7 +427,7 @@ class Backlog:
                     or batch.settled is not None or batch.first > through):
                 return False
         lines = batch.lines or self._encode_all(batch.frames)
-        result, seg = self._store([f.seq for f in batch.frames], lines)
+        result, seg = self._store([f[0] for f in batch.frames], lines)
         if seg is None:
             return False
         with self._cond:
@@ -451,7 +452,7 @@ class Backlog:
             batch = self._inflight
         if batch is not None and batch.frames and not batch.segments:
             lines = batch.lines or self._encode_all(batch.frames)
-            result, seg = self._store([f.seq for f in batch.frames], lines)
+            result, seg = self._store([f[0] for f in batch.frames], lines)
             with self._cond:
                 if seg is not None:
                     if batch.settled == "delivered":  # the sender got there first
@@ -471,7 +472,7 @@ class Backlog:
                 self._lost(self._inflight.first)
                 self._inflight = None
             for f in self._mem:
-                self._lost(f.seq)
+                self._lost(f[0])
             self._mem.clear()
             self.mem_bytes = 0
             self._counts["undelivered_at_shutdown"] += lost
@@ -535,7 +536,7 @@ class Backlog:
         if self._segments:
             low = min(low, self._segments[0].first)
         if self._mem:
-            low = min(low, self._mem[0].seq)
+            low = min(low, self._mem[0][0])
         return low
 
     def _lost(self, seq: int) -> None:

@@ -702,3 +702,29 @@ def test_a_crash_loses_at_most_spool_interval_with_a_slow_collector(tmp_path: Pa
     window = killed - min(sent[s] for s in lost) if lost else 0.0
     assert len(sent) > 300 and spooled
     assert window < 2.0, f"{len(lost)} frames lost, sent in the last {window:.1f} s"
+
+
+# --- 10. queued frames cost the garbage collector nothing -----------------------------------
+
+
+def test_queued_frames_are_not_tracked_by_the_garbage_collector(tmp_path: Path) -> None:
+    import gc
+
+    from logitwatch.client._codec import encode, pack
+    from logitwatch.client._queue import Backlog
+
+    backlog = Backlog(max_frames=100_000, max_bytes=1 << 40, max_batch=256,
+                      encode=lambda f: encode(f, "r", "default", 0), spool=None,
+                      spool_max_bytes=0)
+    heads = {f"attn.m{k}": [[float(h) for h in range(12)] for _ in range(12)] for k in range(6)}
+    gc.collect()
+    before = len(gc.get_objects())
+    for step in range(5000):  # a slow collector: 5,000 frames of 871 values wait
+        backlog.put(pack(step, {"loss": 1.0, "lr": 0.1}, heads, 1.0)[0], 0)
+    gc.collect()
+    tracked = len(gc.get_objects()) - before
+    assert tracked < 500, f"{tracked} objects for the collector to walk on every full pass"
+    batch = backlog.take(3)  # and they come out as they went in
+    assert batch is not None
+    first = json.loads(batch.lines[0])
+    assert first["step"] == 0 and first["heads"]["attn.m5"][11][11] == 11.0
