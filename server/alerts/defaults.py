@@ -80,9 +80,14 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
                  note="In a wide dtype logits leaving their range tend to saturate softmax "
                  "and stall learning rather than overflow: consider QK-norm or QK-clip."),
              summary="a head's max attention logit left its settled range"),
+    # a straight line in log space over the last 200 steps, trusted at most 3x as far
+    # ahead as it was observed: shown (info) with its horizon up to 1,000 steps ahead,
+    # paged once the crossing is 300 steps away or less
     RuleSpec("attn_logit_forecast", "forecast", "attn.logit_max", over="max",
-             for_steps=10, params={"critical": 65504.0, "window": 90, "horizon": 400.0,
-                                   "floor": 100.0},
+             for_steps=10, params={"critical": 65504.0, "window": 200, "min_samples": 6,
+                                   "horizon": 1000.0, "trust": 3.0, "floor": 100.0},
+             page=Page(eta_within=300.0, note="A forecast further ahead is shown with its "
+                       "horizon: a straight line in log space drifts as training goes on."),
              summary="the max attention logit is on course to overflow float16 (65504)"),
     # off by default: a doubling p99 over 70 steps is ordinary early learning on the tuning
     # half (healthy runs of every family); the departure and the forecast carry the signal
