@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import marshal
-import math
 import time as _time
 from array import array
 from collections.abc import Mapping, Sequence
@@ -46,6 +45,7 @@ __all__ = ["NameBudget", "Packed", "Queued", "encode", "freeze", "pack", "thaw"]
 #: one of them would make it refuse the whole batch, so pack() leaves out what is past.
 MAX_STEP = 2**62
 MAX_VALUES = MAX_MATRIX_VALUES
+MAX_AHEAD = 86_400.0  # seconds a frame's time may be ahead of the clock
 _FRAME_OVERHEAD = 200  # bytes counted for a frame besides its values
 _METRIC_OVERHEAD = 64
 
@@ -216,10 +216,14 @@ def pack(
         step = int(step)  # numpy / torch integers
     if not 0 <= step <= MAX_STEP:
         raise ValueError(f"step must be an int in [0, 2**62], got {step!r}")
-    t = _time.time() if time is None else float(time)
-    if not (t >= 0.0 and math.isfinite(t)):
-        t = _time.time()
+    now = _time.time()
+    t = now if time is None else float(time)
     problems: list[str] = []
+    if not 0.0 <= t <= now + MAX_AHEAD:  # NaN too
+        if t == t and t > 0:
+            problems.append(f"time {t:.6g} is more than a day ahead of this clock (now used;"
+                            " the collector refuses it)")
+        t = now
     sc: dict[str, float] = {}
     for k, v in scalars.items():
         if not _name_ok(k):

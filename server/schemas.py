@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time as _time
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -49,6 +50,8 @@ Name = Annotated[str, Field(pattern=NAME_RE.pattern, max_length=128)]
 #: Bounds of integers the store keeps (64-bit columns; ranks fit 32 bits).
 MAX_STEP = 2**62
 MAX_RANK = 1_000_000
+#: How far a frame's ``time`` may be ahead of the collector's clock (seconds).
+MAX_AHEAD = 86_400.0
 
 
 #: A history value: a wire float, or null where the step did not measure the series.
@@ -265,7 +268,8 @@ class FrameIn(BaseModel):
     rank: int = Field(0, ge=0, le=MAX_RANK)
     seq: int = Field(ge=0, le=MAX_STEP)
     step: int = Field(ge=0, le=MAX_STEP)
-    time: float = Field(allow_inf_nan=False, ge=0)
+    time: float = Field(allow_inf_nan=False, ge=0, description="Unix seconds; at most "
+                        "MAX_AHEAD (a day) ahead of the collector's clock.")
     scalars: dict[Name, WireFloat] = Field(default_factory=dict, max_length=MAX_SCALARS)
     heads: dict[Name, list[list[WireFloat]]] = Field(default_factory=dict,
                                                      max_length=MAX_HEADS)
@@ -295,6 +299,16 @@ class FrameIn(BaseModel):
     @classmethod
     def _heads(cls, v: Any, _: Any) -> dict[str, list[list[float]]]:
         return check_heads(v)
+
+    @field_validator("time")
+    @classmethod
+    def _not_ahead(cls, v: float) -> float:
+        now = _time.time()
+        if v > now + MAX_AHEAD:
+            raise ValueError(f"{v:.6g} is more than a day ahead of the collector's clock "
+                             f"({now:.0f}); send unix seconds (a run would look active for "
+                             "ever)")
+        return v
 
     @model_validator(mode="after")
     def _history_before_step(self) -> FrameIn:

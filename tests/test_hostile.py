@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
@@ -728,3 +729,33 @@ def test_queued_frames_are_not_tracked_by_the_garbage_collector(tmp_path: Path) 
     assert batch is not None
     first = json.loads(batch.lines[0])
     assert first["step"] == 0 and first["heads"]["attn.m5"][11][11] == 11.0
+
+
+# --- 11. smaller ones ----------------------------------------------------------------------
+
+
+def test_a_time_far_ahead_is_refused_not_pinned_active(app_client: TestClient) -> None:
+    now = time.time()
+    for t in (1e308, now + 2 * 86400):
+        r = app_client.post("/api/v1/ingest", json={"frames": [{**frame(0), "time": t}]})
+        assert r.status_code == 422 and "frames.0.time" in r.json()["message"], r.text
+        assert "ahead of the collector's clock" in r.json()["message"]
+    assert runs(app_client) == []
+    r = app_client.post("/api/v1/ingest", json={"frames": [{**frame(0), "time": now + 3600}]})
+    assert r.status_code == 200  # a clock an hour fast is fine
+
+
+def test_finite_values_beyond_float32_stay_finite(app_client: TestClient) -> None:
+    frames = [frame(0, scalars={"loss": 1e39, "grad.norm": -1e39, "lr": "Infinity"},
+                    heads={"attn.logit_max": [[1e39, -1e300], [1.0, "NaN"]]})]
+    r = app_client.post("/api/v1/ingest", json={"frames": frames})
+    assert r.status_code == 200, r.text
+    top = float(np.finfo(np.float32).max)
+    read = {name: app_client.get("/api/v1/runs/1/series", params={"name": name}).json()
+            ["values"] for name in ("loss", "grad.norm", "lr")}
+    assert read == {"loss": [pytest.approx(top)], "grad.norm": [pytest.approx(-top)],
+                    "lr": ["Infinity"]}
+    h = app_client.get("/api/v1/runs/1/heatmap").json()["values"]
+    assert h == [[pytest.approx(top), pytest.approx(-top)], [1.0, "NaN"]]
+    alerts = app_client.get("/api/v1/runs/1/alerts").json()
+    assert not [a for a in alerts if a["rule"] == "loss_nonfinite"]

@@ -152,6 +152,22 @@ def _shape(m: Any) -> tuple[int, int]:
     return (len(m), len(m[0]))
 
 
+#: The largest finite float32: values are stored as float32.
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _saturated(a: np.ndarray) -> np.ndarray | None:
+    """``a`` with its finite values beyond float32's range set to ±F32_MAX, or None when
+    it has none. float32 would store them as ±Infinity: a finite 1e39 (a gradient norm
+    blowing up in a float64 job) would read back as an overflow, and fire the rules for
+    non-finite values; saturated, it stays a finite, enormous value."""
+    with np.errstate(invalid="ignore"):
+        big = np.isfinite(a) & (np.abs(a) > F32_MAX)
+    if not big.any():
+        return None
+    return np.where(big, np.copysign(F32_MAX, a), a)
+
+
 def _as_lists(m: Any) -> list[list[float]]:
     return m.tolist() if isinstance(m, np.ndarray) else m  # type: ignore[no-any-return]
 
@@ -245,13 +261,20 @@ def ingest_frames(
         points = []
         for f in fresh_rows:
             fid = ids[(f.rank, f.seq)]
-            if f.scalars:
-                blob = np.array(list(f.scalars.values()), dtype=_F32).tobytes()
-                for i, k in enumerate(f.scalars):
+            scalars = dict(f.scalars)
+            if scalars:
+                values = _saturated(np.array(list(scalars.values()), dtype=np.float64))
+                if values is not None:
+                    scalars = dict(zip(scalars, values.tolist(), strict=True))
+                blob = np.array(list(scalars.values()), dtype=_F32).tobytes()
+                for i, k in enumerate(scalars):
                     points.append({"metric_id": metric_ids[k], "frame_id": fid,
                                    "data": blob[4 * i:4 * i + 4]})
+            heads = {}
             for k, m in f.heads.items():
-                a = np.asarray(m, dtype=_F32)
+                big = _saturated(np.asarray(m, dtype=np.float64))
+                heads[k] = m if big is None else big
+                a = np.asarray(heads[k], dtype=_F32)
                 points.append({"metric_id": metric_ids[k], "frame_id": fid,
                                "data": a.tobytes()})
                 # The envelope (max over heads; NaN if any head is NaN), a scalar rollup
@@ -259,8 +282,8 @@ def ingest_frames(
                 points.append({"metric_id": metric_ids[k + ENVELOPE], "frame_id": fid,
                                "data": np.max(a).astype(_F32).tobytes()})
             result.new_frames.append(
-                NewFrame(run_id, f.rank, f.step, f.time, dict(f.scalars),
-                         {k: _as_lists(m) for k, m in f.heads.items()})
+                NewFrame(run_id, f.rank, f.step, f.time, scalars,
+                         {k: _as_lists(m) for k, m in heads.items()})
             )
         if points:
             # Matrices first, then the small rows: both databases fill pages in insertion

@@ -14,15 +14,22 @@ the model refuses, and every refusal reads the same.
 from __future__ import annotations
 
 import json
-import math
 import re
+import time as _time
 from typing import Any
 
 import numpy as np
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from logitwatch.server.schemas import MAX_RANK, MAX_STEP, FrameIn, HistoryIn, IngestIn
+from logitwatch.server.schemas import (
+    MAX_AHEAD,
+    MAX_RANK,
+    MAX_STEP,
+    FrameIn,
+    HistoryIn,
+    IngestIn,
+)
 from logitwatch.wire import MAX_HISTORY_SERIES, MAX_HISTORY_STEPS, NONFINITE
 
 try:  # orjson is in the server extra; the stdlib parser is the fallback
@@ -235,8 +242,8 @@ def _frame(d: Any) -> FrameIn:
     time = d["time"]
     if type(time) is int:
         time = float(time)
-    if type(time) is not float or not math.isfinite(time) or time < 0:
-        raise _Slow
+    if type(time) is not float or not 0 <= time <= _time.time() + MAX_AHEAD:
+        raise _Slow  # NaN and infinities too
     scalars = d.get("scalars", {})
     heads = d.get("heads", {})
     if type(scalars) is not dict or len(scalars) > 256:
