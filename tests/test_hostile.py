@@ -759,3 +759,43 @@ def test_finite_values_beyond_float32_stay_finite(app_client: TestClient) -> Non
     assert h == [[pytest.approx(top), pytest.approx(-top)], [1.0, "NaN"]]
     alerts = app_client.get("/api/v1/runs/1/alerts").json()
     assert not [a for a in alerts if a["rule"] == "loss_nonfinite"]
+
+
+def test_read_tokens_cannot_silence_or_acknowledge(sqlite_url: str) -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    from logitwatch.server.db.session import migrate, session_scope
+    from logitwatch.server.store.tokens import create_token
+
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    with session_scope(sessionmaker(engine)) as s:
+        read = create_token(s, project="alpha", scope="read").secret
+        ingest = create_token(s, project="alpha", scope="ingest").secret
+        other = create_token(s, project="beta", scope="ingest").secret
+    engine.dispose()
+
+    def auth(t: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {t}"}
+
+    with TestClient(create_app(settings(sqlite_url))) as c:
+        frames = [frame(i, run="a", scalars={"loss": 3.0 if i < 5 else "NaN"})
+                  for i in range(10)]
+        alert = c.post("/api/v1/ingest", json={"frames": frames}, headers=auth(ingest)
+                       ).json()["alerts"][0]
+        ack = f"/api/v1/alerts/{alert['id']}/ack"
+        for path, body in ((ack, {}), ("/api/v1/alerts/silences", {"duration_s": 60})):
+            r = c.post(path, json=body, headers=auth(read))
+            assert r.status_code == 403 and r.json()["code"] == "scope-forbidden", r.text
+        assert c.get("/api/v1/alerts/silences", headers=auth(read)).json() == []
+        assert c.post(ack, json={}, headers=auth(other)).status_code == 404
+        assert c.post(ack, json={}, headers=auth(ingest)).json()["acked_at"] is not None
+        s = c.post("/api/v1/alerts/silences", json={"duration_s": 60}, headers=auth(ingest))
+        assert s.status_code == 201 and s.json()["project"] == "alpha"
+        sid = s.json()["id"]
+        assert c.delete(f"/api/v1/alerts/silences/{sid}", headers=auth(read)
+                        ).status_code == 403
+        assert c.delete(f"/api/v1/alerts/silences/{sid}", headers=auth(other)
+                        ).status_code == 404
+        assert c.delete(f"/api/v1/alerts/silences/{sid}", headers=auth(ingest)
+                        ).json()["active"] is False

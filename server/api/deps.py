@@ -24,6 +24,7 @@ __all__ = [
     "RunIdDep",
     "SessionDep",
     "SettingsDep",
+    "WriteDep",
     "credentials",
     "get_session",
 ]
@@ -72,6 +73,9 @@ def any_principal(request: Request) -> Principal:
 
 ReadDep = Annotated[Principal, Depends(read_principal)]
 IngestDep = Annotated[Principal, Depends(ingest_principal)]
+#: Changing a project's state (acknowledging, silencing, deleting): its ingest token, the
+#: one that writes, or open mode; a read token only reads.
+WriteDep = IngestDep
 AnyPrincipalDep = Annotated[Principal, Depends(any_principal)]
 
 

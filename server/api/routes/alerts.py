@@ -6,6 +6,9 @@
 * ``GET``/``POST /alerts/silences``; ``DELETE /alerts/silences/{id}`` ends one now. A
   token's silences are confined to its project.
 * ``POST /alerts/{id}/ack`` acknowledges an alert (who and when are stored).
+
+Silencing and acknowledging change what a project's people are told: they need the
+project's ingest token (the one that writes) or open mode; a read token only reads (403).
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ from sqlalchemy import select
 from logitwatch.server.alerts.config import api_rules
 from logitwatch.server.alerts.defaults import merge_rules
 from logitwatch.server.alerts.rules import RuleError, RuleSpec
-from logitwatch.server.api.deps import INT32_MAX, AnyPrincipalDep, ReadDep, SessionDep
+from logitwatch.server.api.deps import (
+    INT32_MAX,
+    AnyPrincipalDep,
+    ReadDep,
+    SessionDep,
+    WriteDep,
+)
 from logitwatch.server.auth import Principal
 from logitwatch.server.db.models import Alert, AlertRule, Run, Silence
 from logitwatch.server.errors import BadRequest, Forbidden, NotFound
@@ -147,8 +156,7 @@ def list_silences(session: SessionDep, principal: ReadDep) -> list[SilenceOut]:
 
 
 @router.post("/alerts/silences", response_model=SilenceOut, status_code=201)
-def create_silence(body: SilenceIn, session: SessionDep,
-                   principal: AnyPrincipalDep) -> SilenceOut:
+def create_silence(body: SilenceIn, session: SessionDep, principal: WriteDep) -> SilenceOut:
     """Silence matching alerts for ``duration_s``: they are stored but not notified. Null
     fields match anything; a token's silence is confined to its project."""
     project = body.project
@@ -168,7 +176,7 @@ def create_silence(body: SilenceIn, session: SessionDep,
 
 @router.delete("/alerts/silences/{silence_id}", response_model=SilenceOut)
 def expire_silence(silence_id: Annotated[int, Path(ge=1, le=INT32_MAX)], session: SessionDep,
-                   principal: AnyPrincipalDep) -> SilenceOut:
+                   principal: WriteDep) -> SilenceOut:
     """End a silence now."""
     s = session.get(Silence, silence_id)
     if s is None or (principal.project is not None and s.project != principal.project):
@@ -180,7 +188,7 @@ def expire_silence(silence_id: Annotated[int, Path(ge=1, le=INT32_MAX)], session
 
 @router.post("/alerts/{alert_id}/ack", response_model=AlertOut)
 def acknowledge(alert_id: Annotated[int, Path(ge=1, le=INT32_MAX)], session: SessionDep,
-                principal: AnyPrincipalDep) -> AlertOut:
+                principal: WriteDep) -> AlertOut:
     """Acknowledge an alert: someone is on it (it keeps firing until it resolves)."""
     row = session.execute(select(Alert, Run).join(Run, Run.id == Alert.run_id)
                           .where(Alert.id == alert_id)).first()
