@@ -89,15 +89,30 @@ class TokenBuckets:
 
     def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
         self.rate, self.burst, self.clock = rate, burst, clock
-        self._state: dict[int, tuple[float, float]] = {}  # key -> (tokens, at)
+        self._state: dict[object, tuple[float, float]] = {}  # key -> (tokens, at)
         self._lock = threading.Lock()
 
-    def take(self, key: int) -> float:
+    def peek(self, key: object) -> float:
+        """0.0 when ``key`` may make a request now, else the seconds until it may."""
+        if self.rate <= 0:
+            return 0.0
+        now = self.clock()
+        with self._lock:
+            tokens, at = self._state.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - at) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
+    def take(self, key: object) -> float:
         """Spend one request; 0.0 when allowed, else the seconds until one is available."""
         if self.rate <= 0:
             return 0.0
         now = self.clock()
         with self._lock:
+            if len(self._state) > 10_000:  # bounded: keys that are full again are forgotten
+                full = [k for k, (t, a) in self._state.items()
+                        if t + (now - a) * self.rate >= self.burst]
+                for k in full:
+                    del self._state[k]
             tokens, at = self._state.get(key, (float(self.burst), now))
             tokens = min(float(self.burst), tokens + (now - at) * self.rate)
             if tokens >= 1.0:
@@ -115,6 +130,9 @@ class Authenticator:
         self.sessions, self.settings, self.clock = sessions, settings, clock
         self.buckets = TokenBuckets(settings.rate_limit_per_second, settings.rate_limit_burst,
                                     clock)
+        # unknown or revoked tokens, per client address: guessing costs time and no query
+        self.failures = TokenBuckets(settings.auth_failures_per_second,
+                                     settings.auth_failures_burst, clock)
         self._lock = threading.Lock()
         self._count: tuple[int, float] | None = None  # (tokens, expires)
         self._tokens: dict[str, tuple[TokenInfo | None, float]] = {}  # secret -> (info, exp)
@@ -161,7 +179,26 @@ class Authenticator:
             return False
         return self.tokens() == 0 and (is_loopback(s.host) or s.insecure_no_auth)
 
-    def authenticate(self, secret: str | None) -> Principal:
+    def check_token(self, secret: str, client: str | None) -> TokenInfo | None:
+        """The token behind ``secret`` (None: unknown), charging ``client`` (an address) for
+        unknown and revoked ones: past ``auth_failures_burst`` of them it gets 429 without a
+        lookup, until its failures refill at ``auth_failures_per_second``."""
+        hit = self._tokens.get(secret)
+        known = hit is not None and hit[0] is not None and hit[0].active
+        if not known and client is not None:
+            wait = self.failures.peek(client)
+            if wait > 0:
+                raise RateLimited(
+                    "too-many-failures",
+                    f"Authorization: too many unknown or revoked tokens from {client} "
+                    f"(auth_failures_burst {self.settings.auth_failures_burst}); retry after "
+                    "the Retry-After seconds", retry_after=max(1, math.ceil(wait)))
+        info = self.lookup(secret)
+        if (info is None or not info.active) and client is not None:
+            self.failures.take(client)
+        return info
+
+    def authenticate(self, secret: str | None, client: str | None = None) -> Principal:
         """The caller behind ``secret``; raises :class:`Unauthorized`."""
         if self.open_mode():
             return OPEN
@@ -177,7 +214,7 @@ class Authenticator:
                 "Authorization: send 'Authorization: Bearer <token>' (create tokens with "
                 "`logitwatch token create`), or log in on the dashboard with a read token",
             )
-        info = self.lookup(secret)
+        info = self.check_token(secret, client)
         if info is None or not info.active:
             raise Unauthorized(
                 "invalid-token",
@@ -188,10 +225,11 @@ class Authenticator:
                          name=info.name)
 
     def authorize(self, secret: str | None, *, scope: str | None,
-                  charge: bool = True) -> Principal:
+                  charge: bool = True, client: str | None = None) -> Principal:
         """Authenticate, check ``scope`` (None: any), and spend one request of the token's
-        rate; raises 401, 403 or 429."""
-        p = self.authenticate(secret)
+        rate; raises 401, 403 or 429 (``client``: the caller's address, charged for unknown
+        tokens)."""
+        p = self.authenticate(secret, client)
         if p.open:
             return p
         if scope is not None and p.scope != scope:

@@ -126,6 +126,14 @@ class Settings(BaseSettings):
         "(max_connections still holds); keep it above max_connections to leave room for "
         "the live streams of dashboards.",
     )
+    auth_failures_burst: int = Field(
+        20, ge=1,
+        description="Unknown or revoked tokens one client address may present at once; "
+        "past them it gets 429 too-many-failures (no database lookup) until they refill.",
+    )
+    auth_failures_per_second: float = Field(
+        1.0, ge=0, description="How fast a client address's allowance of unknown tokens "
+        "refills (0: no limit).")
     # --- authentication (see README, SECURITY) -------------------------------------------
     require_tokens: bool = Field(
         False,

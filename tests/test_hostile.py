@@ -799,3 +799,29 @@ def test_read_tokens_cannot_silence_or_acknowledge(sqlite_url: str) -> None:
                         ).status_code == 404
         assert c.delete(f"/api/v1/alerts/silences/{sid}", headers=auth(ingest)
                         ).json()["active"] is False
+
+
+def test_guessing_tokens_is_rate_limited(sqlite_url: str) -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    from logitwatch.server.db.session import migrate, session_scope
+    from logitwatch.server.store.tokens import create_token
+
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    with session_scope(sessionmaker(engine)) as s:
+        good = create_token(s, project="alpha", scope="read").secret
+    engine.dispose()
+    s = settings(sqlite_url, auth_failures_burst=5, auth_failures_per_second=0.01)
+    with TestClient(create_app(s)) as c:
+        assert c.get("/api/v1/runs", headers={"Authorization": f"Bearer {good}"}
+                     ).status_code == 200
+        codes = [c.get("/api/v1/runs", headers={"Authorization": f"Bearer lw_guess{i}"}
+                       ).status_code for i in range(8)]
+        assert codes == [401] * 5 + [429] * 3
+        r = c.post("/api/v1/session", json={"token": "lw_guess99"})
+        assert r.status_code == 429 and r.json()["code"] == "too-many-failures"
+        assert 90 <= int(r.headers["retry-after"]) <= 101
+        # a token the collector knows still works from there
+        assert c.get("/api/v1/runs", headers={"Authorization": f"Bearer {good}"}
+                     ).status_code == 200

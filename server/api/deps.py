@@ -56,18 +56,26 @@ def credentials(request: Request) -> str | None:
     return request.cookies.get(COOKIE) or None
 
 
+def client_address(request: Request) -> str | None:
+    """The caller's address (behind a trusted proxy: the forwarded one, uvicorn's)."""
+    return request.client.host if request.client is not None else None
+
+
 def read_principal(request: Request) -> Principal:
-    p: Principal = request.app.state.auth.authorize(credentials(request), scope="read")
+    p: Principal = request.app.state.auth.authorize(credentials(request), scope="read",
+                                                    client=client_address(request))
     return p
 
 
 def ingest_principal(request: Request) -> Principal:
-    p: Principal = request.app.state.auth.authorize(credentials(request), scope="ingest")
+    p: Principal = request.app.state.auth.authorize(credentials(request), scope="ingest",
+                                                    client=client_address(request))
     return p
 
 
 def any_principal(request: Request) -> Principal:
-    p: Principal = request.app.state.auth.authorize(credentials(request), scope=None)
+    p: Principal = request.app.state.auth.authorize(credentials(request), scope=None,
+                                                    client=client_address(request))
     return p
 
 

@@ -13,6 +13,7 @@ from logitwatch.server.api.deps import (
     RunIdDep,
     SessionDep,
     SettingsDep,
+    client_address,
     credentials,
     run_visible_to,
 )
@@ -107,7 +108,8 @@ def writable_run(
 ) -> int:
     """The path's run id, once the caller may change it: open mode, or an ``ingest`` token
     of the run's project (another project's run answers 404, as for reads)."""
-    principal = request.app.state.auth.authorize(credentials(request), scope="ingest")
+    principal = request.app.state.auth.authorize(credentials(request), scope="ingest",
+                                                 client=client_address(request))
     return run_visible_to(principal, run_id, request)
 
 

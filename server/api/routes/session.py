@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from logitwatch.server.api.deps import COOKIE, AnyPrincipalDep
+from logitwatch.server.api.deps import COOKIE, AnyPrincipalDep, client_address
 from logitwatch.server.auth import Principal
 from logitwatch.server.errors import Forbidden, Unauthorized
 
@@ -49,7 +49,7 @@ def whoami(principal: AnyPrincipalDep) -> SessionOut:
 def login(body: LoginIn, request: Request, response: Response) -> SessionOut:
     """Log the dashboard in with a read token: sets the session cookie."""
     auth = request.app.state.auth
-    info = auth.lookup(body.token)
+    info = auth.check_token(body.token, client_address(request))
     if info is None or not info.active:
         raise Unauthorized("invalid-token",
                            "token: unknown or revoked (see `logitwatch token list`)")
