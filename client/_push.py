@@ -44,8 +44,25 @@ class PushResult:
     accepted: int = 0
     duplicates: int = 0
     rejected: int = 0
-    corrupt: int = 0
+    corrupt: int = 0  # frames of damaged segments, as far as their header can be believed
     skipped: list[str] = field(default_factory=list)  # directories of live processes
+    damaged: list[str] = field(default_factory=list)  # "<file>: <why>", set aside .corrupt
+
+
+def header_frames(seg: Path) -> int | None:
+    """The frames a segment's header claims, if the header agrees with the file (its
+    size, at least two bytes a frame); None for a header that cannot be believed."""
+    try:
+        head = read_header(seg)
+        size = seg.stat().st_size
+        with open(seg, "rb") as f:
+            header_len = len(f.readline(4096))
+    except (OSError, SpoolCorrupt):
+        return None
+    frames, body = head["frames"], head["bytes"]
+    if header_len + body != size or not 0 < frames <= body // 2 or head["first"] > head["last"]:
+        return None
+    return int(frames)
 
 
 def _segments(directory: Path) -> list[Path]:
@@ -63,8 +80,7 @@ def spool_frames(path: Path) -> tuple[int, list[Path], list[Path]]:
             continue
         ready.append(d)
         for seg in _segments(d):
-            with contextlib.suppress(SpoolCorrupt, OSError):
-                total += read_header(seg)["frames"]
+            total += header_frames(seg) or 0
     return total, ready, locked
 
 
@@ -122,12 +138,13 @@ def _push_dir(directory: Path, transport: IngestTransport, max_batch: int, attem
             seg = segments[0]
             try:
                 seg_lines = read_segment(seg)
-            except (SpoolCorrupt, OSError):
+            except (SpoolCorrupt, OSError) as e:
                 segments.pop(0)
-                with contextlib.suppress(OSError, SpoolCorrupt):
-                    result.corrupt += read_header(seg)["frames"]
+                result.corrupt += header_frames(seg) or 0
+                why = str(e).removeprefix(f"{seg}: ") or type(e).__name__
                 with contextlib.suppress(OSError):
                     seg.rename(seg.with_suffix(".corrupt"))
+                result.damaged.append(f"{seg.with_suffix('.corrupt')}: {why}")
                 continue
             if batch and len(lines) + len(seg_lines) > max_batch:
                 break
@@ -147,7 +164,7 @@ def _push_dir(directory: Path, transport: IngestTransport, max_batch: int, attem
             left = len(lines)
             for seg in segments:
                 with contextlib.suppress(OSError, SpoolCorrupt):
-                    left += read_header(seg)["frames"]
+                    left += header_frames(seg) or 0
             raise PushError(
                 f"the collector at {transport.endpoint} did not take the frames "
                 f"({outcome.message}) after {attempts} attempts; {left} frames are still in "

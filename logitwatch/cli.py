@@ -340,10 +340,14 @@ def push(spool: str, url: str | None, token: str | None, max_batch: int) -> None
         raise click.ClickException(str(e)) from e
     click.echo(f"sent {result.sent} frame(s): {result.accepted} stored, {result.duplicates} "
                "already there")
-    if result.rejected or result.corrupt:
+    for line in result.damaged:
+        click.echo(f"damaged segment set aside: {line}", err=True)
+    if result.rejected or result.damaged:
         raise click.ClickException(
             f"{result.rejected} frame(s) refused by the collector as invalid (kept as "
-            f"*.rejected) and {result.corrupt} in damaged segments (kept as *.corrupt)"
+            f"*.rejected) and {len(result.damaged)} damaged segment file(s) (kept as "
+            f"*.corrupt, about {result.corrupt} frame(s) as far as their headers can be "
+            "believed)"
         )
 
 

@@ -825,3 +825,31 @@ def test_guessing_tokens_is_rate_limited(sqlite_url: str) -> None:
         # a token the collector knows still works from there
         assert c.get("/api/v1/runs", headers={"Authorization": f"Bearer {good}"}
                      ).status_code == 200
+
+
+def test_push_reports_damaged_segments_and_fails(serve, tmp_path: Path) -> None:
+    from logitwatch.client._spool import write_segment
+
+    col = serve()
+    d = tmp_path / "spool" / "default" / "pushed" / "rank-0" / "1-1"
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"url": col.url, "run": "pushed"}))
+    lines = [json.dumps({"run": "pushed", "seq": s, "step": s, "time": 1000.0 + s,
+                         "scalars": {"loss": 1.0}}).encode() for s in range(1, 4)]
+    write_segment(d, [1, 2, 3], lines)
+    (d / f"{10:020d}-{10:020d}.seg").write_bytes(b"")  # empty
+    (d / f"{11:020d}-{11:020d}.seg").write_bytes(b"\x00garbage\n" * 10)
+    good = (d / f"{1:020d}-{3:020d}.seg").read_bytes()
+    head, _, body = good.partition(b"\n")
+    lying = head.replace(b'"frames": 3', b'"frames": 1000000000') + b"\n" + body
+    (d / f"{12:020d}-{12:020d}.seg").write_bytes(lying)  # a header that lies
+    done = subprocess.run([sys.executable, "-m", "logitwatch.cli", "push",
+                           str(tmp_path / "spool")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "pushing 3 frame(s)" in done.stdout  # the lying header is not believed
+    assert "sent 3 frame(s): 3 stored" in done.stdout
+    damaged = [x for x in done.stderr.splitlines() if x.startswith("damaged segment")]
+    assert len(damaged) == 3 and "3 damaged segment file(s)" in done.stderr
+    assert sorted(p.suffix for p in d.iterdir() if p.name != "meta.json") == [".corrupt"] * 3
+    assert col.steps("pushed") == [1, 2, 3]
