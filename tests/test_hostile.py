@@ -853,3 +853,26 @@ def test_push_reports_damaged_segments_and_fails(serve, tmp_path: Path) -> None:
     assert len(damaged) == 3 and "3 damaged segment file(s)" in done.stderr
     assert sorted(p.suffix for p in d.iterdir() if p.name != "meta.json") == [".corrupt"] * 3
     assert col.steps("pushed") == [1, 2, 3]
+
+
+def test_a_full_disk_answers_503_and_says_so_in_the_log(sqlite_url: str, caplog) -> None:
+    from sqlalchemy import event
+
+    with TestClient(create_app(settings(sqlite_url))) as c:
+        assert c.post("/api/v1/ingest", json={"frames": [frame(0)]}).status_code == 200
+        engine = c.app.state.db  # type: ignore[attr-defined]
+
+        @event.listens_for(engine, "connect")
+        def _full(dbapi_conn: Any, _: Any) -> None:  # the file may not grow: a full disk
+            cur = dbapi_conn.cursor()
+            pages = cur.execute("PRAGMA page_count").fetchone()[0]
+            cur.execute(f"PRAGMA max_page_count = {pages}")
+            cur.close()
+
+        engine.dispose()
+        big = [{**frame(i), "heads": {"attn.logit_max": [[float(i)] * 64] * 64}}
+               for i in range(1, 40)]
+        with caplog.at_level(logging.WARNING, logger="logitwatch.server"):
+            r = c.post("/api/v1/ingest", json={"frames": big})
+        assert r.status_code == 503 and r.json()["code"] == "db-unavailable", r.text
+        assert "full" in caplog.text and "503" in caplog.text

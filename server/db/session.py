@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.resources import files
@@ -153,6 +155,7 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         ) from e
     except (OperationalError, InterfaceError) as e:
         _rollback_quietly(session)
+        _log_unavailable(e)
         raise _unavailable(
             "db-unavailable", "the database is unavailable or busy; nothing was stored, retry "
             "after Retry-After seconds"
@@ -174,6 +177,22 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 #: Seconds a client is asked to wait after a 503 (its spool keeps the frames meanwhile).
 RETRY_AFTER = 2
+
+_logged: dict[str, float] = {}  # database error -> when it was last logged
+
+
+def _log_unavailable(e: Exception) -> None:
+    """Say why the database refused (a full disk, a lock, a lost server): once a minute per
+    cause, so an outage shows in the log without flooding it."""
+    why = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:300]
+    now = time.monotonic()
+    if now - _logged.get(why, -math.inf) < 60:
+        return
+    if len(_logged) > 100:
+        _logged.clear()
+    _logged[why] = now
+    log.warning("the database refused a request, answered 503 db-unavailable (clients retry): "
+                "%s", why)
 
 
 def _unavailable(code: str, message: str) -> ServiceUnavailable:
