@@ -90,6 +90,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Stores training-health frames, fires early-warning alerts, serves the "
         "dashboard.",
         lifespan=lifespan,
+        # FastAPI's /docs and /redoc load their scripts from a CDN: a page of this origin
+        # running third-party code, and nothing offline. /docs is a local page instead.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.alert_engine = AlertEngine(configured_rules(settings),

@@ -876,3 +876,17 @@ def test_a_full_disk_answers_503_and_says_so_in_the_log(sqlite_url: str, caplog)
             r = c.post("/api/v1/ingest", json={"frames": big})
         assert r.status_code == 503 and r.json()["code"] == "db-unavailable", r.text
         assert "full" in caplog.text and "503" in caplog.text
+
+
+def test_api_docs_load_nothing_from_elsewhere(app_client: TestClient) -> None:
+    import re
+
+    page = app_client.get("/docs")
+    assert page.status_code == 200 and "/openapi.json" in page.text
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sources and all(s.startswith("/") or s.startswith("data:") for s in sources)
+    script = app_client.get("/static/js/docs.js")
+    assert script.status_code == 200 and "http" not in script.text.replace("https://", "")
+    assert "cdn" not in (page.text + script.text).lower()
+    assert app_client.get("/redoc").status_code == 404
+    assert app_client.get("/openapi.json").json()["paths"]["/api/v1/ingest"]

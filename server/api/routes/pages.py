@@ -31,6 +31,12 @@ def index() -> FileResponse:
     return FileResponse(WEB / "index.html")
 
 
+@router.get("/docs")
+def api_docs() -> FileResponse:
+    """The API, listed from /openapi.json by a page of the collector (no CDN)."""
+    return FileResponse(WEB / "docs.html")
+
+
 @router.get("/runs/{run_id}")
 def run_page(run_id: int) -> FileResponse:
     return FileResponse(WEB / "run.html")
