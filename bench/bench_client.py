@@ -149,6 +149,69 @@ def run_client(url: str, run: str, frames: list, n: int, spool: Path, *, live: b
     return {**summary(lat, cpu, n, wall), "spilled": client.stats["spilled"]}
 
 
+class StalledCollector:
+    """A real TCP server that accepts connections and never answers: every frame the
+    client queues stays in its memory (the spool is off in that measurement)."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def stop(self) -> None:
+        for c in [self.server, *self.conns]:
+            c.close()
+
+
+def run_queued(frames: list, n: int) -> dict[str, float]:
+    """send() while ``n`` frames pile up in memory (a stalled collector, spool off), and
+    the full garbage collections that happen meanwhile."""
+    import gc
+
+    stalled = StalledCollector()
+    pauses: list[float] = []
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append(time.perf_counter() - started.pop())
+
+    client = Client(stalled.url, run="queued", config=ClientConfig(
+        spool_max_bytes=0, max_queue=n + 10, timeout=600.0))
+    gc.collect()
+    gc.callbacks.append(on_gc)
+    lat = []
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    try:
+        for step in range(n):
+            scalars, heads = frames[step % len(frames)]
+            a = time.perf_counter()
+            client.send(step, scalars, heads)
+            lat.append(time.perf_counter() - a)
+    finally:
+        gc.callbacks.remove(on_gc)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    client.shutdown(0.1)
+    stalled.stop()
+    return {**summary(lat, cpu, n, wall), "gc2": len(pauses),
+            "gc2_max_ms": max(pauses, default=0.0) * 1e3}
+
+
 def summary(lat: list[float], cpu: float, n: int, wall: float) -> dict[str, float]:
     """Per-``send()`` latency percentiles, CPU per value and frames per second."""
     lat = sorted(lat)
@@ -190,7 +253,14 @@ def main() -> None:
     parser.add_argument("--naive-frames", type=int, default=300,
                         help="frames per baseline measurement (it is slow)")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--queued", type=int, default=10_000, metavar="N",
+                        help="frames piled up in memory in the stalled-collector measurement")
+    parser.add_argument("--only-queued", action="store_true",
+                        help="only the stalled-collector measurement")
     args = parser.parse_args()
+    if args.only_queued:
+        queued(args)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="lw-bench-"))
     frames = make_frames(args.frames)
     col = Collector(tmp)
@@ -246,6 +316,22 @@ def main() -> None:
           f"{med('client', 'frames_per_s') * VALUES:,.0f}")
     print("ratio: how many times better logitwatch is (cost: naive / ours; throughput: "
           "ours / naive)")
+    queued(args)
+
+
+def queued(args: argparse.Namespace) -> None:
+    """send() while frames pile up in memory: what the garbage collector makes it pay."""
+    frames = make_frames(args.queued)
+    runs = [run_queued(frames, args.queued) for _ in range(args.repeat)]
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    print(f"\n{args.queued} frames piling up in memory (collector stalled, spool off), "
+          f"median of {args.repeat}:")
+    print(f"send() p50 / p99 / max (µs): {med('send_p50_us'):.0f} / {med('send_p99_us'):.0f}"
+          f" / {med('send_max_us'):.0f}; full (gen 2) garbage collections: {med('gc2'):.0f},"
+          f" the longest {med('gc2_max_ms'):.1f} ms")
 
 
 if __name__ == "__main__":
