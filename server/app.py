@@ -29,7 +29,7 @@ from logitwatch.server.api.routes import (
 )
 from logitwatch.server.api.routes.pages import WEB
 from logitwatch.server.auth import Authenticator, bind_refusal
-from logitwatch.server.db.session import make_engine, migrate
+from logitwatch.server.db.session import make_engine, migrate, write_lock
 from logitwatch.server.errors import ApiError
 from logitwatch.server.guards import CsrfCheck, FrameHeaders, HostCheck
 from logitwatch.server.limits import BodyLimit
@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                              pool_timeout=settings.pool_timeout)
         migrate(engine)
         app.state.db = engine
+        app.state.write_lock = write_lock(engine)
         app.state.sessions = sessionmaker(engine, expire_on_commit=False)
         app.state.auth = Authenticator(app.state.sessions, settings)
         refusal = bind_refusal(settings, app.state.auth.tokens())

@@ -64,7 +64,7 @@ def ingest(
     check_batch(body, state.settings)
     _own_project(body, principal)
     changed: list[AlertOut] = []
-    with session_scope(state.sessions) as session:
+    with state.write_lock, session_scope(state.sessions) as session:  # SQLite: in turn
         result, finished = lifecycle.ingest(
             session, body.frames, max_metrics_per_run=state.settings.max_metrics_per_run)
         alerts = state.alert_engine.process(session, result.new_frames)
