@@ -299,6 +299,9 @@ def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     if not math.isfinite(v):
         return Verdict(True, v, {"value": str(v), "baseline": base, "limit": limit},
                        baseline=base, limit=limit)
+    smooth = r.param("smooth")
+    if smooth:  # judge the level (median of the last `smooth` steps), not one sample
+        v = median([x for _, x in window(m, step, 0, int(smooth), 2)] + [v])
     breach = v > limit
     if r.param("margin") is not None:
         how: dict[str, Any] = {"above_baseline": v - base}
@@ -587,7 +590,7 @@ KINDS: dict[str, Kind] = {
                                  "floor": 0.0, "below": False}),
     "departure": Kind(_departure, {"factor": 4.0, "floor": 30.0, "window": 200, "lag": 50,
                                    "min_history": 50, "min_samples": 5, "ceiling": None,
-                                   "margin": None},
+                                   "margin": None, "smooth": 0},
                       hold_breaches=True),
     "trend": Kind(_trend, {"window": 70, "min_samples": 6, "min_tau": 0.7, "min_ratio": 1.5,
                            "floor": 0.0},

@@ -22,7 +22,9 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    baseline along), and above ``floor``, once the series has ``min_history``
                    steps before the lag: the series leaves its recent range. ``margin``: the
                    median + ``margin`` instead (a series that is already a logarithm). An
-                   optional ``ceiling`` alarms above it whatever the baseline.
+                   optional ``ceiling`` alarms above it whatever the baseline. ``smooth``
+                   (steps): judge the median of the last ``smooth`` steps' samples (at least
+                   3) instead of the newest one, for a noisy series.
 ``trend``          robust slope: Theil-Sen slope of log(value) over the last ``window`` steps
                    with a Mann-Kendall score of at least ``min_tau``, and growth over the window
                    of at least ``min_ratio``; p99 8 -> 12 -> 18 is such a trend.
