@@ -923,3 +923,18 @@ def test_sqlite_ingest_is_served_in_turn_under_many_senders(serve) -> None:
     p50, worst = lat[len(lat) // 2], lat[-1]
     assert not failed and len(lat) > 32
     assert worst < 3 * p50 + 1.0, f"p50 {p50:.2f} s, max {worst:.2f} s"
+
+
+def test_an_unexpected_error_is_a_logged_json_500(app_client: TestClient, monkeypatch,
+                                                 caplog) -> None:
+    from logitwatch.server.store import lifecycle
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(lifecycle, "ingest", broken)
+    with caplog.at_level(logging.ERROR, logger="logitwatch.server"):
+        r = app_client.post("/api/v1/ingest", json={"frames": [frame(0)]})
+    assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+    assert r.json()["code"] == "internal-error" and "a bug" not in r.text
+    assert "POST /api/v1/ingest failed" in caplog.text and "a bug" in caplog.text
