@@ -1,64 +1,141 @@
-"""Record the alert scenario suite: real tiny-model training runs on the CPU.
+"""Record the alert scenario suite: real tiny-model training runs on the CPU, every step.
 
-Each scenario trains the demo GPT (``logitwatch.demo.train``) with the REAL hooks attached
-(``logitwatch.attach``), handing frames to a recorder that stands for the client and keeps
-each one exactly as the client would put it on the wire. One file per scenario,
-``bench/scenarios/<name>.jsonl``: the first line is a header object
-``{"scenario": ..., "label": "diverging"|"healthy", "divergence_step": N|null, ...}``,
-every other line is one frame in the wire format of :mod:`logitwatch.wire`.
+Each scenario trains one model family (``bench/scenario_models.py``: the demo's SDPA GPT,
+HF GPT-2, HF Llama with RoPE and GQA, HF Gemma 2 with soft-capped attention, a post-LN
+``nn.TransformerEncoder``) with the REAL hooks attached (``logitwatch.attach`` at
+``sample_every=1``, ``overhead_budget=None``), handing frames to a recorder that stands for
+the client and keeps each one exactly as the client would put it on the wire. Every step is
+recorded, so the frames a job sampling one step in ``k`` would send can be derived afterwards
+(``scenario_frames.derive``). One file per scenario, ``bench/scenarios/<name>.jsonl.gz``:
+the first line is a header object (label, divergence step, recovered bumps, split, spec and
+every step's loss, gradient norm, clip flag and learning rate), every other line one frame
+in the wire format of :mod:`logitwatch.wire`, floats rounded to 5 significant digits.
 
-The label is measured on the per-step loss of the run (not the sampled one), never by a
-detector under test (:func:`outcome`):
+The label is measured on every step's loss, never by a detector under test (:func:`label`):
 
-* ``diverging``: the demo's own :func:`~logitwatch.demo.train.divergence_step` found a step
-  (a NaN/Inf loss, or a 10-step mean 1 nat above the best earlier one);
-* ``degraded``: it did not, but the run ended at least 0.25 nat above its best: the mean of
-  its last 100 losses exceeds the lowest 100-step mean of the run by ``DEGRADED_NATS``.
-  The run lost ground it had won and did not win it back. A monitor should warn about such a
-  run, so bench_alerts.py counts it neither as a catch nor as a false alarm and reports it
-  apart;
-* ``healthy``: neither.
+* ``diverging``: the run has a *final excursion*: a step ``i`` whose loss is non-finite, or
+  whose 10-step mean exceeds the lowest earlier 10-step mean by more than 1 nat, after
+  which the 10-step mean never comes back within 0.5 nat of that best for the rest of the
+  run. ``divergence_step`` is the first such ``i``;
+* ``degraded``: no such step, but the mean of the last 100 losses is at least 0.25 nat above
+  the lowest 100-step mean of the run: it lost ground it had won and did not win it back. A
+  monitor should warn about such a run; bench_alerts.py counts it neither as a catch nor as
+  a false alarm;
+* ``healthy``: neither. A loss excursion that came back within 0.5 nat (bad data, an LR
+  bump) is a recovered bump: listed in the header (``bumps``: ``[[start, end], ...]``, end
+  = the step its 10-step mean was back), not a divergence.
 
-On the recorded suite the healthy runs end within 0.03 nat of their best (a bump that
-recovers included) and the degraded ones 0.6-0.8 nat above it, so any limit between 0.05
-and 0.5 labels them alike. ``--relabel`` rewrites the headers of recorded files after a
-change of this rule, without training again.
+Training goes on after a first excursion (it may recover) and stops at the planned end, or
+once the loss has been non-finite for 10 steps, or 100 steps after a divergence that has not
+recovered by then (:func:`stop_reason`).
+
+The suite is split ONCE, before any rule is tuned on it, into a tuning half and a held-out
+half (:func:`assign_splits`; the header's ``split``); bench_alerts.py reports them apart.
 
 Usage::
 
     python bench/record_scenarios.py                 # all scenarios, 2 processes
     python bench/record_scenarios.py lr_jump healthy_s0 --jobs 1
-    python bench/record_scenarios.py fp32_high_lr --out /tmp/try   # elsewhere
+    python bench/record_scenarios.py gpt2_lr_jump_s0 --out /tmp/try   # elsewhere
     python bench/record_scenarios.py --list
     python bench/record_scenarios.py --relabel       # recompute the labels of the files
+    python bench/record_scenarios.py --composition   # runs per group, family, label, split
 
-Each run uses ``torch.set_num_threads(1)``; the suite takes a few minutes on 2 cores.
+Each run uses ``torch.set_num_threads(1)``; run it under ``nice`` on a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
+import gzip
+import hashlib
 import json
 import math
 import sys
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scenario_models import RunSpec, train  # noqa: E402
+from scenario_specs import SCENARIOS, Scenario  # noqa: E402
+
 OUT = Path(__file__).resolve().parent / "scenarios"
-SAMPLE_EVERY = 10
+SUFFIX = ".jsonl.gz"
+DIVERGENCE_WINDOW = 10
+DIVERGENCE_JUMP = 1.0  # nats above the lowest earlier 10-step mean
+RECOVERY = 0.5  # back within this many nats of that best: the excursion recovered
 DEGRADED_WINDOW = 100
 DEGRADED_NATS = 0.25
+STOP_NONFINITE = 10  # stop after this many non-finite losses in a row
+STOP_DIVERGED = 100  # stop this many steps after a divergence that has not recovered
+
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+# -- labels -------------------------------------------------------------------------------
+
+
+def window_means(losses: list[float], window: int = DIVERGENCE_WINDOW) -> list[float]:
+    """The mean of the ``window`` losses ending at each step: NaN before the first full
+    window and wherever the window holds a non-finite loss."""
+    out = [math.nan] * len(losses)
+    total, bad = 0.0, 0
+    for i, x in enumerate(losses):
+        if math.isfinite(x):
+            total += x
+        else:
+            bad += 1
+        if i >= window:
+            old = losses[i - window]
+            if math.isfinite(old):
+                total -= old
+            else:
+                bad -= 1
+        if i + 1 >= window and bad == 0:
+            out[i] = total / window
+    return out
+
+
+def excursions(losses: list[float]) -> tuple[int | None, list[list[int]]]:
+    """``(divergence_step, bumps)`` (see the module docstring): the first step of the final
+    excursion that never recovers (None: none), and every excursion that recovered, as
+    ``[start, end]`` (end: the first step whose 10-step mean is back within
+    :data:`RECOVERY` nat of the best before the start)."""
+    means = window_means(losses)
+    best = math.inf
+    bumps: list[list[int]] = []
+    i, n = 0, len(losses)
+    while i < n:
+        m = means[i]
+        if not math.isfinite(losses[i]) or (math.isfinite(m) and m > best + DIVERGENCE_JUMP):
+            limit = best + RECOVERY
+            end = next((j for j in range(i + 1, n) if means[j] <= limit), None)
+            if end is None:
+                return i, bumps
+            bumps.append([i, end])
+            best = min([best, *(v for v in means[i:end + 1] if math.isfinite(v))])
+            i = end + 1
+            continue
+        if math.isfinite(m):
+            best = min(best, m)
+        i += 1
+    return None, bumps
+
+
+def divergence_step(losses: list[float]) -> int | None:
+    """The first step of the final excursion that never recovers, or None."""
+    return excursions(losses)[0]
 
 
 def regression(losses: list[float], window: int = DEGRADED_WINDOW) -> float:
     """How far (nats) the mean of the last ``window`` losses is above the lowest
-    ``window``-step mean of the run; 0.0 for a run shorter than ``window``."""
+    ``window``-step mean of the run; 0.0 for a run shorter than ``window`` or with a
+    non-finite loss."""
     if len(losses) < window or not all(math.isfinite(x) for x in losses):
         return 0.0
     total = sum(losses[:window])
@@ -70,177 +147,60 @@ def regression(losses: list[float], window: int = DEGRADED_WINDOW) -> float:
     return last - best
 
 
-def outcome(losses: list[float], divergence: int | None) -> str:
+def label(losses: list[float]) -> str:
     """``diverging``, ``degraded`` or ``healthy`` (see the module docstring)."""
-    if divergence is not None:
+    if divergence_step(losses) is not None:
         return "diverging"
     return "degraded" if regression(losses) >= DEGRADED_NATS else "healthy"
 
 
-@dataclass(frozen=True)
-class Scenario:
-    """One recorded run: a demo setting, changes to it, and an optional injection."""
-
-    name: str
-    mechanism: str
-    base: str = "unstable"  # a key of logitwatch.demo.train.SETTINGS
-    changes: dict[str, Any] = field(default_factory=dict)
-    # piecewise learning-rate multipliers: ((from_step, factor), ...), applied on top of
-    # the setting's own schedule (a jump, or a bump that ends)
-    lr_steps: tuple[tuple[int, float], ...] = ()
-    # (step, factor): multiply every gradient by factor on that one step (a gradient spike)
-    grad_spike: tuple[int, float] | None = None
-    # (from_step, rate): multiply the LM head weight by (1 + rate) after every step from
-    # from_step (a slow drift of the output logits)
-    head_drift: tuple[int, float] | None = None
-    # run the forward (loss included) under torch.autocast("cpu", dtype=...), as mixed-
-    # precision jobs do: with "bfloat16" the attention gets bf16 q/k/v and runs in bf16
-    # (the hooks send attn.dtype_max = finfo(bfloat16).max); backward outside it
-    autocast: str | None = None
-    steps: int | None = None
-    expect: str = ""  # what the scenario is meant to be (the recorded label is measured)
+def stop_reason(losses: list[float]) -> str | None:
+    """Why training should stop after these losses (None: go on)."""
+    n = len(losses)
+    if n >= STOP_NONFINITE and not any(math.isfinite(x) for x in losses[-STOP_NONFINITE:]):
+        return "nonfinite"
+    if n % 10 == 0:  # the check walks the run: every 10 steps is soon enough
+        div = divergence_step(losses)
+        if div is not None and n - 1 - div >= STOP_DIVERGED:
+            return "diverged"
+    return None
 
 
-L4 = {"n_layer": 4, "d_model": 128, "n_head": 8}
-
-SCENARIOS: list[Scenario] = [
-    # -- attention-logit growth toward the float16 overflow (the demo's mechanism) --------
-    Scenario("attn_growth_s0", "attention-logit growth, fp16 overflow", expect="diverging"),
-    Scenario("attn_growth_s1", "attention-logit growth, fp16 overflow",
-             changes={"seed": 1}, expect="diverging"),
-    Scenario("attn_growth_s2", "attention-logit growth, fp16 overflow",
-             changes={"seed": 2}, expect="diverging"),
-    Scenario("attn_growth_slow", "attention-logit growth, slower warm-up",
-             changes={"seed": 3, "lr": 0.12, "warmup": 1200}, steps=1500, expect="diverging"),
-    # -- abrupt causes: learning-rate jump and ramp, gradient spike -----------------------
-    Scenario("lr_jump", "learning-rate jump x50 at step 500 (QK-norm model)", base="healthy",
-             changes={"lr": 0.01, "warmup": 100}, lr_steps=((500, 50.0),), steps=800,
-             expect="diverging"),
-    Scenario("lr_ramp", "learning rate ramping to 1.5 over 1000 steps (QK-norm model)",
-             base="healthy", changes={"lr": 1.5, "warmup": 1000}, steps=1000,
-             expect="diverging"),
-    Scenario("grad_spike_sgd", "gradient spike x1e4 at step 600, SGD-like AdamW (eps 1), "
-             "no clipping", base="healthy",
-             changes={"lr": 1.0, "warmup": 100, "eps": 1.0, "max_norm": 1e9},
-             grad_spike=(600, 1e4), steps=800, expect="diverging"),
-    Scenario("head_drift", "output-logit drift: LM head grows 3%/step from step 300",
-             base="healthy", changes={"lr": 0.01, "warmup": 100}, head_drift=(300, 0.03),
-             steps=900, expect="diverging"),
-    Scenario("qknorm_high_lr", "QK-norm does not save peak lr 0.5: diverges late",
-             base="healthy", changes={"lr": 0.5, "seed": 2}, expect="diverging"),
-    # -- wide-dtype attention that diverges without overflowing (no QK-norm, peak lr 0.4:
-    #    logits grow, the loss climbs slowly until it diverges; with QK-norm, fp32, seed 0, lr
-    #    0.4 trained 1,300 steps without diverging)
-    Scenario("fp32_high_lr", "no QK-norm, fp32 attention, peak lr 0.4: logits grow, loss "
-             "climbs and diverges without overflow", changes={"attn_dtype": "float32",
-                                                             "lr": 0.4},
-             expect="diverging"),
-    Scenario("fp32_high_lr_s1", "no QK-norm, fp32 attention, peak lr 0.4, seed 1: logits "
-             "grow, loss climbs and diverges without overflow",
-             changes={"attn_dtype": "float32", "lr": 0.4, "seed": 1}, expect="diverging"),
-    Scenario("bf16_high_lr", "no QK-norm, bf16 autocast forward (bf16 attention), peak lr "
-             "0.4: logits grow, loss climbs and diverges without overflow",
-             changes={"attn_dtype": "float32", "lr": 0.4}, autocast="bfloat16",
-             expect="diverging"),
-    # recorded after the default rules were set (held out): other seeds of the runs above
-    Scenario("bf16_high_lr_s1", "no QK-norm, bf16 attention, peak lr 0.4, seed 1 (held out)",
-             changes={"attn_dtype": "float32", "lr": 0.4, "seed": 1}, autocast="bfloat16",
-             expect="diverging"),
-    Scenario("fp32_high_lr_s2", "no QK-norm, fp32 attention, peak lr 0.4, seed 2 (held out)",
-             changes={"attn_dtype": "float32", "lr": 0.4, "seed": 2}, expect="diverging"),
-    # -- healthy, including hard negatives ------------------------------------------------
-    Scenario("healthy_s0", "QK-norm, peak lr 0.2", base="healthy", expect="healthy"),
-    Scenario("healthy_s1", "QK-norm, peak lr 0.2", base="healthy", changes={"seed": 1},
-             expect="healthy"),
-    Scenario("qknorm_lr03", "QK-norm, peak lr 0.3 (high LR)", base="healthy",
-             changes={"lr": 0.3, "seed": 2}, expect="healthy"),
-    Scenario("benign_bump", "QK-norm, lr x8 for steps 500-540 then back: a bump that "
-             "recovers", base="healthy", changes={"lr": 0.02, "warmup": 100},
-             lr_steps=((500, 8.0), (540, 1.0)), steps=900, expect="healthy"),
-    Scenario("fp32_high_flat", "no QK-norm, fp32 attention, moderate lr: logits high, "
-             "no overflow", changes={"attn_dtype": "float32", "lr": 0.03, "warmup": 200},
-             steps=1200, expect="healthy"),
-    Scenario("fp32_growth", "no QK-norm, fp32 attention, peak lr 0.2: logits grow, no "
-             "overflow", changes={"attn_dtype": "float32"}, expect="degraded"),
-    Scenario("bf16_growth", "no QK-norm, bf16 autocast forward (bf16 attention), peak lr "
-             "0.2: logits grow, the loss drifts up, no divergence",
-             changes={"attn_dtype": "float32"}, autocast="bfloat16", expect="degraded"),
-    # -- held out (recorded after the default rules were set) -----------------------------
-    Scenario("fp32_growth_s1", "no QK-norm, fp32 attention, peak lr 0.2, seed 1 (held out)",
-             changes={"attn_dtype": "float32", "seed": 1}, expect="degraded"),
-    Scenario("bf16_growth_s2", "no QK-norm, bf16 attention, peak lr 0.2, seed 2 (held out)",
-             changes={"attn_dtype": "float32", "seed": 2}, autocast="bfloat16",
-             expect="degraded"),
-    Scenario("fp32_mid_lr", "no QK-norm, fp32 attention, peak lr 0.1 (held out)",
-             changes={"attn_dtype": "float32", "lr": 0.1}, expect="healthy"),
-    Scenario("bf16_mid_lr_s1", "no QK-norm, bf16 attention, peak lr 0.1, seed 1 (held out)",
-             changes={"attn_dtype": "float32", "lr": 0.1, "seed": 1}, autocast="bfloat16",
-             expect="healthy"),
-    Scenario("qknorm_lr03_s3", "QK-norm, peak lr 0.3, seed 3 (held out)", base="healthy",
-             changes={"lr": 0.3, "seed": 3}, expect="healthy"),
-    Scenario("lowlr_noqk", "no QK-norm, fp16 attention, low lr 0.01",
-             changes={"lr": 0.01, "warmup": 200}, steps=1200, expect="healthy"),
-    Scenario("grad_spike_clipped", "gradient spike x1e4 at step 600, clipped at 1.0 "
-             "(AdamW): a spike that does no harm", base="healthy",
-             changes={"lr": 0.02, "warmup": 100}, grad_spike=(600, 1e4), steps=900,
-             expect="healthy"),
-    # -- a larger model (4 layers, d_model 128, 8 heads of 16): less stable at the same LR;
-    #    the first five were recorded with the 0.5-nat corroboration and then used to set
-    #    0.25, the rest after that (held out) -------------------------------------------------
-    Scenario("l4_attn_growth", "4 layers d 128: attention-logit growth, fp16",
-             changes=L4, expect="diverging"),
-    Scenario("l4_bf16_high_lr", "4 layers d 128: no QK-norm, bf16 attention, peak lr 0.4",
-             changes={**L4, "attn_dtype": "float32", "lr": 0.4}, autocast="bfloat16",
-             expect="diverging"),
-    Scenario("l4_fp32_growth", "4 layers d 128: no QK-norm, fp32 attention, peak lr 0.2",
-             changes={**L4, "attn_dtype": "float32"}, expect="degraded"),
-    Scenario("l4_qknorm_lr02", "4 layers d 128: QK-norm, peak lr 0.2 (diverges late)",
-             base="healthy", changes=L4, expect="diverging"),
-    Scenario("l4_qknorm_lr03", "4 layers d 128: QK-norm, peak lr 0.3 (the loss drifts up)",
-             base="healthy", changes={**L4, "lr": 0.3}, expect="degraded"),
-    Scenario("l4_attn_growth_s1", "4 layers d 128: attention-logit growth, fp16, seed 1 "
-             "(held out)", changes={**L4, "seed": 1}, expect="diverging"),
-    Scenario("l4_bf16_high_lr_s1", "4 layers d 128: no QK-norm, bf16 attention, peak lr 0.4, "
-             "seed 1 (held out)", changes={**L4, "attn_dtype": "float32", "lr": 0.4, "seed": 1},
-             autocast="bfloat16", expect="diverging"),
-    Scenario("l4_fp32_high_lr", "4 layers d 128: no QK-norm, fp32 attention, peak lr 0.4 "
-             "(held out)", changes={**L4, "attn_dtype": "float32", "lr": 0.4},
-             expect="diverging"),
-    Scenario("l4_qknorm_lr01", "4 layers d 128: QK-norm, peak lr 0.1 (held out)",
-             base="healthy", changes={**L4, "lr": 0.1}, expect="healthy"),
-    Scenario("l4_qknorm_lr005_s1", "4 layers d 128: QK-norm, peak lr 0.05, seed 1 (held out)",
-             base="healthy", changes={**L4, "lr": 0.05, "seed": 1}, expect="healthy"),
-    Scenario("l4_fp32_lr005", "4 layers d 128: no QK-norm, fp32 attention, peak lr 0.05 "
-             "(held out)", changes={**L4, "attn_dtype": "float32", "lr": 0.05},
-             expect="healthy"),
-    Scenario("l4_bf16_lr005_s1", "4 layers d 128: no QK-norm, bf16 attention, peak lr 0.05, "
-             "seed 1 (held out)", changes={**L4, "attn_dtype": "float32", "lr": 0.05, "seed": 1},
-             autocast="bfloat16", expect="healthy"),
-]
-BY_NAME = {s.name: s for s in SCENARIOS}
+# -- the split ----------------------------------------------------------------------------
 
 
-def _setting(sc: Scenario) -> Any:
-    from logitwatch.demo.train import SETTINGS, DemoSetting
+def _hash(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
 
-    base = dataclasses.replace(SETTINGS[sc.base], name=sc.name, description=sc.mechanism,
-                               **sc.changes)
-    if not sc.lr_steps:
-        return base
 
-    @dataclass(frozen=True)
-    class Scheduled(DemoSetting):
-        lr_steps: tuple[tuple[int, float], ...] = ()
+def assign_splits(scenarios: list[Scenario]) -> dict[str, str]:
+    """``{name: "tune" | "holdout"}``, fixed by the names and specs alone, never by results.
 
-        def lr_at(self, step: int, total: int | None = None) -> float:
-            factor = 1.0
-            for start, f in self.lr_steps:
-                if step >= start:
-                    factor = f
-            return super().lr_at(step, total) * factor
+    Stratified by (mechanism group, family): within each stratum the scenarios are ordered
+    by the SHA-256 of their name and dealt alternately to the two halves; the stratum's
+    first card goes to the half that has received fewer so far (ties: tune), so strata of
+    odd size do not all favour one half.
+    """
+    strata: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for s in scenarios:
+        strata[(s.group, s.spec.family)].append(s.name)
+    out: dict[str, str] = {}
+    counts = {"tune": 0, "holdout": 0}
+    for key in sorted(strata):
+        names = sorted(strata[key], key=_hash)
+        first = "tune" if counts["tune"] <= counts["holdout"] else "holdout"
+        second = "holdout" if first == "tune" else "tune"
+        for j, name in enumerate(names):
+            half = first if j % 2 == 0 else second
+            out[name] = half
+            counts[half] += 1
+    return out
 
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    return Scheduled(**fields, lr_steps=sc.lr_steps)
+
+SPLITS = assign_splits(SCENARIOS)
+
+
+# -- recording ----------------------------------------------------------------------------
 
 
 class _Recorder:
@@ -279,7 +239,7 @@ class _Recorder:
     def flush(self, timeout: float) -> bool:
         return True
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self, timeout: float = 10.0, **kwargs: Any) -> None:
         pass
 
 
@@ -287,129 +247,148 @@ def _time_now() -> float:
     return time.time()
 
 
-def _autocast_forward(model: Any, dtype: Any) -> None:
-    """Run ``model``'s forward (and so its loss) under ``torch.autocast("cpu", dtype)``.
+def _r(v: Any) -> Any:
+    """A float rounded to 5 significant digits (float32 has ~7); other values as they are."""
+    return float(f"{v:.5g}") if isinstance(v, float) and math.isfinite(v) else v
 
-    The demo's ``train`` calls ``model(x, y)`` then ``loss.backward()``, so this is the usual
-    mixed-precision recipe: forward in autocast, backward outside it. Under CPU autocast the
-    linear layers and ``scaled_dot_product_attention`` run in ``dtype``.
-    """
-    import torch
 
-    forward = model.forward
+def _wire(v: float | None) -> Any:
+    from logitwatch.wire import encode_float
 
-    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast("cpu", dtype=dtype):
-            return forward(*args, **kwargs)
+    return None if v is None else encode_float(_r(float(v)))
 
-    model.forward = autocast_forward
+
+def _compact(frame: dict[str, Any]) -> dict[str, Any]:
+    """Round floats to 5 significant digits and the time to the millisecond (the files
+    stay small)."""
+    out = dict(frame)
+    out["time"] = round(frame["time"], 3)
+    out["scalars"] = {k: _r(v) for k, v in frame["scalars"].items()}
+    out["heads"] = {k: [[_r(x) for x in row] for row in m] for k, m in frame["heads"].items()}
+    return out
+
+
+def header_for(sc: Scenario, loss: list[float], **extra: Any) -> dict[str, Any]:
+    """The label fields of a header, measured on every step's ``loss``."""
+    div, bumps = excursions(loss)
+    return {"scenario": sc.name, "label": label(loss), "divergence_step": div,
+            "bumps": bumps, "regression": round(regression(loss), 4),
+            "split": SPLITS[sc.name], "group": sc.group, "family": sc.spec.family,
+            "expected": sc.expect, **({"expect_alert": sc.expect_alert}
+                                      if sc.expect_alert else {}), **extra}
 
 
 def record(name: str, out: Path = OUT) -> dict[str, Any]:
-    """Train scenario ``name`` with the real hooks; write ``out/<name>.jsonl``; return its
-    header."""
+    """Train scenario ``name`` with the real hooks at every step; write
+    ``out/<name>.jsonl.gz``; return its header."""
     import torch
 
     import logitwatch
-    from logitwatch.demo.train import train
 
     sc = BY_NAME[name]
     torch.set_num_threads(1)
     client = _Recorder(name)
-    frames = client.frames
-    setting = _setting(sc)
-    state: dict[str, Any] = {}
 
-    def on_model(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-        state["model"] = model
-        if sc.autocast is not None:
-            _autocast_forward(model, getattr(torch, sc.autocast))
-        extra: dict[str, Any] = {}
-        if "overhead_budget" in inspect.signature(logitwatch.attach).parameters:
-            extra["overhead_budget"] = None  # a fixed 1-in-10 sampling, like every scenario
-        state["mon"] = logitwatch.attach(model, opt, run=name, client=client,
-                                         sample_every=SAMPLE_EVERY,
-                                         max_grad_norm=setting.max_norm, **extra)
-        if sc.grad_spike is not None:
-            at, factor = sc.grad_spike
+    def attach(model: torch.nn.Module, opt: torch.optim.Optimizer) -> Any:
+        return logitwatch.attach(model, opt, run=name, client=client,  # type: ignore[arg-type]
+                                 sample_every=1, max_grad_norm=sc.spec.max_norm,
+                                 overhead_budget=None)
 
-            def spike(grad: torch.Tensor) -> torch.Tensor:
-                return grad * factor if state.get("step") == at else grad
-
-            for p in model.parameters():
-                p.register_hook(spike)
-
-    def on_loss(loss: torch.Tensor) -> None:
-        state["mon"].log(loss=loss)
-
-    def on_step(step: int, loss: float) -> None:
-        state["step"] = step + 1
-        if sc.head_drift is not None and step >= sc.head_drift[0]:
-            with torch.no_grad():
-                state["model"].head.weight.mul_(1.0 + sc.head_drift[1])
-
-    state["step"] = 0
-    t0 = time.perf_counter()
-    result = train(setting, steps=sc.steps, on_model=on_model, on_loss=on_loss,
-                   on_step=on_step, log=lambda m: None)
-    state["mon"].close(timeout=30)
-    frames.sort(key=lambda f: (f["rank"], f["seq"]))
-    header = {
-        "scenario": name,
-        "label": outcome(result.losses, result.divergence_step),
-        "regression": round(regression(result.losses), 4),
-        "divergence_step": result.divergence_step,
-        "expected": sc.expect,
-        "mechanism": sc.mechanism,
-        "setting": dataclasses.asdict(setting),
-        "autocast": sc.autocast,
-        "steps_done": result.steps_done,
-        "sample_every": SAMPLE_EVERY,
-        "frames": len(frames),
-        "wall_s": round(time.perf_counter() - t0, 1),
-        # every step's loss, for the peer detectors that watch each step (bench_alerts.py)
-        "losses": [float(f"{x:.5g}") if math.isfinite(x) else str(x) for x in result.losses],
-    }
+    res = train(sc.spec, attach=attach, should_stop=stop_reason)
+    frames = sorted(client.frames, key=lambda f: (f["rank"], f["seq"]))
+    for f in frames:
+        f.pop("history", None)  # none at every step; derived frames get their own
+    header = header_for(
+        sc, res.losses, mechanism=sc.mechanism, spec=dataclasses.asdict(sc.spec),
+        steps_done=res.steps_done, stop=res.stop, sample_every=1, frames=len(frames),
+        wall_s=round(res.wall_s, 1), qk_clips=res.qk_clips,
+        # every step's numbers, for the labels and the peer detectors (bench_alerts.py)
+        losses=[_wire(x) for x in res.losses], grad_norms=[_wire(x) for x in res.grad_norms],
+        clipped=res.clipped, lrs=[_wire(x) for x in res.lrs])
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{name}.jsonl", "w") as fh:
-        fh.write(json.dumps(header) + "\n")
+    tmp = out / f".{name}{SUFFIX}.tmp"
+    with gzip.open(tmp, "wt", compresslevel=9) as fh:
+        fh.write(json.dumps(header, separators=(",", ":")) + "\n")
         for f in frames:
             fh.write(json.dumps(_compact(f), separators=(",", ":")) + "\n")
+    tmp.replace(out / f"{name}{SUFFIX}")
     return header
 
 
-def _compact(frame: dict[str, Any]) -> dict[str, Any]:
-    """Round floats to 5 significant digits (the files stay small; float32 has ~7)."""
+def _losses(h: dict[str, Any]) -> list[float]:
+    from logitwatch.wire import decode_float
 
-    def r(v: Any) -> Any:
-        return float(f"{v:.5g}") if isinstance(v, float) else v
-
-    out = dict(frame)
-    out["scalars"] = {k: r(v) for k, v in frame["scalars"].items()}
-    out["heads"] = {k: [[r(x) for x in row] for row in m] for k, m in frame["heads"].items()}
-    return out
+    return [decode_float(x) for x in h["losses"]]
 
 
 def relabel(where: Path) -> int:
-    """Rewrite the header label (and regression) of every file in ``where``."""
-    files = sorted(where.glob("*.jsonl"))
+    """Recompute the label fields (and split) of every file in ``where`` from its losses."""
+    files = sorted(where.glob(f"*{SUFFIX}"))
     if not files:
         print(f"no recorded scenarios in {where}", file=sys.stderr)
         return 1
     for path in files:
-        head, _, rest = path.read_text().partition("\n")
+        with gzip.open(path, "rt") as fh:
+            head = fh.readline()
+            rest = fh.read()
         h = json.loads(head)
-        losses = [float(x) for x in h["losses"]]
-        old = h["label"]
-        h["label"] = outcome(losses, h["divergence_step"])
-        h["regression"] = round(regression(losses), 4)
         sc = BY_NAME.get(h["scenario"])
-        if sc is not None:
-            h["expected"] = sc.expect
-        path.write_text(json.dumps(h) + "\n" + rest)
-        print(f"{h['scenario']:20s} {old:10s} -> {h['label']:10s} "
-              f"(ends {h['regression']:.3f} nat above its best)")
+        if sc is None:
+            print(f"{h['scenario']}: not a scenario of this version; left as it is")
+            continue
+        old = (h["label"], h["divergence_step"])
+        h.update(header_for(sc, _losses(h)))
+        with gzip.open(path, "wt", compresslevel=9) as fh:
+            fh.write(json.dumps(h, separators=(",", ":")) + "\n" + rest)
+        print(f"{h['scenario']:30s} {old[0]:9s} {old[1]!s:>5} -> {h['label']:9s} "
+              f"{h['divergence_step']!s:>5}  ends {h['regression']:.3f} nat above its best"
+              f"{'  bumps ' + str(h['bumps']) if h['bumps'] else ''}")
     return 0
+
+
+def composition(where: Path) -> int:
+    """Print the recorded suite's composition: runs per mechanism group, family and label,
+    for each half of the split, and the names in each half."""
+    headers = []
+    for path in sorted(where.glob(f"*{SUFFIX}")):
+        with gzip.open(path, "rt") as fh:
+            headers.append(json.loads(fh.readline()))
+    if not headers:
+        print(f"no recorded scenarios in {where}", file=sys.stderr)
+        return 1
+    labels = ("diverging", "degraded", "healthy")
+    fams = sorted({h["family"] for h in headers})
+    print(f"{'group':20s} {'split':7s} " + " ".join(f"{f:>8s}" for f in fams)
+          + "   " + " ".join(f"{lab[:4]:>5s}" for lab in labels))
+    groups = sorted({h["group"] for h in headers},
+                    key=lambda g: (min(labels.index(h["expected"]) for h in headers
+                                       if h["group"] == g), g))
+    for g in groups:
+        for sp in ("tune", "holdout"):
+            sel = [h for h in headers if h["group"] == g and h["split"] == sp]
+            cells = []
+            for f in fams:
+                n = [sum(h["family"] == f and h["label"] == lab for h in sel) for lab in labels]
+                cells.append("/".join(map(str, n)) if any(n) else "-")
+            print(f"{g:20s} {sp:7s} " + " ".join(f"{c:>8s}" for c in cells) + "   "
+                  + " ".join(f"{sum(h['label'] == lab for h in sel):5d}" for lab in labels))
+    for sp in ("tune", "holdout"):
+        sel = [h for h in headers if h["split"] == sp]
+        print(f"{'all':20s} {sp:7s} " + " ".join(
+            f"{sum(h['family'] == f for h in sel):8d}" for f in fams) + "   "
+            + " ".join(f"{sum(h['label'] == lab for h in sel):5d}" for lab in labels))
+    print("(cells: diverging/degraded/healthy runs of that family)")
+    for sp in ("tune", "holdout"):
+        names = sorted(h["scenario"] for h in headers if h["split"] == sp)
+        print(f"\n{sp} ({len(names)}): {', '.join(names)}")
+    return 0
+
+
+def _progress_line(h: dict[str, Any]) -> str:
+    flag = "" if h["label"] == h["expected"] else f"  (meant {h['expected']})"
+    return (f"{h['scenario']:30s} {h['family']:6s} {h['label']:9s} divergence "
+            f"{h['divergence_step']!s:>5} steps {h['steps_done']:5d} {h['wall_s']:6.1f}s"
+            f"{flag}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -421,27 +400,35 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"where to write the files (default {OUT})")
     p.add_argument("--relabel", action="store_true",
                    help="recompute the label of every recorded file in --out and exit")
+    p.add_argument("--composition", action="store_true",
+                   help="print the recorded suite's runs per group, family, label and split")
     a = p.parse_args(argv)
     if a.relabel:
         return relabel(a.out)
+    if a.composition:
+        return composition(a.out)
     if a.list:
         for s in SCENARIOS:
-            print(f"{s.name:20s} {s.expect:10s} {s.mechanism}")
+            print(f"{s.name:30s} {s.spec.family:6s} {SPLITS[s.name]:7s} {s.expect:9s} "
+                  f"{s.group:18s} {s.mechanism}")
         return 0
     names = a.names or [s.name for s in SCENARIOS]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; see --list")
-    run: Callable[[str, Path], dict[str, Any]] = record
+    # longest first, so the two processes finish together
+    names.sort(key=lambda n: -BY_NAME[n].spec.steps * _cost(BY_NAME[n].spec))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-        for h in pool.map(run, names, [a.out] * len(names)):
-            flag = "" if h["label"] == h["expected"] else f"  (meant {h['expected']})"
-            print(f"{h['scenario']:20s} {h['label']:10s} divergence {h['divergence_step']!s:>5} "
-                  f"steps {h['steps_done']:5d} frames {h['frames']:4d} {h['wall_s']:6.1f}s"
-                  f"{flag}", flush=True)
+        for fut in as_completed([pool.submit(record, n, a.out) for n in names]):
+            print(_progress_line(fut.result()), flush=True)
     print(f"recorded {len(names)} scenario(s) into {a.out} in {time.perf_counter() - t0:.0f}s")
     return 0
+
+
+def _cost(spec: RunSpec) -> float:
+    """Relative cost of a step (for ordering only)."""
+    return spec.n_layer * spec.d_model / 128
 
 
 if __name__ == "__main__":

@@ -1,0 +1,119 @@
+"""The recorded scenarios' frames as a job sampling one step in ``k`` would send them.
+
+Every scenario is recorded at every step (``record_scenarios.py``). A job whose hooks
+sample one step in ``k`` samples step 0, then every ``k``-th step, and (with a client that
+sends it) carries in each frame the scalars of the steps in between as ``history``
+(``logitwatch.wire``). :func:`derive` builds exactly those frames from the recording:
+
+* the recorded frames at steps 0, k, 2k, ... (the steps a 1-in-``k`` job samples);
+* ``seq`` renumbered 1..n;
+* ``history``: the steps after the previous derived frame and before this one, with their
+  ``loss``, ``grad.norm``, ``grad.clipped`` and ``lr`` (wire floats; null where a step did
+  not have the series); none on the first frame or at ``k = 1``;
+* the scalars that describe the sampling itself follow ``k``: ``hooks.sample_every`` = k,
+  ``grad.clip_rate`` = the share of clipped steps since the previous frame (what the hooks
+  count on the device between two samples), and ``hooks.overhead`` (the monitor's share
+  of training time at the recorded interval) is left out;
+* where the run ended between two samples, the frame ``Monitor.close()`` sends: the last
+  step with its ``loss``, ``grad.norm``, ``grad.clipped`` and ``lr`` (no heads) and the
+  steps before it as its history (with ``history=False`` there is none, as the hooks send
+  none to a client that does not take history).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+HISTORY_SCALARS = ("loss", "grad.norm", "grad.clipped", "lr")
+#: Per-sample scalars that only describe the recorded interval (dropped from derived frames).
+INTERVAL_ONLY = ("hooks.overhead",)
+
+
+def read_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Header and frames of a recorded scenario (``.jsonl.gz`` or ``.jsonl``)."""
+    from logitwatch.server.alerts.replay import read_frames
+
+    header, frames = read_frames(path)
+    if header is None:
+        raise ValueError(f"{path}: no header line (label, divergence_step)")
+    return header, frames
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """Only the header line of a recorded scenario (cheap: the frames are not parsed)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as fh:  # type: ignore[operator]
+        return json.loads(fh.readline())
+
+
+def _clip_rate(values: list[Any]) -> float | None:
+    flags = [float(v) for v in values if isinstance(v, (int, float))]
+    return sum(flags) / len(flags) if flags else None
+
+
+def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True
+           ) -> list[dict[str, Any]]:
+    """The frames of ``frames`` (one per step, in step order) that a job sampling one step
+    in ``k`` sends, as it sends them (see the module docstring). ``history=False`` leaves
+    the history out (a collector that does not take it)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    by_step = {f["step"]: f for f in frames}
+    out: list[dict[str, Any]] = []
+    prev: int | None = None
+    for f in frames:
+        step = f["step"]
+        if step % k:
+            continue
+        between = [] if prev is None else list(range(prev + 1, step))
+        g = {key: v for key, v in f.items() if key != "history"}
+        scalars = {n: v for n, v in f["scalars"].items() if n not in INTERVAL_ONLY}
+        if "hooks.sample_every" in scalars:
+            scalars["hooks.sample_every"] = float(k)
+        if "grad.clip_rate" in scalars and "grad.clipped" in scalars:
+            window = [*between, step] if prev is not None else [step]
+            rate = _clip_rate([by_step[s]["scalars"].get("grad.clipped")
+                               for s in window if s in by_step])
+            if rate is not None:
+                scalars["grad.clip_rate"] = rate
+        g["scalars"] = scalars
+        g["seq"] = len(out) + 1
+        if history and between:
+            steps = [s for s in between if s in by_step]
+            if steps:
+                g["history"] = {"steps": steps, "scalars": {
+                    name: [by_step[s]["scalars"].get(name) for s in steps]
+                    for name in HISTORY_SCALARS
+                    if any(name in by_step[s]["scalars"] for s in steps)}}
+        out.append(g)
+        prev = step
+    last = frames[-1]["step"] if frames else None
+    if history and prev is not None and last is not None and last > prev:
+        out.append(_closing_frame(frames[-1], [s for s in range(prev + 1, last)
+                                               if s in by_step], by_step, len(out) + 1))
+    return out
+
+
+def _closing_frame(f: dict[str, Any], between: list[int], by_step: dict[int, Any],
+                   seq: int) -> dict[str, Any]:
+    """What the hooks send at ``Monitor.close()`` when the run ended between two samples:
+    one frame at the last step with its four history scalars (no heads), the steps before
+    it since the previous frame as its history."""
+    g = {key: v for key, v in f.items() if key not in ("history", "scalars", "heads")}
+    g.update(seq=seq, heads={}, scalars={n: f["scalars"][n] for n in HISTORY_SCALARS
+                                         if f["scalars"].get(n) is not None})
+    if between:
+        g["history"] = {"steps": between, "scalars": {
+            name: [by_step[s]["scalars"].get(name) for s in between]
+            for name in HISTORY_SCALARS if any(name in by_step[s]["scalars"] for s in between)}}
+    return g
+
+
+def history_supported() -> bool:
+    """Whether this collector's frame schema takes ``history``."""
+    from logitwatch.server.schemas import FrameIn
+
+    return "history" in FrameIn.model_fields
