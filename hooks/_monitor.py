@@ -20,8 +20,8 @@ from ._buffer import StepBuffer, collect
 from ._cost import CostMeter
 from ._final import final_stats, find_output_head, vocab_size
 from ._history import LR, HistoryBlock, StepHistory
-from ._lrwatch import LrWatch
 from ._logits import DEFAULT_BUDGET, attention_head_stats
+from ._lrwatch import LrWatch
 from ._qk import find_qk, qk_items, qk_norms
 from ._sdpa import SdpaCapture, parse_call
 from ._shard import GRAD_MISSING, GRAD_SQ, QK_MISSING, find_sharding

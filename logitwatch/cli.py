@@ -385,8 +385,8 @@ def demo(port: int, db_url: str, steps: int | None, settings: tuple[str, ...], s
 @click.option("--json", "as_json", is_flag=True, help="Print the alerts as JSON.")
 def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool) -> None:
     """Feed the frames of FILE (one JSON frame a line, the wire format, gzip'd if FILE ends
-    in .gz; an optional header line without `seq`) through the collector's ingest path and alert engine, and print the
-    alerts they fire.
+    in .gz; an optional header line without `seq`) through the collector's ingest path and
+    alert engine, and print the alerts they fire.
 
     The rules are those `logitwatch serve` applies: the defaults with the LOGITWATCH_ALERT_*
     settings, the YAML file of --rules (else $LOGITWATCH_ALERT_RULES), and, with --db naming

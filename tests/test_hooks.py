@@ -31,7 +31,8 @@ COST = {"hooks.host_ms", "hooks.syncs", "hooks.bytes", "hooks.sample_every"}
 #: Present once the monitor has measured a sampled step against plain ones / on frame 0.
 LATER = {"hooks.cost_ms", "hooks.overhead", "loss.first_over_ln_vocab"}
 FINAL = {"final.hidden_rms", "final.logz", "final.logit_max"}
-SCALARS = ({"loss", "grad.norm", "grad.clipped", "grad.max_norm", "grad.clip_rate", "lr", "attn.dtype_max"}
+SCALARS = ({"loss", "grad.norm", "grad.clipped", "grad.max_norm", "grad.clip_rate", "lr",
+            "attn.dtype_max"}
            | FINAL | COST)
 ATTN = {"attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
         "attn.entropy_mean", "attn.entropy_min"}

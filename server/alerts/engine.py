@@ -50,11 +50,11 @@ from sqlalchemy.orm import Session
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.rules import (
     KINDS,
-    Page,
     SCREENS,
     CellMemory,
     FrameView,
     Memory,
+    Page,
     RuleSpec,
     State,
     Track,
