@@ -34,6 +34,7 @@ the per-cell ones. Other rules run per cell.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -59,6 +60,7 @@ from logitwatch.server.alerts.rules import (
     State,
     Track,
     Transition,
+    Verdict,
     remedies_for,
 )
 from logitwatch.server.db.models import Alert, Frame, Metric, Point, Run, Silence
@@ -538,6 +540,9 @@ class AlertEngine:
             if mem is None:
                 mem = self._mem[key] = Memory() if cell[0] is None else Memory.per_head()
             verdict = kind.detect(rule, mem, step, value, fv, cell)
+            if verdict is not None and verdict.breach and rule.over in ("max", "min"):
+                verdict = _with_where(verdict, arrays.get(_judged_metric(rule, heads)),
+                                      rule.over)
             if verdict is not None:
                 track = self._tracks.get(key)
                 if track is None:
@@ -944,6 +949,17 @@ def _judged_metric(rule: RuleSpec, heads: dict[str, list[list[float]]]) -> str:
     return rule.metric
 
 
+def _with_where(v: Verdict, a: np.ndarray | None, over: str) -> Verdict:
+    """A max/min-over-heads verdict with the layer and head that hold that value."""
+    if a is None or not a.size or a.ndim != 2:
+        return v
+    with np.errstate(all="ignore"):
+        flat = int(np.nanargmax(a) if over == "max" else np.nanargmin(a)) \
+            if not np.isnan(a).all() else 0
+    layer, head = divmod(flat, a.shape[1])
+    return dataclasses.replace(v, evidence={**v.evidence, "at_layer": layer, "at_head": head})
+
+
 def _fold(name: str, acc: np.ndarray | None, a: np.ndarray) -> np.ndarray:
     """Fold one frame's matrix into what waits to be judged: its worst (the max, or the min
     of an entropy); the newest for q/k norms and for a matrix whose shape changed."""
@@ -1061,6 +1077,9 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
     """One line: where, what, since when, the evidence, what it means."""
     name = run.name if run else "?"
     where = f"rank {rank}"
+    ev0 = t.verdict.evidence
+    if layer is None and "at_layer" in ev0:
+        where += f" (worst head: layer {ev0['at_layer']}, head {ev0['at_head']})"
     if layer is not None:
         hs = ", ".join(str(h) for h in heads)
         where += f", layer {layer}, head{'s' if len(heads) > 1 else ''} {hs}"
