@@ -51,6 +51,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import logging
 import math
@@ -73,6 +74,9 @@ HERE = Path(__file__).resolve().parent
 ALARM = ("warning", "critical")
 INTERVALS = (1, 10, 25, 40, 50)
 START = 50  # pages before this step do not count as catching a divergence
+#: logitwatch's pages counted at the step of the frame that carried them to the collector
+#: (a page judged on a step of a history arrives with the next sampled frame)
+ARRIVAL = "logitwatch, on arrival"
 LEAD = 50
 REPLAY_BATCH = 256
 #: An ``expect_alert`` names a rule, or one of these families of rules.
@@ -221,12 +225,21 @@ def logitwatch_row(header: dict[str, Any], frames: list[dict[str, Any]],
     res = replay(frames, rules=rules, batch=REPLAY_BATCH)
     pages = sorted((s, a.rule) for a in res.alerts if (s := _paged_step(a)) is not None)
     from50 = next((s for s, _ in pages if s >= START), None)
+    # a page judged on a step of a frame's history reaches people with that frame
+    sent = sorted(f["step"] for f in frames)
+
+    def arrival(step: int | None) -> int | None:
+        if step is None:
+            return None
+        i = bisect.bisect_left(sent, step)
+        return sent[i] if i < len(sent) else step
     expect = header.get("expect_alert")
     row = {
         "scenario": header["scenario"], "label": header["label"],
         "divergence_step": header["divergence_step"], "split": header.get("split"),
         "group": header.get("group"), "family": header.get("family"),
         "logitwatch": {"first": pages[0][0] if pages else None, "from50": from50},
+        ARRIVAL: {"first": arrival(pages[0][0]) if pages else None, "from50": arrival(from50)},
         "logitwatch_rules": sorted({r for s, r in pages if s == from50}),
         "any_alert": min((a.fired_step for a in res.alerts), default=None),
         "signal": min((a.fired_step for a in res.alerts
@@ -283,7 +296,7 @@ def summarize(name: str, rows: Sequence[dict[str, Any]],
     paged = [r["scenario"] for r in healthy if pick(r)["first"] is not None]
     # paged only by the rule its header expects (a healthy loss, a real pathology)
     wanted = [r["scenario"] for r in healthy if r["scenario"] in paged
-              and r.get("expect_alert") and name == "logitwatch"
+              and r.get("expect_alert") and name.startswith("logitwatch")
               and all(_expected(x, r["expect_alert"]) for x in r.get("rules_paged", ()))]
     noisy = ([r["scenario"] for r in healthy if any_alert(r) is not None]
              if any_alert is not None else paged)
@@ -300,11 +313,12 @@ def summarize(name: str, rows: Sequence[dict[str, Any]],
             "degraded_warned": f"{len(warned)}/{len(degraded)}",
             "expect_alert": (f"{sum(bool(r.get('expect_fired')) for r in expect)}/{len(expect)}"
                              f" ({sum(bool(r.get('expect_paged')) for r in expect)} paged)"
-                             if expect and name == "logitwatch" else "")}
+                             if expect and name.startswith("logitwatch") else "")}
 
 
 def summaries(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [summarize("logitwatch", rows, any_alert=lambda r: r["any_alert"]),
+            summarize(ARRIVAL, rows, any_alert=lambda r: r["any_alert"]),
             *[summarize(p, rows) for p in PEERS]]
 
 

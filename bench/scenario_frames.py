@@ -5,7 +5,9 @@ sample one step in ``k`` samples step 0, then every ``k``-th step, and (with a c
 sends it) carries in each frame the scalars of the steps in between as ``history``
 (``logitwatch.wire``). :func:`derive` builds exactly those frames from the recording:
 
-* the recorded frames at steps 0, k, 2k, ... (the steps a 1-in-``k`` job samples);
+* the recorded frames at the steps a 1-in-``k`` job samples (:func:`schedule`): step 0,
+  then ``k`` steps after the previous sample, and the step after a learning-rate jump or
+  climb past the schedule's settled peak (the hooks sample it at once);
 * ``seq`` renumbered 1..n;
 * ``history``: the steps after the previous derived frame and before this one, with their
   ``loss``, ``grad.norm``, ``grad.clipped`` and ``lr`` (wire floats; null where a step did
@@ -62,11 +64,12 @@ def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     by_step = {f["step"]: f for f in frames}
+    sampled = set(schedule(frames, k))
     out: list[dict[str, Any]] = []
     prev: int | None = None
     for f in frames:
         step = f["step"]
-        if step % k:
+        if step not in sampled:
             continue
         between = [] if prev is None else list(range(prev + 1, step))
         g = {key: v for key, v in f.items() if key != "history"}
@@ -94,6 +97,24 @@ def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True
     if history and prev is not None and last is not None and last > prev:
         out.append(_closing_frame(frames[-1], [s for s in range(prev + 1, last)
                                                if s in by_step], by_step, len(out) + 1))
+    return out
+
+
+def schedule(frames: list[dict[str, Any]], k: int) -> list[int]:
+    """The steps a job sampling one step in ``k`` samples, as the hooks choose them: the
+    first step, then every ``k`` steps after the last sample, and the step after one whose
+    learning rate jumped or climbed past its settled peak (``logitwatch.hooks._lrwatch``,
+    the same code the hooks run)."""
+    from logitwatch.hooks._lrwatch import LrWatch
+
+    watch, out, last, force = LrWatch(), [], None, False
+    for f in frames:
+        step = f["step"]
+        if force or last is None or step >= last + k:
+            out.append(step)
+            last = step
+        lr = f["scalars"].get("lr")
+        force = isinstance(lr, (int, float)) and watch.step(step, float(lr))
     return out
 
 
