@@ -298,13 +298,16 @@ def record(name: str, out: Path = OUT) -> dict[str, Any]:
     frames = sorted(client.frames, key=lambda f: (f["rank"], f["seq"]))
     for f in frames:
         f.pop("history", None)  # none at every step; derived frames get their own
+    # every step's numbers, for the labels and the peer detectors (bench_alerts.py); the
+    # label is measured on the stored (rounded) losses, as --relabel and the tests do
+    losses = [_wire(x) for x in res.losses]
     header = header_for(
-        sc, res.losses, mechanism=sc.mechanism, spec=dataclasses.asdict(sc.spec),
-        steps_done=res.steps_done, stop=res.stop, sample_every=1, frames=len(frames),
-        wall_s=round(res.wall_s, 1), qk_clips=res.qk_clips,
-        # every step's numbers, for the labels and the peer detectors (bench_alerts.py)
-        losses=[_wire(x) for x in res.losses], grad_norms=[_wire(x) for x in res.grad_norms],
-        clipped=res.clipped, lrs=[_wire(x) for x in res.lrs])
+        sc, _losses({"losses": losses}), mechanism=sc.mechanism,
+        spec=dataclasses.asdict(sc.spec), steps_done=res.steps_done, stop=res.stop,
+        sample_every=1, frames=len(frames), wall_s=round(res.wall_s, 1),
+        qk_clips=res.qk_clips, losses=losses,
+        grad_norms=[_wire(x) for x in res.grad_norms], clipped=res.clipped,
+        lrs=[_wire(x) for x in res.lrs])
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{name}{SUFFIX}.tmp"
     with gzip.open(tmp, "wt", compresslevel=9) as fh:
