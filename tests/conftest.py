@@ -131,3 +131,15 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def rising_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Turn attn_logit_rising on (off by default) through a rules file, for the tests whose
+    subject is an alert that a head leaving its early range fires (ingest answers, the
+    dashboard's live alert cards, restarts)."""
+    path = tmp_path / "rising-rule.yaml"
+    path.write_text("rules:\n  - {name: attn_logit_rising, kind: departure, "
+                    "metric: attn.logit_max, severity: info, for_steps: 20, for_samples: 3,\n"
+                    "     params: {factor: 4.0, floor: 30.0, window: 200, lag: 50}}\n")
+    monkeypatch.setenv("LOGITWATCH_ALERT_RULES", str(path))

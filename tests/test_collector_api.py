@@ -31,14 +31,9 @@ def growing(seq: int, grow_from: int = 20, layers: int = 2, heads: int = 4) -> d
 
 
 @pytest.fixture(autouse=True)
-def rising_rule(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def _rising(rising_rule: None) -> None:
     """attn_logit_rising on (off by default): the simple per-head rule these tests use to
     see an alert come back in the ingest answer and resume after a restart."""
-    path = tmp_path / "rules.yaml"
-    path.write_text("rules:\n  - {name: attn_logit_rising, kind: departure, "
-                    "metric: attn.logit_max, severity: info, for_steps: 20, for_samples: 3,\n"
-                    "     params: {factor: 4.0, floor: 30.0, window: 200, lag: 50}}\n")
-    monkeypatch.setenv("LOGITWATCH_ALERT_RULES", str(path))
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ class Collector(LiveCollector):
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[Collector]:
+def server(tmp_path: Path, rising_rule: None) -> Iterator[Collector]:
     c = Collector(tmp_path / "x.db")
     yield c
     c.stop()
