@@ -64,7 +64,7 @@ class Collector(LiveCollector):
 
 
 @pytest.fixture
-def db_file(tmp_path: Path) -> Iterator[str]:
+def db_file(tmp_path: Path, rising_rule: None) -> Iterator[str]:
     url = f"sqlite:///{tmp_path / 'sec.db'}"
     engine = make_engine(url)
     migrate(engine)
