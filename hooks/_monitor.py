@@ -359,7 +359,7 @@ class Monitor:
         the others as its history), so the steps a run ends with between two samples (a
         divergence among them) are not lost. One read-back, at close, not in a training
         step; no collective."""
-        if self._closed and ("history" in self.disabled or "step" in self.disabled):
+        if "history" in self.disabled or "step" in self.disabled:
             return
         try:
             block = self._history.take()
@@ -604,19 +604,26 @@ class Monitor:
         self._watch_lr(step)
         self._reschedule(agree=scheduled)
 
+    def _lr(self) -> Any:
+        """The optimizer's learning rate: a float (a CPU tensor read as one: no sync), a
+        tensor on an accelerator as it is, or None (no optimizer, not a number)."""
+        if self.optimizer is None or not self.optimizer.param_groups:
+            return None
+        lr = self.optimizer.param_groups[0].get("lr")
+        if isinstance(lr, torch.Tensor) and lr.device.type == "cpu":
+            return float(lr)
+        if isinstance(lr, (int, float, torch.Tensor)) and not isinstance(lr, bool):
+            return lr
+        return None
+
     def _watch_lr(self, step: int) -> None:
         """Sample the next step when the learning rate jumps or climbs far past where it
-        settled (:mod:`~logitwatch.hooks._lrwatch`; a host number: no sync). Every rank
-        runs the same schedule, so ranks request the same steps."""
+        settled (:mod:`~logitwatch.hooks._lrwatch`; a host number: no sync; an lr living on
+        an accelerator is not read). Every rank runs the same schedule, so ranks request
+        the same steps."""
         try:
-            if self.optimizer is None or not self.optimizer.param_groups:
-                return
-            lr = self.optimizer.param_groups[0].get("lr")
-            if isinstance(lr, torch.Tensor):
-                if lr.device.type != "cpu":
-                    return  # reading it would be a sync
-                lr = float(lr)
-            if self._lr_watch.step(step, lr):
+            lr = self._lr()
+            if isinstance(lr, (int, float)) and self._lr_watch.step(step, lr):
                 self._force_next = True
         except Exception:
             self._fail("step")
@@ -628,12 +635,9 @@ class Monitor:
             if not self._keeps_history():
                 self._history.discard_step()
                 return
-            if self.optimizer is not None and self.optimizer.param_groups:
-                lr = self.optimizer.param_groups[0].get("lr")
-                if isinstance(lr, torch.Tensor) and lr.device.type == "cpu":
-                    lr = float(lr)  # a host value: it must not place the device buffer
-                if isinstance(lr, (int, float, torch.Tensor)) and not isinstance(lr, bool):
-                    self._history.put(LR, lr)
+            lr = self._lr()  # a CPU tensor comes as a float: it must not place the buffer
+            if lr is not None:
+                self._history.put(LR, lr)
             self._history.end_step(step)
         except Exception:
             self._fail("history")
@@ -741,9 +745,7 @@ class Monitor:
 
     def _emit(self, step: int, vec: torch.Tensor | None = None) -> None:
         t0 = time.perf_counter()
-        lr = None
-        if self.optimizer is not None and self.optimizer.param_groups:
-            lr = self.optimizer.param_groups[0].get("lr")
+        lr = self._lr()
         first = self._frames == 0
         sharded = self._shard is not None
         if sharded and vec is not None and not self._clip_seen and self._grad_local is not None:
