@@ -22,6 +22,8 @@ from enum import Enum
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 if TYPE_CHECKING:
     from logitwatch.server.alerts.spec import RuleSpec
 
@@ -316,8 +318,6 @@ def departure_limit(r: RuleSpec, base: Any) -> Any:
     the baseline, or with ``margin`` set the baseline + ``margin`` (for a series that is
     already a logarithm, such as log Z, where a fixed distance is a fixed ratio of the
     underlying quantity); at least ``floor``, at most ``ceiling``."""
-    import numpy as np
-
     margin = r.param("margin")
     if margin is not None:
         limit = np.maximum(float(r.param("floor")), base + float(margin))

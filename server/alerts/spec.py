@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from logitwatch.server.alerts.detectors import KINDS, State
@@ -141,23 +141,12 @@ class Downgrade:
                             f"(steps), got {w!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"to": self.to, "metric": self.metric, "above": self.above,
-                "loss_rise": self.loss_rise, "loss_window": self.loss_window,
-                "note": self.note, "capped_metric": self.capped_metric}
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Any) -> Downgrade:
         """Build from a mapping; raises :class:`RuleError` on unknown fields."""
-        if isinstance(d, Downgrade):
-            return d
-        if not isinstance(d, Mapping):
-            raise RuleError(f"downgrade must be a mapping, got {type(d).__name__}")
-        known = {"to", "metric", "above", "loss_rise", "loss_window", "note", "capped_metric"}
-        unknown = set(d) - known
-        if unknown:
-            raise RuleError(f"downgrade: unknown fields {sorted(unknown)}; known: "
-                            f"{sorted(known)}")
-        return cls(**d)
+        return _from_mapping(cls, d, "downgrade")
 
 
 @dataclass(frozen=True)
@@ -206,21 +195,32 @@ class Page:
             raise RuleError(f"page.note must be a string, got {self.note!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"after": self.after, "eta_within": self.eta_within, "note": self.note,
-                "with_rules": list(self.with_rules), "within": self.within}
+        return _to_dict(self)
 
     @classmethod
     def from_dict(cls, d: Any) -> Page:
         """Build from a mapping; raises :class:`RuleError` on unknown fields."""
-        if isinstance(d, Page):
-            return d
-        if not isinstance(d, Mapping):
-            raise RuleError(f"page must be a mapping, got {type(d).__name__}")
-        known = {"after", "eta_within", "note", "with_rules", "within"}
-        unknown = set(d) - known
-        if unknown:
-            raise RuleError(f"page: unknown fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**d)
+        return _from_mapping(cls, d, "page")
+
+
+def _to_dict(spec: Any) -> dict[str, Any]:
+    """A nested spec's fields as YAML/JSON-able values (tuples as lists)."""
+    return {f.name: list(v) if isinstance(v := getattr(spec, f.name), tuple) else v
+            for f in fields(spec)}
+
+
+def _from_mapping(cls: Any, d: Any, label: str) -> Any:
+    """``cls`` (a nested spec: :class:`Downgrade`, :class:`Page`) from a mapping of its
+    fields; a :class:`RuleError` names the unknown ones."""
+    if isinstance(d, cls):
+        return d
+    if not isinstance(d, Mapping):
+        raise RuleError(f"{label} must be a mapping, got {type(d).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise RuleError(f"{label}: unknown fields {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -286,20 +286,17 @@ class RuleSpec:
         v = self.for_steps
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise RuleError(f"rule {self.name!r}: for_steps must be an int >= 0, got {v!r}")
-        if self.page is not None and not isinstance(self.page, Page):
-            try:
-                object.__setattr__(self, "page", Page.from_dict(self.page))
-            except (RuleError, TypeError) as e:
-                raise RuleError(f"rule {self.name!r}: {e}") from e
         k = self.keep_firing_for
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise RuleError(f"rule {self.name!r}: keep_firing_for must be an int >= 0 (steps) "
                             f"or null (the kind's default), got {k!r}")
-        if self.downgrade is not None and not isinstance(self.downgrade, Downgrade):
-            try:
-                object.__setattr__(self, "downgrade", Downgrade.from_dict(self.downgrade))
-            except (RuleError, TypeError) as e:
-                raise RuleError(f"rule {self.name!r}: {e}") from e
+        for attr, cls in (("downgrade", Downgrade), ("page", Page)):
+            value = getattr(self, attr)
+            if value is not None and not isinstance(value, cls):
+                try:
+                    object.__setattr__(self, attr, _from_mapping(cls, value, attr))
+                except (RuleError, TypeError) as e:
+                    raise RuleError(f"rule {self.name!r}: {e}") from e
         unknown = set(self.params) - set(KINDS[self.kind].defaults)
         if unknown:
             raise RuleError(f"rule {self.name!r}: unknown params {sorted(unknown)} for kind "
