@@ -63,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from scenario_models import RunSpec, train  # noqa: E402
 from scenario_specs import SCENARIOS, Scenario  # noqa: E402
+from scenario_specs_fresh import FRESH  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -74,7 +75,8 @@ DEGRADED_NATS = 0.25
 STOP_NONFINITE = 10  # stop after this many non-finite losses in a row
 STOP_DIVERGED = 100  # stop this many steps after a divergence that has not recovered
 
-BY_NAME = {s.name: s for s in SCENARIOS}
+ALL: list[Scenario] = [*SCENARIOS, *FRESH]
+BY_NAME = {s.name: s for s in ALL}
 
 
 # -- labels -------------------------------------------------------------------------------
@@ -198,6 +200,9 @@ def assign_splits(scenarios: list[Scenario]) -> dict[str, str]:
 
 
 SPLITS = assign_splits(SCENARIOS)
+#: the second held-out set, recorded after the first held-out half had been read
+SPLITS.update({s.name: "fresh" for s in FRESH})
+SPLIT_NAMES = ("tune", "holdout", "fresh")
 
 
 # -- recording ----------------------------------------------------------------------------
@@ -367,7 +372,7 @@ def composition(where: Path) -> int:
                     key=lambda g: (min(labels.index(h["expected"]) for h in headers
                                        if h["group"] == g), g))
     for g in groups:
-        for sp in ("tune", "holdout"):
+        for sp in SPLIT_NAMES:
             sel = [h for h in headers if h["group"] == g and h["split"] == sp]
             cells = []
             for f in fams:
@@ -375,13 +380,13 @@ def composition(where: Path) -> int:
                 cells.append("/".join(map(str, n)) if any(n) else "-")
             print(f"{g:20s} {sp:7s} " + " ".join(f"{c:>8s}" for c in cells) + "   "
                   + " ".join(f"{sum(h['label'] == lab for h in sel):5d}" for lab in labels))
-    for sp in ("tune", "holdout"):
+    for sp in SPLIT_NAMES:
         sel = [h for h in headers if h["split"] == sp]
         print(f"{'all':20s} {sp:7s} " + " ".join(
             f"{sum(h['family'] == f for h in sel):8d}" for f in fams) + "   "
             + " ".join(f"{sum(h['label'] == lab for h in sel):5d}" for lab in labels))
     print("(cells: diverging/degraded/healthy runs of that family)")
-    for sp in ("tune", "holdout"):
+    for sp in SPLIT_NAMES:
         names = sorted(h["scenario"] for h in headers if h["split"] == sp)
         print(f"\n{sp} ({len(names)}): {', '.join(names)}")
     return 0
@@ -411,11 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.composition:
         return composition(a.out)
     if a.list:
-        for s in SCENARIOS:
+        for s in ALL:
             print(f"{s.name:30s} {s.spec.family:6s} {SPLITS[s.name]:7s} {s.expect:9s} "
                   f"{s.group:18s} {s.mechanism}")
         return 0
-    names = a.names or [s.name for s in SCENARIOS]
+    names = a.names or [s.name for s in ALL]
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; see --list")
