@@ -59,6 +59,8 @@ def record_attention(
     scale: float | None = None,
     softcap: float | None = None,
     layer: int | None = None,
+    query_mask: torch.Tensor | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> None:
     """Hand one attention call's ``q`` and ``k`` to every monitor capturing on this thread.
 
@@ -71,6 +73,12 @@ def record_attention(
         scale: Logit scale (default ``D ** -0.5``).
         softcap: Logit soft-cap ``c`` if the kernel applies ``c·tanh(x/c)``.
         layer: Row of the per-head matrices; default: call order in the forward.
+        query_mask: ``(B, T)`` bool or 0/1, True/1 = a real (unpadded) query token. The
+            rows of padded queries are left out of every statistic. Default: the
+            monitored model's 2-D ``attention_mask`` forward argument where its shape
+            matches, else every query is real.
+        key_mask: ``(B, S)``, True/1 = a real key token; pairs with a padded key are
+            left out (as if ``attn_mask`` excluded them). Default as ``query_mask``.
 
     Never raises into the caller; a failure disables the monitor's attention part.
     """
@@ -81,4 +89,5 @@ def record_attention(
         return
     for monitor in list(active):
         monitor.record(query, key, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                       softcap=softcap, layer=layer)
+                       softcap=softcap, layer=layer, query_mask=query_mask,
+                       key_mask=key_mask)

@@ -164,12 +164,16 @@ def attention_head_stats(
     scale: float | None = None,
     softcap: float | None = None,
     budget: int = DEFAULT_BUDGET,
+    query_valid: torch.Tensor | None = None,
+    key_valid: torch.Tensor | None = None,
 ) -> HeadStats:
     """Per-head statistics of the pre-softmax logits ``q·kᵀ·scale`` over valid pairs.
 
     Pairs are pooled per head over batch, queries and keys; pairs excluded by the mask
-    (causal, padding, sliding window, any bool/float mask) do not count. Keys with fewer
-    heads than queries (GQA/MQA) are shared as ``repeat_interleave`` (HF ``repeat_kv``).
+    (causal, padding, sliding window, any bool/float mask) do not count, nor do the rows of
+    padded queries (``query_valid``) and the columns of padded keys (``key_valid``). Keys
+    with fewer heads than queries (GQA/MQA) are shared as ``repeat_interleave`` (HF
+    ``repeat_kv``).
 
     Args:
         query: ``(B, H, T, D)`` (SDPA's other layouts are accepted).
@@ -182,6 +186,9 @@ def attention_head_stats(
             entropy uses the capped logits (what the softmax sees) and ``capped_max``/
             ``capped_p99`` are added.
         budget: Bytes the computation may use at once (see the module docstring).
+        query_valid: ``(B, T)`` bool, True = a real query token: the rows of the others
+            are left out of every statistic (a padded query still "sees" real keys).
+        key_valid: ``(B, S)`` bool, True = a real key token.
 
     Returns:
         A :class:`HeadStats` on the query's device.
@@ -201,7 +208,12 @@ def attention_head_stats(
             group = h // k.shape[1]
         scale = d**-0.5 if scale is None else float(scale)
         valid: _Mask | None = None
-        if attn_mask is not None or is_causal:
+        rows = cols = None
+        if query_valid is not None:
+            rows = _token_mask(query_valid, b, t, "query_valid")
+        if key_valid is not None:
+            cols = _token_mask(key_valid, b, s, "key_valid")
+        if attn_mask is not None or is_causal or rows is not None or cols is not None:
             mask = None
             if attn_mask is not None:
                 mask = attn_mask.detach()
@@ -210,7 +222,7 @@ def attention_head_stats(
                 if query.dim() != 4:
                     mask = _as_bhtd(torch.broadcast_to(mask, full_shape))
                 mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-            valid = _Mask(mask, is_causal)
+            valid = _Mask(mask, is_causal, rows, cols)
         cap = CPU_BLOCK_ELEMENTS if q.device.type == "cpu" else None
         hc, tq, exact = _plan(b, h, t, s, budget, cap)
         parts: list[HeadStats] = []
@@ -226,13 +238,30 @@ def attention_head_stats(
         })
 
 
+def _token_mask(valid: torch.Tensor, b: int, n: int, what: str) -> torch.Tensor:
+    """A ``(B, n)`` "real token" mask as bool (nonzero = real); a batch of one broadcasts."""
+    if valid.dim() != 2 or valid.shape[-1] != n or valid.shape[0] not in (1, b):
+        raise ValueError(f"{what} must be (batch, {n}), got {tuple(valid.shape)}")
+    valid = valid.detach()
+    return valid if valid.dtype == torch.bool else valid != 0
+
+
 class _Mask:
-    """The attention mask as given (never expanded) plus the causal flag; turned into a
+    """The attention mask as given (never expanded), the causal flag and the real-token
+    masks of queries (``rows``, ``(B, T)``) and keys (``cols``, ``(B, S)``); turned into a
     bool block only for the query rows being processed."""
 
-    def __init__(self, mask: torch.Tensor | None, is_causal: bool) -> None:
+    def __init__(self, mask: torch.Tensor | None, is_causal: bool,
+                 rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> None:
         self.mask = mask
         self.is_causal = is_causal
+        self.rows = rows
+        self.cols = cols
+
+    @property
+    def causal_only(self) -> bool:
+        """Whether the valid pairs follow from shapes alone (a causal mask, nothing else)."""
+        return self.is_causal and self.mask is None and self.rows is None and self.cols is None
 
     def block(self, b: int, h0: int, h1: int, t0: int, t1: int, s: int,
               device: torch.device) -> torch.Tensor:
@@ -245,6 +274,12 @@ class _Mask:
             rows = torch.arange(t0, t1, device=device).unsqueeze(1)
             causal = torch.arange(s, device=device).unsqueeze(0) <= rows
             v = causal if v is None else v & causal
+        if self.rows is not None:
+            r = self.rows[:, t0:t1].view(self.rows.shape[0], 1, t1 - t0, 1)
+            v = r if v is None else v & r
+        if self.cols is not None:
+            c = self.cols.view(self.cols.shape[0], 1, 1, s)
+            v = c if v is None else v & c
         assert v is not None
         return v  # broadcastable to (b, h1 - h0, t1 - t0, s), never expanded
 
@@ -374,7 +409,7 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
     minimum = torch.full((hn,), math.inf, device=dev)
     ent_min = torch.full((hn,), math.inf, device=dev)
     per_head = b * t * s
-    causal_only = valid is not None and valid.mask is None and valid.is_causal
+    causal_only = valid is not None and valid.causal_only
     # the top values needed for the p99 of n valid pairs: n is known from shapes when the
     # mask is causal only (about half the pairs), else bounded by all pairs
     n_max = b * _causal_pairs(0, t, s) if causal_only else per_head

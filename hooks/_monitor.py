@@ -22,6 +22,7 @@ from ._final import final_stats, find_output_head, vocab_size
 from ._history import LR, HistoryBlock, StepHistory
 from ._logits import DEFAULT_BUDGET, attention_head_stats
 from ._lrwatch import LrWatch
+from ._padding import PaddingMask
 from ._qk import find_qk, qk_items, qk_norms
 from ._sdpa import SdpaCapture, parse_call
 from ._shard import GRAD_MISSING, GRAD_SQ, QK_MISSING, find_sharding
@@ -166,6 +167,7 @@ class Monitor:
         self._closed = False
         self._warned_step = False
         self._param_ids = {id(p) for p in model.parameters()}
+        self._padding = PaddingMask(model)
         if lm_head is None or lm_head is True:
             head = find_output_head(model)
         else:
@@ -186,7 +188,7 @@ class Monitor:
         if self._shard is not None:
             self._plan_exchange(self._shard)
         self._handles = [
-            model.register_forward_pre_hook(self._pre_forward),
+            model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
             model.register_forward_hook(self._post_forward, always_call=True),
         ]
         if head is not None:
@@ -291,17 +293,20 @@ class Monitor:
         scale: float | None = None,
         softcap: float | None = None,
         layer: int | None = None,
+        query_mask: torch.Tensor | None = None,
+        key_mask: torch.Tensor | None = None,
     ) -> None:
         """Measure one attention call while capturing (see ``record_attention``)."""
         if not self.capturing or "attention" in self.disabled:
             return
-        self._record(layer, query, key, attn_mask, is_causal, scale, softcap)
+        self._record(layer, query, key, attn_mask, is_causal, scale, softcap, query_mask,
+                     key_mask)
 
     def begin_capture(self) -> None:
         """Start measuring a training forward by hand (framework integrations whose
         training step does not go through ``model.forward``). Nested model forwards are
         then part of it. Pair with :meth:`end_capture`."""
-        self._pre_forward(self.model, ())
+        self._pre_forward(self.model, (), {})
 
     def end_capture(self, loss: torch.Tensor | None = None) -> None:
         """End what :meth:`begin_capture` started; ``loss`` is added like an HF loss."""
@@ -384,19 +389,23 @@ class Monitor:
 
     # -- forward -------------------------------------------------------------------------
 
-    def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+    def _pre_forward(self, module: torch.nn.Module, args: Any,
+                     kwargs: dict[str, Any] | None = None) -> None:
         if _compiling():
             return
         t0 = time.perf_counter()
         try:
             self._depth += 1
             if self._depth > 1 or not self.sampled:
+                if self.capturing:  # a nested call of the model (Lightning's training_step)
+                    self._padding.capture(args, kwargs)
                 return
             if not (module.training and torch.is_grad_enabled()):
                 return
             self.capturing = True
             _adapter.push(self)
             self._calls = 0
+            self._padding.capture(args, kwargs)  # a reference only: read when measured
             if "attention" not in self.disabled:
                 self._mode = SdpaCapture(self._record_call)
                 self._mode.__enter__()
@@ -458,6 +467,7 @@ class Monitor:
 
     def _stop_capture(self) -> None:
         self.capturing = False
+        self._padding.clear()
         _adapter.pop(self)
         mode, self._mode = self._mode, None
         if mode is None:
@@ -480,7 +490,7 @@ class Monitor:
             self._calls += 1  # a layer we cannot model keeps its row number
             return
         self._record(None, call.query, call.key, call.attn_mask, call.is_causal, call.scale,
-                     None)
+                     None, call.query_valid, call.key_valid)
 
     def record_eager(
         self,
@@ -507,6 +517,8 @@ class Monitor:
         is_causal: bool,
         scale: float | None,
         softcap: float | None,
+        query_valid: torch.Tensor | None = None,
+        key_valid: torch.Tensor | None = None,
     ) -> None:
         t0 = time.perf_counter()
         try:
@@ -518,8 +530,14 @@ class Monitor:
             if getattr(query, "is_nested", False):
                 return
             cap = float(softcap) if isinstance(softcap, (int, float)) and softcap else None
+            if query.dim() in (3, 4) and (query_valid is None or key_valid is None):
+                rows, cols = self._padding.for_call(query.shape[0], query.shape[-2],
+                                                    key.shape[-2])
+                query_valid = rows if query_valid is None else query_valid
+                key_valid = cols if key_valid is None else key_valid
             stats = attention_head_stats(query, key, attn_mask=mask, is_causal=is_causal,
-                                         scale=scale, softcap=cap, budget=self.memory_budget)
+                                         scale=scale, softcap=cap, budget=self.memory_budget,
+                                         query_valid=query_valid, key_valid=key_valid)
             self._buffer.add_attention(index, stats)
         except Exception:
             self._fail("attention")

@@ -8,7 +8,9 @@ recorder; for ``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention``
 ``nn.TransformerEncoder/Decoder`` layers dispatch to; the SDPA call inside it is not
 top-level and is not seen twice) it rebuilds ``q`` and ``k`` from the fused
 ``in_proj_weight`` (or the separate projections), and the mask from ``attn_mask`` and
-``key_padding_mask``. Then the original function runs unchanged.
+``key_padding_mask``; in self-attention (``query is key``, as ``nn.TransformerEncoder``
+and the decoder's self-attention call it) ``key_padding_mask`` also marks the padded
+*query* rows, which are left out. Then the original function runs unchanged.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ _MHA_PARAMS = (
 class AttentionCall:
     """What the statistics need from one attention call (SDPA conventions)."""
 
-    __slots__ = ("attn_mask", "is_causal", "key", "query", "scale")
+    __slots__ = ("attn_mask", "is_causal", "key", "key_valid", "query", "query_valid",
+                 "scale")
 
     def __init__(
         self,
@@ -48,12 +51,16 @@ class AttentionCall:
         attn_mask: torch.Tensor | None,
         is_causal: bool,
         scale: float | None,
+        query_valid: torch.Tensor | None = None,
+        key_valid: torch.Tensor | None = None,
     ) -> None:
         self.query = query
         self.key = key
         self.attn_mask = attn_mask
         self.is_causal = is_causal
         self.scale = scale
+        self.query_valid = query_valid  # (B, T) bool: True = a real query token
+        self.key_valid = key_valid  # (B, S) bool: True = a real key token
 
 
 def sdpa_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AttentionCall:
@@ -73,6 +80,7 @@ def mha_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AttentionCall | N
     if a.get("bias_k") is not None or a.get("add_zero_attn") or a.get("static_k") is not None:
         return None
     query, key = a["query"], a["key"]
+    self_attention = query is key
     batched = query.dim() == 3
     if not batched:  # (L, E): one sequence
         query, key = query.unsqueeze(1), key.unsqueeze(1)
@@ -93,8 +101,11 @@ def mha_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> AttentionCall | N
         k = F.linear(key.detach(), wk.detach(), None if bk is None else bk.detach())
         q = q.view(tgt, bsz, heads, hd).permute(1, 2, 0, 3)
         k = k.view(src, bsz, heads, hd).permute(1, 2, 0, 3)
-        valid = _mha_valid(a.get("attn_mask"), a.get("key_padding_mask"), bsz, heads, tgt, src)
-    return AttentionCall(q, k, valid, False, None)
+        valid = _mha_valid(a.get("attn_mask"), bsz, heads, tgt, src)
+        kpm = a.get("key_padding_mask")
+        keys = None if kpm is None else _as_valid(kpm).reshape(-1, src)
+    rows = keys if self_attention and tgt == src else None
+    return AttentionCall(q, k, valid, False, None, query_valid=rows, key_valid=keys)
 
 
 def _as_valid(mask: torch.Tensor) -> torch.Tensor:
@@ -106,19 +117,13 @@ def _as_valid(mask: torch.Tensor) -> torch.Tensor:
 
 
 def _mha_valid(
-    attn_mask: torch.Tensor | None,
-    key_padding_mask: torch.Tensor | None,
-    bsz: int, heads: int, tgt: int, src: int,
+    attn_mask: torch.Tensor | None, bsz: int, heads: int, tgt: int, src: int,
 ) -> torch.Tensor | None:
-    valid: torch.Tensor | None = None
-    if attn_mask is not None:
-        v = _as_valid(attn_mask)
-        v = v.view(1, 1, tgt, src) if v.dim() == 2 else v.view(bsz, heads, tgt, src)
-        valid = v
-    if key_padding_mask is not None:
-        kp = _as_valid(key_padding_mask).view(bsz, 1, 1, src)
-        valid = kp if valid is None else valid & kp
-    return valid
+    """``attn_mask`` as a bool "attend" mask broadcastable to ``(B, H, T, S)``."""
+    if attn_mask is None:
+        return None
+    v = _as_valid(attn_mask)
+    return v.view(1, 1, tgt, src) if v.dim() == 2 else v.view(bsz, heads, tgt, src)
 
 
 #: ``record(func, args, kwargs)`` for the attention functions above; must not raise.

@@ -106,8 +106,9 @@ def reference(recorded: list, mask: torch.Tensor | None = None) -> tuple[list, l
         logits = (q.double() @ k.double().transpose(-1, -2) * scale).numpy()
         t, s = logits.shape[-2:]
         valid = np.broadcast_to(np.tril(np.ones((t, s), bool)), logits.shape)
-        if mask is not None:  # (B, S) padding, 1 = real token
-            valid = valid & mask.bool().numpy()[:, None, None, :]
+        if mask is not None:  # (B, S) padding, 1 = real token: keys and queries
+            real = mask.bool().numpy()
+            valid = valid & real[:, None, None, :] & real[:, None, :, None]
         maxima.append([logits[:, h][valid[:, h]].max() for h in range(q.shape[1])])
         p99s.append([np.percentile(logits[:, h][valid[:, h]], 99) for h in range(q.shape[1])])
     return maxima, p99s

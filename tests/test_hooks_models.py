@@ -85,6 +85,12 @@ def signals(logits: np.ndarray, valid: np.ndarray, softcap: float | None) -> dic
     return out
 
 
+def real_queries(valid: np.ndarray, mask: torch.Tensor) -> np.ndarray:
+    """HF's valid pairs without the rows of padded queries (``mask``: (B, T), 1 = real),
+    which the hooks leave out (tests/test_hooks_padding.py checks padding in depth)."""
+    return valid & mask.bool().numpy()[:, None, :, None]
+
+
 def capturing_client() -> tuple[Client, list[dict]]:
     frames: list[dict] = []
     client = Client(None, run="r")
@@ -160,7 +166,7 @@ def test_hf_models_every_signal_matches_the_explicit_reference(name: str, impl: 
                                   if softcap else set())
     assert expected_names <= set(frame["heads"])
     for layer, (_, logits, valid, cap) in enumerate(reference):
-        ref = signals(logits, valid, cap)
+        ref = signals(logits, real_queries(valid, mask), cap)
         for metric, values in ref.items():
             np.testing.assert_allclose(frame["heads"][metric][layer], values, rtol=1e-4,
                                        atol=1e-5, err_msg=f"{name}/{impl} {metric} {layer}")
@@ -234,7 +240,9 @@ def test_transformer_encoder_fused_in_proj() -> None:
     for h in handles:
         h.remove()
     heads = frames[0]["heads"]
-    valid = np.tril(np.ones((7, 7), bool))[None, None] & ~pad.numpy()[:, None, None, :]
+    real = ~pad.numpy()  # padded query rows and keys are both left out
+    valid = np.tril(np.ones((7, 7), bool))[None, None] & real[:, None, None, :]
+    valid = valid & real[:, None, :, None]
     valid = np.broadcast_to(valid, (2, 4, 7, 7))
     for layer, (x, mod) in enumerate(zip(inputs, model.encoder.layers, strict=True)):
         attn = mod.self_attn
@@ -497,7 +505,7 @@ def test_bf16_llama_sdpa_matches_the_reference_on_the_same_inputs(how: str) -> N
         torch.finfo(torch.bfloat16).max, rel=1e-6)
     for layer, (_, logits, valid, cap) in enumerate(reference):
         tight = layer == 0
-        for metric, values in signals(logits, valid, cap).items():
+        for metric, values in signals(logits, real_queries(valid, mask), cap).items():
             np.testing.assert_allclose(frame["heads"][metric][layer], values,
                                        rtol=1e-5 if tight else 5e-2,
                                        atol=1e-6 if tight else 5e-2,
