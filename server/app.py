@@ -10,7 +10,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.middleware.gzip import GZipMiddleware
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -109,7 +110,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404 and pages.wants_page(request):
+            return pages.not_found_page()  # a person's browser: a page that helps
         # Unknown paths, wrong methods: the same {"code", "message"} shape as the rest.
         code = HTTP_CODES.get(exc.status_code, f"http-{exc.status_code}")
         message = str(exc.detail)
@@ -142,6 +145,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(pages.router)
     app.include_router(dashboard.router)  # /api/v1/dashboard, worst heads, compare (+ page)
     app.mount("/static", StaticFiles(directory=WEB), name="static")
+    # Pages, scripts and figures compressed (not the event stream: Starlette skips it).
+    app.add_middleware(GZipMiddleware, minimum_size=1000, compresslevel=6)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes,
                        body_timeout=settings.body_timeout)
     app.add_middleware(CsrfCheck, settings=settings)

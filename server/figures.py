@@ -11,7 +11,8 @@ them) but drawn as markers along the top of the chart, with the value as text.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 import numpy as np
 import plotly.graph_objects as go
@@ -22,6 +23,7 @@ from logitwatch.wire import encode_float
 
 __all__ = [
     "COLORS",
+    "ColorScale",
     "FIGURE_KINDS",
     "PALETTE",
     "add_heatmap_alerts",
@@ -142,16 +144,39 @@ def _alert_color(a: AlertOut) -> str:
     return COLORS["alert_firing"] if a.state == "firing" else COLORS["alert_resolved"]
 
 
-def _add_alerts(fig: go.Figure, alerts: Sequence[AlertOut]) -> None:
-    """Each alert: a shaded span from ``started_step`` to ``fired_step``, a vertical line at
-    ``fired_step``, and a hoverable marker at the top naming its layer and head."""
+#: A span that starts at the first step of the data (a range "left at step 0") is clamped
+#: to this fraction of the chart's steps before the alert fired, so it does not shade the
+#: whole axis.
+CLAMP_FRACTION = 0.1
+
+
+def _span_start(a: AlertOut, first: int | None, extent: int | None) -> int:
+    """Where an alert's shaded span starts: ``started_step``, clamped when it is the axis's
+    start (or before it) so that a range left at step 0 does not shade the whole chart."""
+    x0 = a.started_step
+    if extent and (x0 <= (first or 0)) and a.fired_step - x0 > CLAMP_FRACTION * extent:
+        x0 = int(a.fired_step - CLAMP_FRACTION * extent)
+    return x0
+
+
+def _add_alerts(fig: go.Figure, alerts: Sequence[AlertOut], *,
+                own: Callable[[AlertOut], bool] | None = None,
+                steps: Sequence[int] = ()) -> None:
+    """Each alert about this chart (``own``, default: every alert): a shaded span from
+    ``started_step`` (clamped, see :func:`_span_start`) to ``fired_step``, a vertical line at
+    ``fired_step``, and a hoverable marker at the top naming its layer and head. Alerts about
+    other charts get only a small grey marker (``meta`` ``alerts-other``)."""
+    mine = [a for a in alerts if own is None or own(a)]
+    others = [a for a in alerts if own is not None and not own(a)]
+    first = steps[0] if len(steps) else None
+    extent = (steps[-1] - steps[0]) if len(steps) > 1 else None
     shapes: list[dict[str, object]] = []
-    for a in alerts:
+    for a in mine:
         color = _alert_color(a)
-        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": a.started_step,
-                       "x1": a.fired_step, "y0": 0, "y1": 1, "fillcolor": color,
-                       "opacity": ALERT_SHADE_OPACITY, "line": {"width": 0}, "layer": "below",
-                       "name": f"alert-{a.id}-span"})
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper",
+                       "x0": _span_start(a, first, extent), "x1": a.fired_step, "y0": 0,
+                       "y1": 1, "fillcolor": color, "opacity": ALERT_SHADE_OPACITY,
+                       "line": {"width": 0}, "layer": "below", "name": f"alert-{a.id}-span"})
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": a.fired_step,
                        "x1": a.fired_step, "y0": 0, "y1": 1,
                        "line": {"color": color, "width": 1.5, "dash": "dot"},
@@ -161,13 +186,22 @@ def _add_alerts(fig: go.Figure, alerts: Sequence[AlertOut]) -> None:
     if shapes:
         fig.update_layout(shapes=list(fig.layout.shapes or ()) + shapes)
     fig.add_trace(go.Scatter(
-        x=[a.fired_step for a in alerts], y=[MARKER_ROW] * len(alerts), yaxis="y2",
+        x=[a.fired_step for a in mine], y=[MARKER_ROW] * len(mine), yaxis="y2",
         mode="markers", name="alerts", meta="alerts",
-        text=[_alert_label(a) for a in alerts], hovertemplate="%{text}<extra></extra>",
-        customdata=[a.id for a in alerts],
-        marker={"symbol": "triangle-down", "size": 12, "color": [_alert_color(a) for a in alerts],
+        text=[_alert_label(a) for a in mine], hovertemplate="%{text}<extra></extra>",
+        customdata=[a.id for a in mine],
+        marker={"symbol": "triangle-down", "size": 12, "color": [_alert_color(a) for a in mine],
                 "line": {"width": 1, "color": COLORS["paper"]}},
     ))
+    if others:
+        fig.add_trace(go.Scatter(
+            x=[a.fired_step for a in others], y=[1.0] * len(others), yaxis="y2",
+            mode="markers", name="other alerts", meta="alerts-other", showlegend=False,
+            text=[_alert_label(a) for a in others], hovertemplate="%{text}<extra></extra>",
+            customdata=[a.id for a in others],
+            marker={"symbol": "line-ns-open", "size": 8, "color": COLORS["alert_resolved"],
+                    "line": {"width": 1}},
+        ))
 
 
 def _no_data(fig: go.Figure, what: str) -> None:
@@ -175,13 +209,16 @@ def _no_data(fig: go.Figure, what: str) -> None:
                        showarrow=False, font={"color": COLORS["axis"], "size": 13})
 
 
-def loss_figure(series: SeriesOut, alerts: Sequence[AlertOut] = ()) -> go.Figure:
+def loss_figure(series: SeriesOut, alerts: Sequence[AlertOut] = (), *,
+                own: Callable[[AlertOut], bool] | None = None) -> go.Figure:
     """Loss over steps; traces: ``series``, ``nonfinite``, ``alerts``."""
-    return line_figure(series, alerts, title="loss", revision="loss", color=COLORS["loss"])
+    return line_figure(series, alerts, title="loss", revision="loss", color=COLORS["loss"],
+                       own=own)
 
 
 def grad_norm_figure(
-    norm: SeriesOut, clipped: SeriesOut | None = None, alerts: Sequence[AlertOut] = ()
+    norm: SeriesOut, clipped: SeriesOut | None = None, alerts: Sequence[AlertOut] = (), *,
+    own: Callable[[AlertOut], bool] | None = None,
 ) -> go.Figure:
     """Gradient norm; steps where the optimizer clipped are red markers on the line.
 
@@ -212,26 +249,69 @@ def grad_norm_figure(
         hovertemplate="step %{x}: clipped (norm %{y:.4g})<extra></extra>",
     ))
     fig.add_trace(_nonfinite_trace(norm))
-    _add_alerts(fig, alerts)
+    _add_alerts(fig, alerts, own=own, steps=norm.steps)
     if not norm.steps:
         _no_data(fig, norm.name)
     return fig
 
 
-def heatmap_figure(h: HeatmapOut) -> go.Figure:
+ColorScale = Literal["auto", "log", "linear"]
+#: ``auto`` colours a heatmap on a log scale when its positive values span this ratio or more.
+LOG_SPAN = 100.0
+
+
+def _log_colors(rows: Sequence[Sequence[float | None]], mode: str,
+                name: str) -> tuple[list[list[float | None]], dict[str, object], bool]:
+    """(z, colour bar, log?) for a heatmap. On a log scale z is log10 of each value, values
+    at or below 0 take the smallest positive one's colour, and the colour bar is labelled in
+    the values themselves (1, 10, 100, 1k ...)."""
+    flat = [v for row in rows for v in row if v is not None and math.isfinite(v)]
+    pos = [v for v in flat if v > 0]
+    lo, hi = (min(pos), max(pos)) if pos else (1.0, 1.0)
+    use = mode == "log" or (mode == "auto" and "entropy" not in name and len(pos) >= 2
+                            and hi / lo >= LOG_SPAN)
+    bar: dict[str, object] = {"title": {"text": name, "side": "right"}, "thickness": 12}
+    if not use or not pos:
+        return [[v if v is not None and math.isfinite(v) else None for v in row]
+                for row in rows], bar, False
+    floor = math.log10(lo)
+    z = [[(math.log10(v) if v > 0 else floor) if v is not None and math.isfinite(v) else None
+          for v in row] for row in rows]
+    ticks = list(range(math.floor(floor), math.ceil(math.log10(hi)) + 1))
+    bar.update(tickvals=ticks, ticktext=[_si(10.0 ** t) for t in ticks])
+    bar["title"] = {"text": f"{name} (log)", "side": "right"}
+    return z, bar, True
+
+
+def _si(v: float) -> str:
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= div:
+            return f"{v / div:g}{suffix}"
+    return f"{v:g}"
+
+
+def heatmap_figure(h: HeatmapOut, *, color: ColorScale = "auto",
+                   nonfinite_from: int | None = None) -> go.Figure:
     """Layer x head matrix (layers on y, heads on x) with a colour bar; step in the title.
 
     Non-finite cells are gaps in the colour field; their hover text says what they are.
+    ``color``: see :func:`_log_colors` (``auto``: log when values span two decades).
+    ``nonfinite_from``: the matrix shown is the last finite one, NaN/Inf from that step on.
     """
     layers = len(h.values)
     heads = len(h.values[0]) if layers else 0
     name = plain(h.name)
     base_title = f"{name} by layer × head"
     title = f"{base_title}, step {h.step}" if h.step is not None else base_title
+    if nonfinite_from is not None:
+        title += f" (last finite; NaN/Inf from step {nonfinite_from})"
+    z, bar, log = _log_colors(h.values, color, name)
     layout = _base_layout(title, "heatmap", y_title="layer", overlay=False)
     layout.update(
         # The page restyles z live; it reads the step shown and the title's stem from meta.
-        meta={"step": h.step, "title": base_title, "metric": h.name},
+        meta={"step": h.step, "title": base_title, "metric": h.name, "log": log,
+              "log_floor": min((v for row in z for v in row if v is not None), default=None)
+              if log else None, "nonfinite_from": nonfinite_from},
         showlegend=False, plot_bgcolor=COLORS["grid"],
         xaxis={"title": {"text": "head"}, "dtick": 1, "showgrid": False},
         yaxis={"title": {"text": "layer"}, "dtick": 1, "showgrid": False,
@@ -240,12 +320,10 @@ def heatmap_figure(h: HeatmapOut) -> go.Figure:
     )
     fig = go.Figure(layout=layout)
     fig.add_trace(go.Heatmap(
-        z=[_finite(row) for row in h.values],
-        x=list(range(heads)), y=list(range(layers)),
+        z=z, x=list(range(heads)), y=list(range(layers)),
         text=[[_cell(v) for v in row] for row in h.values],
         hovertemplate="layer %{y}, head %{x}<br>" + name + " %{text}<extra></extra>",
-        colorscale=HEATMAP_SCALE, meta="series", xgap=1, ygap=1,
-        colorbar={"title": {"text": name, "side": "right"}, "thickness": 12},
+        colorscale=HEATMAP_SCALE, meta="series", xgap=1, ygap=1, colorbar=bar,
     ))
     if h.step is None:
         _no_data(fig, h.name)
@@ -276,6 +354,7 @@ def line_figure(
     log_y: bool = False,
     envelope: SeriesOut | None = None,
     y_title: str | None = None,
+    own: Callable[[AlertOut], bool] | None = None,
 ) -> go.Figure:
     """Any scalar series over steps (lr, clip rate, final hidden RMS, log Z, one head...).
 
@@ -310,15 +389,17 @@ def line_figure(
         hovertemplate="step %{x}<br>" + name + " %{y:.4g}<extra></extra>",
     ))
     fig.add_trace(_nonfinite_trace(series))
-    _add_alerts(fig, alerts)
+    _add_alerts(fig, alerts, own=own, steps=series.steps)
     if not series.steps:
         _no_data(fig, series.name)
     return fig
 
 
-def heads_time_figure(h: HeadsTimeOut, alerts: Sequence[AlertOut] = ()) -> go.Figure:
+def heads_time_figure(h: HeadsTimeOut, alerts: Sequence[AlertOut] = (), *,
+                      color: ColorScale = "auto") -> go.Figure:
     """A heatmap over time: heads of one layer (or layers: per-layer envelope) on y, steps on
-    x; alerts of that layer as vertical lines and as markers on their head's row."""
+    x; alerts of that layer as vertical lines and as markers on their head's row. ``color``:
+    see :func:`_log_colors`."""
     name = plain(h.name)
     if h.layer is None:
         what, rows_title = f"{name}, {h.reduce} over heads, per layer", "layer"
@@ -327,8 +408,10 @@ def heads_time_figure(h: HeadsTimeOut, alerts: Sequence[AlertOut] = ()) -> go.Fi
     res = "full resolution" if h.bucket <= 1 else f"{h.reduce} of ~{h.bucket} samples per column"
     title = f"{what} over steps ({res})"
     layout = _base_layout(title, "heads_time", y_title=rows_title, overlay=False)
+    z, bar, log = _log_colors(h.values, color, name)
     layout.update(
-        meta={"layer": h.layer, "metric": h.name, "bucket": h.bucket, "total": h.total},
+        meta={"layer": h.layer, "metric": h.name, "bucket": h.bucket, "total": h.total,
+              "log": log},
         showlegend=False, plot_bgcolor=COLORS["grid"],
         yaxis={"title": {"text": rows_title}, "dtick": 1 if len(h.values) <= 32 else None,
                "showgrid": False, "autorange": "reversed"},
@@ -336,11 +419,13 @@ def heads_time_figure(h: HeadsTimeOut, alerts: Sequence[AlertOut] = ()) -> go.Fi
     )
     fig = go.Figure(layout=layout)
     fig.add_trace(go.Heatmap(
-        z=h.values, x=list(h.steps), y=list(range(len(h.values))),
+        z=z, x=list(h.steps), y=list(range(len(h.values))),
         colorscale=HEATMAP_SCALE, meta="series", ygap=1 if len(h.values) <= 32 else 0,
-        hovertemplate=f"step %{{x}}<br>{rows_title} %{{y}}<br>{name} %{{z:.4g}}<extra></extra>",
-        colorbar={"title": {"text": name, "side": "right"}, "thickness": 12},
-        hoverongaps=False,
+        # on a log scale z is log10: the hover reads the value itself from the text
+        text=[["—" if v is None else _cell(v) for v in row] for row in h.values] if log else None,
+        hovertemplate=(f"step %{{x}}<br>{rows_title} %{{y}}<br>{name} "
+                       f"{'%{text}' if log else '%{z:.4g}'}<extra></extra>"),
+        colorbar=bar, hoverongaps=False,
     ))
     mine = [a for a in alerts if a.layer is not None
             and (h.layer is None or a.layer == h.layer)]

@@ -158,7 +158,8 @@ def test_heatmap_figure_is_layers_by_heads() -> None:
     assert "step 290" in fig.layout.title.text
     assert fig.layout.xaxis.title.text == "head" and fig.layout.yaxis.title.text == "layer"
     assert fig.layout.meta == {"step": 290, "title": "attn.logit_max by layer × head",
-                               "metric": "attn.logit_max"}
+                               "metric": "attn.logit_max", "log": False, "log_floor": None,
+                               "nonfinite_from": None}
     assert fig.layout.uirevision == "heatmap"
 
 

@@ -37,7 +37,9 @@ __all__ = [
     "WorstHeadsOut",
     "clip_rate",
     "heads_over_time",
+    "last_finite_step",
     "lower_is_worse",
+    "ranks",
     "runs_overview",
     "worst_heads",
 ]
@@ -247,6 +249,10 @@ class WorstHeadsOut(BaseModel):
     median: WireFloat | None
     window: int = Field(description="samples in each trend")
     rows: list[HeadRow]
+    latest_step: int | None = Field(None, description="the newest sample's step")
+    nonfinite_from: int | None = Field(
+        None, description="after a NaN/Inf: the first step with a non-finite value; the rows "
+        "are then those of `step`, the last step where every head was finite")
 
 
 def _worst_key(v: np.ndarray, low: bool) -> np.ndarray:
@@ -270,22 +276,25 @@ def worst_heads(
     # The newest frames through the (run, step) index first, then their points by key: a
     # join ordered by step would visit every point of the metric. Sampled frames only: the
     # history steps between them (seq < 0, store/ingest.py) carry no matrices.
-    recent = session.execute(
-        select(Frame.id, Frame.step)
-        .where(Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0)
-        .order_by(Frame.step.desc(), Frame.seq.desc())
-        .limit(4 * window)
-    ).all()
-    data = dict(session.execute(
-        select(Point.frame_id, Point.data)
-        .where(Point.metric_id == m.id, Point.frame_id.in_([f.id for f in recent]))
-    ).all())
-    rows = [_Row(f.step, data[f.id]) for f in recent if f.id in data][:window][::-1]
+    size = m.layers * m.heads
+    rows = _newest_rows(session, run_id, m.id, rank, 4 * window)[:window][::-1]
     if not rows:
         return empty
-    size = m.layers * m.heads
     mat = np.frombuffer(b"".join(r.data for r in rows), dtype="<f4").reshape(len(rows), size)
     mat = mat.astype(np.float64)
+    latest_step, nonfinite_from = rows[-1].step, None
+    if not np.isfinite(mat[-1]).all():
+        # Diverged: the heads at the last step where every value was finite, and since when.
+        good = last_finite_step(session, run_id=run_id, metric_id=m.id, rank=rank, size=size)
+        if good is not None:
+            later = [r.step for r in rows if r.step > good]
+            nonfinite_from = later[0] if later else None
+            rows = _newest_rows(session, run_id, m.id, rank, 4 * window, until=good)
+            rows = rows[:window][::-1]
+            mat = np.frombuffer(b"".join(r.data for r in rows), dtype="<f4")
+            mat = mat.reshape(len(rows), size).astype(np.float64)
+            if nonfinite_from is None:
+                nonfinite_from = _next_step(session, run_id, rank, good)
     steps = [r.step for r in rows]
     now = mat[-1]
     finite_now = now[np.isfinite(now)]
@@ -309,7 +318,64 @@ def worst_heads(
         ))
     return WorstHeadsOut(name=name, rank=rank, step=steps[-1], layers=m.layers, heads=m.heads,
                          order="lowest" if low else "highest", median=median,
-                         window=len(rows), rows=out)
+                         window=len(rows), rows=out, latest_step=latest_step,
+                         nonfinite_from=nonfinite_from)
+
+
+def _newest_rows(session: Session, run_id: int, metric_id: int, rank: int, n: int,
+                 until: int | None = None) -> list[_Row]:
+    """The ``n`` newest sampled frames' matrices (at or before step ``until``), newest
+    first. Frame ids through the (run, step) index first, then their points by key: a join
+    ordered by step would visit every point of the metric. Sampled frames only: the history
+    steps between them (seq < 0, store/ingest.py) carry no matrices."""
+    q = (select(Frame.id, Frame.step)
+         .where(Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0)
+         .order_by(Frame.step.desc(), Frame.seq.desc()).limit(n))
+    if until is not None:
+        q = q.where(Frame.step <= until)
+    recent = session.execute(q).all()
+    data = dict(session.execute(
+        select(Point.frame_id, Point.data)
+        .where(Point.metric_id == metric_id, Point.frame_id.in_([f.id for f in recent]))
+    ).all())
+    return [_Row(f.step, data[f.id]) for f in recent if f.id in data]
+
+
+def _next_step(session: Session, run_id: int, rank: int, step: int) -> int | None:
+    return session.scalar(select(func.min(Frame.step)).where(
+        Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0, Frame.step > step))
+
+
+#: Frames read per query while looking back for the last finite matrix, and at most.
+FINITE_CHUNK = 512
+FINITE_MAX = 50_000
+
+
+def last_finite_step(session: Session, *, run_id: int, metric_id: int, rank: int,
+                     size: int) -> int | None:
+    """The newest step at which every value of a per-head metric was finite (None: none in
+    the newest :data:`FINITE_MAX` samples): what the heads looked like before a NaN."""
+    until: int | None = None
+    seen = 0
+    while seen < FINITE_MAX:
+        rows = _newest_rows(session, run_id, metric_id, rank, FINITE_CHUNK, until=until)
+        if not rows:
+            return None
+        mat = np.frombuffer(b"".join(r.data for r in rows), dtype="<f4").reshape(len(rows), size)
+        ok = np.isfinite(mat).all(axis=1)
+        if ok.any():
+            return rows[int(np.argmax(ok))].step
+        seen += len(rows)
+        until = rows[-1].step - 1
+        if until < 0:
+            return None
+    return None
+
+
+def ranks(session: Session, run_id: int) -> list[int]:
+    """The ranks that sent frames for the run, in order."""
+    return list(session.scalars(select(Frame.rank).where(Frame.run_id == run_id)
+                                .distinct().order_by(Frame.rank)))
 
 
 class HeadsTimeOut(BaseModel):

@@ -1,25 +1,32 @@
-// The alerts inbox: firing and resolved alerts, their evidence and remedies, a filter, and a
-// "show" button that zooms the charts to the alert and opens its head. Text only via
-// textContent.
+// The alerts panel: the run's alerts grouped into incidents by the collector (earliest
+// first), each told from its cause; the divergence shown beside it, near-duplicates and
+// related alerts folded, consequences (NaN/loss after the divergence) folded under it.
+// A filter on incident state. Text only via textContent.
 
-import { el, wireText } from "./api.js";
+import { el } from "./api.js";
+import { alertCard, foldedCard, whereText } from "./alert_card.js";
 
 const FILTERS = ["all", "firing", "resolved"];
+const ROLE_TITLES = {
+  related: "related alerts",
+  duplicate: "saying the same (same metric and heads, within 50 steps)",
+  consequence: "consequences (after the divergence)",
+};
 
 export class AlertsPanel {
   /**
-   * `list` holds the cards, `counter` the firing count; `tabs` (optional) the filter buttons;
-   * `onShow(alert)` is called by a card's "show" button; `actions` (optional) adds buttons
-   * per card: (alert) => [element...].
+   * `list` holds the incidents, `counter` the firing count; `tabs` (optional) the filter
+   * buttons; `onShow(alert)` is called by a card's "show on charts"; `actions` (optional)
+   * adds buttons per card: (alert) => [element...].
    */
   constructor(list, counter, { tabs = null, onShow = null, actions = null } = {}) {
     this.list = list;
     this.counter = counter;
     this.tabs = tabs;
-    this.onShow = onShow;
-    this.actions = actions;
+    this.opts = { onShow, actions };
     this.filter = "all";
     this.alerts = new Map();
+    this.incidents = [];
     if (tabs) this.buildTabs();
   }
 
@@ -38,6 +45,13 @@ export class AlertsPanel {
     this.tabs.replaceChildren(...Object.values(this.tabButtons));
   }
 
+  /** The collector's grouping (GET /dashboard/runs/{id}) with the alerts it names. */
+  setIncidents(incidents, alerts) {
+    for (const a of alerts) this.alerts.set(a.id, a);
+    this.incidents = incidents;
+    this.render();
+  }
+
   /** Add or update alerts; returns true when one is new or changed state. */
   upsert(...alerts) {
     let changed = false;
@@ -52,84 +66,82 @@ export class AlertsPanel {
     return changed;
   }
 
+  /** Incidents to draw: the collector's, plus any alert it has not grouped yet (live). */
+  groups() {
+    const known = new Set(this.incidents.flatMap((i) => i.members.map((m) => m.id)));
+    const extra = [...this.alerts.values()].filter((a) => !known.has(a.id));
+    const out = this.incidents.map((i) => ({ ...i, state: i.members.some((m) => this.alerts.get(m.id)?.state === "firing") ? "firing" : "resolved" }));
+    for (const a of extra) {
+      out.push({ id: a.id, cause: a.id, severity: a.severity, state: a.state, fired_step: a.fired_step, members: [{ id: a.id, role: "cause" }] });
+    }
+    return out;
+  }
+
   render() {
-    const all = [...this.alerts.values()].sort(
-      (a, b) => (b.state === "firing") - (a.state === "firing") || b.fired_step - a.fired_step,
-    );
-    const shown = all.filter((a) => this.filter === "all" || a.state === this.filter);
-    this.list.replaceChildren(...shown.map((a) => this.card(a)));
+    const groups = this.groups();
+    const shown = groups.filter((g) => this.filter === "all" || g.state === this.filter);
+    this.list.replaceChildren(...shown.map((g, i) => this.incidentCard(g, groups.indexOf(g) + 1 || i + 1)));
+    const all = [...this.alerts.values()];
     if (!all.length) this.list.append(el("p", "empty", "No alerts. Logits look healthy."));
-    else if (!shown.length) this.list.append(el("p", "empty", `No ${this.filter} alerts.`));
+    else if (!shown.length) this.list.append(el("p", "empty", `No ${this.filter} incidents.`));
     const firing = all.filter((a) => a.state === "firing").length;
-    this.counter.textContent = firing ? `${firing} firing` : all.length ? "none firing" : "";
+    const open = groups.filter((g) => g.state === "firing").length;
+    this.counter.textContent = firing
+      ? `${open} incident${open > 1 ? "s" : ""} firing (${firing} alert${firing > 1 ? "s" : ""})`
+      : all.length ? "none firing" : "";
     this.counter.dataset.state = firing ? "firing" : "ok";
     if (this.tabButtons) {
-      const n = { all: all.length, firing, resolved: all.filter((a) => a.state === "resolved").length };
+      const n = { all: groups.length, firing: groups.filter((g) => g.state === "firing").length };
+      n.resolved = n.all - n.firing;
       for (const [f, b] of Object.entries(this.tabButtons)) {
         b.textContent = `${f} ${n[f]}`;
         b.setAttribute("aria-pressed", String(f === this.filter));
       }
     }
     document.body.dataset.alerts = String(all.length);
+    document.body.dataset.incidents = String(groups.length);
   }
 
-  card(a) {
-    const node = el("article", "alert");
-    node.dataset.id = String(a.id);
-    node.dataset.state = a.state;
-    node.dataset.acknowledged = String(a.acked_at != null);
-    const head = el("header");
+  incidentCard(g, number) {
+    const node = el("section", "incident");
+    node.dataset.id = String(g.id);
+    node.dataset.state = g.state;
+    node.dataset.severity = g.severity;
+    const cause = this.alerts.get(g.cause);
+    const members = g.members.map((m) => ({ ...m, alert: this.alerts.get(m.id) })).filter((m) => m.alert);
+    const firing = members.filter((m) => m.alert.state === "firing").length;
+    const head = el("h3", "incident-head");
+    const last = Math.max(...members.map((m) => m.alert.fired_step));
+    const span = last > g.fired_step ? `steps ${g.fired_step}–${last}` : `step ${g.fired_step}`;
     head.append(
-      el("span", `badge ${a.state}`, a.state),
-      el("span", "where", a.layer == null ? `rank ${a.rank}` : `rank ${a.rank} · layer ${a.layer} · head ${a.head}`),
-      el("span", "step", `fired at step ${a.fired_step}`),
+      el("span", "num", `#${number}`),
+      el("span", `sev ${g.severity}`, g.severity),
+      el("span", `badge ${g.state}`, g.state),
+      el("span", "span", span),
+      el("span", "count", `${members.length} alert${members.length > 1 ? "s" : ""}${firing ? `, ${firing} firing` : ""}`),
     );
-    const facts = el(
-      "p",
-      "facts",
-      `${a.metric} ${wireText(a.value)} · baseline ${wireText(a.baseline, 3)} · limit ${wireText(a.threshold, 3)}` +
-        ` · since step ${a.started_step}` +
-        (a.resolved_step != null ? ` · resolved at step ${a.resolved_step}` : ""),
-    );
-    node.append(head, el("p", "message", a.message), facts);
-    const evidence = Object.entries(a.evidence || {});
-    if (evidence.length) {
-      const details = el("details", "evidence");
-      details.append(el("summary", null, `evidence (${evidence.length})`));
-      const dl = el("dl");
-      for (const [k, v] of evidence) {
-        dl.append(el("dt", null, k), el("dd", null, evidenceText(v)));
-      }
-      details.append(dl);
-      node.append(details);
+    node.append(head);
+    if (cause) {
+      node.append(el("p", "incident-cause", `started with ${cause.rule} on ${whereText(cause)} (rank ${cause.rank}) at step ${cause.fired_step}`));
+      const card = alertCard(cause, this.opts);
+      card.dataset.role = "cause";
+      node.append(card);
     }
-    if (a.remedies?.length) {
-      const details = el("details", "remedies");
-      details.append(el("summary", null, `remedies (${a.remedies.length})`));
-      const ol = el("ol");
-      for (const r of a.remedies) ol.append(el("li", null, r));
-      details.append(ol);
-      node.append(details);
+    const div = members.find((m) => m.role === "divergence");
+    if (div) {
+      const card = alertCard(div.alert, this.opts);
+      card.dataset.role = "divergence";
+      node.append(el("p", "incident-cause", `the run diverged at step ${div.alert.fired_step}`), card);
     }
-    const row = el("div", "actions");
-    if (this.onShow) {
-      const show = el("button", "show", "show on charts");
-      show.type = "button";
-      show.title = "zoom every chart to this alert and open its head";
-      show.addEventListener("click", () => this.onShow(a));
-      row.append(show);
+    for (const role of ["related", "duplicate", "consequence"]) {
+      const of = members.filter((m) => m.role === role).sort((x, y) => x.alert.fired_step - y.alert.fired_step);
+      if (!of.length) continue;
+      const box = el("details", `fold ${role}`);
+      box.dataset.role = role;
+      box.append(el("summary", null, `${of.length} ${ROLE_TITLES[role]}`));
+      for (const m of of) box.append(foldedCard(m.alert, this.opts));
+      node.append(box);
     }
-    if (this.actions) row.append(...this.actions(a));
-    if (row.childElementCount) node.append(row);
     return node;
   }
-}
-
-function evidenceText(v) {
-  if (Array.isArray(v)) {
-    const shown = v.slice(0, 12).map((x) => (typeof x === "object" && x !== null ? JSON.stringify(x) : wireText(x)));
-    return shown.join(", ") + (v.length > 12 ? ` … (${v.length} values)` : "");
-  }
-  if (typeof v === "object" && v !== null) return JSON.stringify(v);
-  return typeof v === "number" || typeof v === "string" ? (wireText(v) === "—" ? String(v) : wireText(v)) : String(v);
 }

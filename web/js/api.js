@@ -42,7 +42,8 @@ export async function getPage(url) {
   return { items, total: Number.isFinite(total) && total > 0 ? total : items.length };
 }
 
-const NONFINITE = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity };
+// The wire's spellings, and Python's (str(float) in alert evidence).
+const NONFINITE = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity, nan: NaN, inf: Infinity, "-inf": -Infinity };
 
 /** A wire value (number, or "NaN" / "Infinity" / "-Infinity") as a JS number; else null. */
 export function wireNumber(v) {
@@ -139,6 +140,20 @@ export function sparkline(steps, values, { width = 120, height = 28, cls = "spar
   }
   svg.dataset.points = String(ys.length);
   return svg;
+}
+
+/** Call `fn` at most once per `ms` (the last call wins; trailing). */
+export function throttle(fn, ms) {
+  let timer = null;
+  let last = 0;
+  return () => {
+    if (timer) return;
+    timer = setTimeout(() => {
+      timer = null;
+      last = Date.now();
+      fn();
+    }, Math.max(0, last + ms - Date.now()));
+  };
 }
 
 /** A query string from an object, skipping null/undefined/"" values. */

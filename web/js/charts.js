@@ -97,8 +97,14 @@ class Chart {
     }, wait);
   }
 
-  /** Keep the zoom the server was asked for (a programmatic range is not kept by uirevision). */
+  /** Keep the zoom the server was asked for (a programmatic range is not kept by uirevision),
+   * the log y axis when asked for, and a hover at the step under the pointer. */
   shapeLayout(layout) {
+    if (this.logY) {
+      layout.yaxis = { ...(layout.yaxis || {}), type: "log", autorange: true };
+      delete layout.yaxis.range;
+    }
+    if (this.hoverX) layout.hovermode = "x";
     if (!this.zoom) return;
     layout.xaxis = layout.xaxis || {};
     if (this.range) {
@@ -116,6 +122,17 @@ class Chart {
       const r = rangeOf(ev);
       if (r !== undefined) this.zoom.set(r, this);
     });
+    if (this.hoverX) {
+      this.el.on("plotly_hover", (ev) => this.zoom.hover(ev?.points?.[0]?.x, this));
+      this.el.on("plotly_unhover", () => this.zoom.hover(null, this));
+    }
+  }
+
+  /** Log or linear y (a chart of logits, norms or loss). */
+  setLogY(on) {
+    this.logY = on;
+    if (!this.el.data) return Promise.resolve();
+    return Promise.resolve(Plotly.relayout(this.el, on ? { "yaxis.type": "log", "yaxis.autorange": true } : { "yaxis.type": "linear", "yaxis.autorange": true }));
   }
 
   /** A new zoom: ask the server for that range (null: everything). */
@@ -139,6 +156,7 @@ export class LineChart extends Chart {
     this.maxPoints = maxPoints;
     this.lastStep = -Infinity;
     this.recent = [];
+    this.hoverX = true; // the step under the pointer, on every line chart at once
   }
 
   afterDraw() {
@@ -259,8 +277,17 @@ export class HeatmapChart extends Chart {
       return;
     }
     if (latest.step < this.step) return; // an older frame (stream catching up)
+    if (this.meta.nonfinite_from != null) return; // showing the last finite step already
+    if (matrix.some((row) => row.some((v) => plotValue(v) === null))) {
+      // A NaN/Inf: the collector shows the last finite step, and since when.
+      this.reloadSoon();
+      return;
+    }
     this.step = latest.step;
-    const z = matrix.map((row) => row.map(plotValue));
+    const z = matrix.map((row) => row.map((v) => {
+      const y = plotValue(v);
+      return this.meta.log ? (y > 0 ? Math.log10(y) : (this.meta.log_floor ?? null)) : y;
+    }));
     const text = matrix.map((row) => row.map((v) => wireText(v)));
     const heads = matrix[0].length;
     Plotly.update(
@@ -298,6 +325,21 @@ export class ZoomSync {
 
   remove(chart) {
     this.charts.delete(chart);
+  }
+
+  /** Show the hover of every other line chart at step `x` (null: hide them). */
+  hover(x, source) {
+    if (this.hovering) return;
+    this.hovering = true;
+    try {
+      for (const c of this.charts) {
+        if (c === source || !c.hoverX || !c.el.data || !c.el._fullLayout) continue;
+        if (x == null) Plotly.Fx.unhover(c.el);
+        else Plotly.Fx.hover(c.el, { xval: x }, "xy");
+      }
+    } finally {
+      this.hovering = false;
+    }
   }
 
   set(range, source = null) {

@@ -1,4 +1,5 @@
-// The live stream (Server-Sent Events) with its connection indicator.
+// The live stream (Server-Sent Events) with this page's connection indicator (the run's own
+// state is shown apart: verdict.js).
 //
 // Reconnects by hand, with backoff, from the last frame id seen: the collector reads the
 // `after` query parameter, not the Last-Event-ID header a browser would send on its own.
@@ -21,7 +22,8 @@ export class LiveStream {
   }
 
   open() {
-    const es = new EventSource(`${this.url}?after=${encodeURIComponent(this.after)}`);
+    const sep = this.url.includes("?") ? "&" : "?";
+    const es = new EventSource(`${this.url}${sep}after=${encodeURIComponent(this.after)}`);
     this.source = es;
     es.addEventListener("open", () => {
       this.backoff = 1000;
@@ -53,6 +55,13 @@ export class LiveStream {
       setTimeout(() => this.open(), this.backoff);
       this.backoff = Math.min(this.backoff * 2, 15000);
     });
+  }
+
+  /** Close for good (e.g. another rank is shown: a new stream replaces this one). */
+  stop() {
+    const es = this.source;
+    this.source = null;
+    if (es) es.close();
   }
 
   setState(state) {

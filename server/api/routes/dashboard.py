@@ -12,17 +12,26 @@ from typing import Annotated
 import plotly.io as pio
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
-from sqlalchemy import select
+from pydantic import BaseModel, Field
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from logitwatch.server import figures
-from logitwatch.server.api.deps import INT32_MAX, ReadDep, RunIdDep, SessionDep
+from logitwatch.server.api.deps import INT32_MAX, ReadDep, RunIdDep, SessionDep, SettingsDep
 from logitwatch.server.api.routes.pages import WEB
 from logitwatch.server.api.routes.runs import MAX_PAGE, PAGE, paginate
 from logitwatch.server.auth import Principal
-from logitwatch.server.db.models import Run
+from logitwatch.server.db.models import Alert, Run
 from logitwatch.server.errors import BadRequest, NotFound
-from logitwatch.server.schemas import MAX_RANK, MAX_STEP, MetricOut, SeriesOut
+from logitwatch.server.schemas import (
+    MAX_RANK,
+    MAX_STEP,
+    AlertOut,
+    MetricOut,
+    RunOut,
+    SeriesOut,
+)
+from logitwatch.server.store import incidents as inc
 from logitwatch.server.store import queries, views
 from logitwatch.server.store.alerts import list_alerts
 
@@ -73,6 +82,75 @@ def runs_overview(
                               alerting=alerting, q=q, limit=limit, offset=offset, total=total)
     paginate(request, response, total[0], limit, offset)
     return out
+
+
+class RunPageOut(BaseModel):
+    """Everything the run page needs before its charts, in one answer."""
+
+    run: RunOut
+    verdict: inc.VerdictOut
+    incidents: list[inc.IncidentOut] = Field(description="earliest first")
+    alerts: list[AlertOut]
+    metrics: list[MetricOut]
+    ranks: list[int] = Field(description="the ranks that sent frames")
+
+
+@router.get(f"{API}/dashboard/runs/{{run_id}}", response_model=RunPageOut)
+def run_page_data(run_id: RunIdDep, session: SessionDep, settings: SettingsDep) -> RunPageOut:
+    """The run, its verdict, its alerts grouped into incidents (earliest first), its
+    metrics and ranks: what the run page shows first, in one request."""
+    run = queries.get_run(session, run_id, active_seconds=settings.run_active_seconds)
+    alerts = list_alerts(session, run_id)
+    found = inc.incidents(alerts, run.diverged_step)
+    return RunPageOut(run=run, verdict=inc.verdict(run, alerts, found), incidents=found,
+                      alerts=alerts, metrics=queries.list_metrics(session, run_id),
+                      ranks=views.ranks(session, run_id) or [0])
+
+
+class InboxRunOut(BaseModel):
+    run: RunOut
+    verdict: inc.VerdictOut
+    incidents: list[inc.IncidentOut]
+    alerts: list[AlertOut]
+
+
+@router.get(f"{API}/dashboard/alerts", response_model=list[InboxRunOut])
+def alerts_inbox(
+    session: SessionDep,
+    principal: ReadDep,
+    settings: SettingsDep,
+    project: Annotated[str | None, Query(max_length=128)] = None,
+    state: Annotated[str | None, Query(pattern="^(firing|resolved)$",
+                                       description="only incidents in this state")] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="runs")] = 100,
+) -> list[InboxRunOut]:
+    """Every run with alerts (the caller's project for a read token), its verdict and its
+    incidents; runs with a firing incident first, then by their latest alert."""
+    if principal.project is not None:
+        if project not in (None, principal.project):
+            return []
+        project = principal.project
+    q = select(Alert.run_id, func.max(Alert.id)).group_by(Alert.run_id)
+    if project is not None:
+        q = q.join(Run, Run.id == Alert.run_id).where(Run.project == project)
+    newest = dict(session.execute(q).all())
+    out = []
+    for run_id in sorted(newest, key=lambda r: -newest[r])[:limit]:
+        run = queries.get_run(session, run_id, active_seconds=settings.run_active_seconds)
+        alerts = list_alerts(session, run_id)
+        found = [i for i in inc.incidents(alerts, run.diverged_step)
+                 if state is None or i.state == state]
+        if found:
+            out.append(InboxRunOut(run=run, verdict=inc.verdict(run, alerts),
+                                   incidents=found, alerts=alerts))
+    out.sort(key=lambda r: (not any(i.state == "firing" for i in r.incidents),
+                            -newest[r.run.id]))
+    return out
+
+
+@router.get("/alerts", include_in_schema=False)
+def alerts_page() -> FileResponse:
+    return FileResponse(WEB / "alerts.html")
 
 
 @router.get(f"{API}/runs/{{run_id}}/worst_heads", response_model=views.WorstHeadsOut)

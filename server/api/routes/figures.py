@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Annotated
 
 import plotly.graph_objects as go
 import plotly.io as pio
 from fastapi import APIRouter, Query, Response
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from logitwatch.server import figures
 from logitwatch.server.api.deps import RunIdDep, SessionDep
+from logitwatch.server.db.models import Frame, Metric
 from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import MAX_RANK, MAX_STEP, AlertOut, HeatmapOut, SeriesOut
 from logitwatch.server.store import queries, views
 from logitwatch.server.store.alerts import list_alerts
+from logitwatch.server.store.incidents import locus
 
 router = APIRouter(tags=["figures"])
 
@@ -49,6 +54,9 @@ def figure(
     layer: Annotated[int | None, Query(ge=0, le=65_536)] = None,
     head: Annotated[int | None, Query(ge=0, le=65_536)] = None,
     max_cols: Annotated[int, Query(ge=4, le=2000, description="heads_time columns")] = 300,
+    color: Annotated[figures.ColorScale, Query(description="heatmaps' colour scale: log, "
+                                               "linear, or auto (log when the values span "
+                                               "two decades or more)")] = "auto",
 ) -> Response:
     """``kind`` is one of ``loss``, ``grad_norm``, ``heatmap`` (``name``: which per-head
     statistic, default attn.logit_max), ``series`` (any ``name``; ``layer`` and ``head``
@@ -72,22 +80,29 @@ def figure(
 
     fig: go.Figure
     all_alerts = list_alerts(session, run_id)
-    alerts = _alerts_in_range(all_alerts, start, end)
+    alerts = [a for a in _alerts_in_range(all_alerts, start, end) if a.rank == rank]
     if kind == "heatmap":
-        fig = figures.heatmap_figure(_heatmap(session, run_id=run_id, rank=rank, step=step,
-                                              name=name or HEATMAP_METRIC))
+        h = _heatmap(session, run_id=run_id, rank=rank, step=step, name=name or HEATMAP_METRIC)
+        nonfinite_from = None
+        if step is None and h.step is not None and not all(
+                math.isfinite(v) for row in h.values for v in row):
+            # After a NaN: the heads at the last step where all were finite, and since when.
+            h, nonfinite_from = _last_finite(session, run_id, rank, h)
+        fig = figures.heatmap_figure(h, color=color, nonfinite_from=nonfinite_from)
         figures.add_heatmap_alerts(fig, [a for a in all_alerts if a.rank == rank])
     elif kind == "heads_time":
         h = views.heads_over_time(session, run_id=run_id, name=name or HEATMAP_METRIC,
                                   rank=rank, layer=layer, start=start, end=end,
                                   max_cols=max_cols)
-        fig = figures.heads_time_figure(h, [a for a in alerts if a.rank == rank])
+        fig = figures.heads_time_figure(h, [a for a in alerts if a.metric == h.name],
+                                        color=color)
     elif kind == "clip_rate":
         rate = views.clip_rate(session, run_id=run_id, rank=rank, start=start, end=end,
                                max_points=max_points)
         fig = figures.line_figure(
             rate or empty("clip rate"), alerts, title="clip rate", revision="clip_rate",
             color=figures.COLORS["clip_rate"], y_range=(-0.02, 1.02), y_title="clip rate",
+            own=_about("grad.clipped", *views.CLIP_RATE_NAMES),
         )
     elif kind == "series":
         if not name:
@@ -103,18 +118,20 @@ def figure(
             envelope.name = f"{name} (max over all heads)"
             one.name = f"{name} L{layer}.H{head}"
             title = f"{name}, layer {layer}, head {head}"
-            alerts = [a for a in alerts if (a.layer, a.head) in ((layer, head), (None, None))]
+            alerts = [a for a in alerts if a.metric != name or _on_head(a, layer, head)]
         fig = figures.line_figure(
             one, alerts, title=title, envelope=envelope, revision=f"series:{name}:{layer}:{head}",
             color=figures.COLORS["drill"] if envelope is not None else None,
-            y_title=name if envelope is not None else None,
+            y_title=name if envelope is not None else None, own=_about(name),
         )
     else:
         if kind == "loss":
-            fig = figures.loss_figure(series("loss") or empty("loss"), alerts)
+            fig = figures.loss_figure(series("loss") or empty("loss"), alerts,
+                                      own=_about("loss"))
         else:
             fig = figures.grad_norm_figure(
-                series("grad.norm") or empty("grad.norm"), series("grad.clipped"), alerts
+                series("grad.norm") or empty("grad.norm"), series("grad.clipped"), alerts,
+                own=_about("grad.norm", "grad.clipped"),
             )
     return Response(
         pio.to_json(fig, validate=False), media_type="application/json",
@@ -145,6 +162,30 @@ def _heatmap(
         if e.code == "metric-not-found":
             return HeatmapOut(name=name, rank=rank, step=None, values=[])
         raise
+
+
+def _about(*metrics: str) -> Callable[[AlertOut], bool]:
+    """Alerts about these metrics are shaded on a chart; the others get a thin mark."""
+    return lambda a: a.metric in metrics
+
+
+def _on_head(a: AlertOut, layer: int, head: int) -> bool:
+    at_layer, _, heads = locus(a)
+    return at_layer == layer and head in (heads or ())
+
+
+def _last_finite(session: Session, run_id: int, rank: int,
+                 latest: HeatmapOut) -> tuple[HeatmapOut, int | None]:
+    m = session.scalar(select(Metric).where(Metric.run_id == run_id, Metric.name == latest.name))
+    if m is None or not m.layers:
+        return latest, None
+    good = views.last_finite_step(session, run_id=run_id, metric_id=m.id, rank=rank,
+                                  size=m.layers * m.heads)
+    if good is None:
+        return latest, None
+    since = session.scalar(select(func.min(Frame.step)).where(
+        Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0, Frame.step > good))
+    return _heatmap(session, run_id=run_id, rank=rank, step=good, name=latest.name), since
 
 
 def _alerts_in_range(alerts: list[AlertOut], start: int | None, end: int | None) -> list[AlertOut]:

@@ -1,0 +1,154 @@
+"""What the run page says first, without a browser: verdicts, incidents, alert marks on the
+charts they are about, log colour scales, the last finite step after a NaN, the batched
+page data, the cross-run inbox, the 404 page and compressed assets."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from logitwatch.server.app import create_app
+from logitwatch.server.figures import heads_time_figure, heatmap_figure, loss_figure
+from logitwatch.server.schemas import AlertOut, HeatmapOut, RunOut, SeriesOut
+from logitwatch.server.settings import Settings
+from logitwatch.server.store.incidents import incidents, verdict
+from logitwatch.server.store.views import HeadsTimeOut
+
+
+def alert(id: int, fired: int, *, rule: str = "attn_logit_departure",
+          metric: str = "attn.logit_max", severity: str = "warning", state: str = "firing",
+          layer: int | None = 1,
+          head: int | None = 3, heads: list[int] | None = None, started: int | None = None,
+          resolved: int | None = None, suppressed: str | None = None,
+          evidence: dict[str, Any] | None = None) -> AlertOut:
+    return AlertOut(
+        id=id, run_id=1, run="r", project="p", rule=rule, metric=metric, severity=severity,
+        state=state, rank=0, layer=layer, head=head, heads=heads,
+        started_step=fired - 20 if started is None else started, fired_step=fired, fired_at=0.0,
+        paged_step=fired if severity != "info" else None, resolved_step=resolved, value=1.0,
+        baseline=1.0, threshold=1.0, message="m", evidence=evidence or {}, remedies=[],
+        suppressed=suppressed,
+    )
+
+
+def run(**kw: Any) -> RunOut:
+    base = {"id": 1, "project": "p", "name": "r", "created_at": 0.0, "last_step": 990,
+            "last_time": 1.0, "open_alerts": 0}
+    return RunOut(**{**base, **kw})
+
+
+def demo_alerts() -> list[AlertOut]:
+    """The demo's unstable run: a forecast over every head, departures, then the NaN."""
+    return [
+        alert(1, 210, rule="attn_logit_forecast", layer=None, head=None, started=0,
+              evidence={"at_layer": 1, "at_head": 3}),
+        alert(2, 270, heads=[0, 1, 3, 2], head=0),
+        alert(3, 680, layer=0, head=1),
+        alert(4, 959, rule="loss_nonfinite", metric="loss", severity="critical", layer=None,
+              head=None),
+        alert(5, 959, rule="grad_nonfinite", metric="grad.norm", severity="critical",
+              layer=None, head=None, suppressed="inhibited"),
+        alert(6, 979, rule="final_rms_departure", metric="final.hidden_rms", layer=None,
+              head=None, suppressed="inhibited"),
+    ]
+
+
+def test_incident_starts_at_its_cause_and_folds_consequences() -> None:
+    [inc] = incidents(demo_alerts(), diverged_step=959)
+    roles = {m.id: m.role for m in inc.members}
+    assert roles == {1: "cause", 2: "related", 3: "related", 4: "divergence",
+                     5: "consequence", 6: "consequence"}
+    assert (inc.cause, inc.layer, inc.head, inc.fired_step) == (1, 1, 3, 210)
+    assert inc.severity == "critical" and inc.state == "firing" and inc.diverged_step == 959
+    v = verdict(run(status="diverged", diverged_step=959), demo_alerts(), [inc])
+    assert v.kind == "diverged" and v.text == "diverged at step 959" and v.first_alert == 1
+    assert "step 210" in v.detail and "layer 1, head 3" in v.detail
+    assert "749 steps before" in v.detail
+
+
+def test_near_duplicates_fold_and_resolved_incidents_split() -> None:
+    a = [alert(1, 100, rule="attn_logit_rising", severity="info", state="resolved",
+               resolved=150),
+         alert(2, 105, state="resolved", resolved=160),  # same head, 5 steps later
+         alert(3, 400, layer=0, head=0)]  # after both resolved: a new incident
+    first, second = incidents(a)
+    assert [(m.id, m.role, m.duplicate_of) for m in first.members] == [
+        (1, "cause", None), (2, "duplicate", 1)]
+    assert first.state == "resolved" and first.resolved_step == 160
+    assert second.cause == 3 and second.state == "firing"
+
+
+def test_verdicts() -> None:
+    assert verdict(run(last_step=None), []).kind == "empty"
+    assert verdict(run(), []).kind == "healthy"
+    assert verdict(run(), [alert(1, 100, severity="info")]).kind == "healthy"
+    w = verdict(run(), [alert(1, 100)])
+    assert w.kind == "warning" and w.text == "warning: 1 alert firing"
+    assert verdict(run(status="finished", end_step=990), []).text == "finished at step 990"
+    assert verdict(run(status="stopped"), []).kind == "stopped"
+
+
+def test_alerts_shade_only_their_own_chart_and_clamp_step_zero_ranges() -> None:
+    loss = SeriesOut(name="loss", rank=0, total=3, steps=[0, 500, 1000], values=[3.0, 2.0, 1.0])
+    a = [alert(1, 300, metric="loss", layer=None, head=None, started=0), alert(2, 600)]
+    fig = loss_figure(loss, a, own=lambda x: x.metric == "loss")
+    spans = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert [(s.x0, s.x1) for s in spans] == [(200, 300)]  # clamped to 10% of the axis
+    metas = {t.meta: t for t in fig.data}
+    assert list(metas["alerts"].x) == [300]
+    assert list(metas["alerts-other"].x) == [600]  # a thin mark, no span, no line
+
+
+def test_log_colour_scales() -> None:
+    h = HeatmapOut(name="attn.logit_max", rank=0, step=5, values=[[5.0, 150.0], [60000.0, -3.0]])
+    fig = heatmap_figure(h)  # auto: spans four decades
+    assert fig.layout.meta["log"] is True
+    z = fig.data[0].z
+    assert math.isclose(z[0][1], math.log10(150.0)) and z[1][1] == math.log10(5.0)
+    assert fig.data[0].text[1][0] == "6e+04"
+    assert list(fig.data[0].colorbar.ticktext)[:3] == ["1", "10", "100"]
+    assert heatmap_figure(h, color="linear").layout.meta["log"] is False
+    t = HeadsTimeOut(name="attn.logit_max", rank=0, layer=None, layers=1, heads=2,
+                     reduce="max", total=2, bucket=1, steps=[0, 10],
+                     values=[[5.0, 50000.0]])
+    assert heads_time_figure(t).layout.meta["log"] is True
+    assert heads_time_figure(t, color="linear").data[0].z[0][1] == 50000.0
+
+
+def frame(i: int, nan: bool = False) -> dict[str, Any]:
+    m = [[5.0 + i, 6.0], [7.0, 8.0 + 10 * i]]
+    if nan:
+        m = [["NaN", "NaN"], [7.0, "NaN"]]
+    return {"run": "d", "project": "p", "seq": i, "step": i * 10, "time": 1000.0 + i,
+            "scalars": {"loss": "NaN" if nan else 2.0}, "heads": {"attn.logit_max": m}}
+
+
+def test_page_data_last_finite_step_inbox_404_and_gzip(sqlite_url: str) -> None:
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+        frames = [frame(i) for i in range(30)] + [frame(i, nan=True) for i in range(30, 34)]
+        assert c.post("/api/v1/ingest", json={"frames": frames}).status_code == 200
+        d = c.get("/api/v1/dashboard/runs/1").json()
+        assert d["verdict"]["kind"] == "diverged" and d["ranks"] == [0]
+        assert d["incidents"] and {m["name"] for m in d["metrics"]} >= {"loss", "attn.logit_max"}
+        # After the NaN: the heads of the last finite step, and since when.
+        w = c.get("/api/v1/runs/1/worst_heads").json()
+        assert (w["step"], w["nonfinite_from"], w["latest_step"]) == (290, 300, 330)
+        assert w["rows"][0]["value"] == 298.0
+        fig = c.get("/api/v1/runs/1/figures/heatmap").json()
+        meta = fig["layout"]["meta"]
+        assert meta["step"] == 290 and meta["nonfinite_from"] == 300
+        assert "last finite" in fig["layout"]["title"]["text"]
+        inbox = c.get("/api/v1/dashboard/alerts").json()
+        assert inbox[0]["run"]["name"] == "d" and inbox[0]["verdict"]["kind"] == "diverged"
+        assert c.get("/alerts").status_code == 200
+        page = c.get("/no/such/page", headers={"Accept": "text/html"})
+        assert page.status_code == 404 and "every run" in page.text
+        api = c.get("/api/v1/nope")
+        assert api.status_code == 404 and api.json()["code"]
+        js = c.get("/static/plotly.min.js", headers={"Accept-Encoding": "gzip"})
+        assert js.headers["content-encoding"] == "gzip"
+        assert int(js.headers["content-length"]) < 2_000_000
+        css = c.get("/static/style.css", headers={"Accept-Encoding": "gzip"})
+        assert css.headers["content-encoding"] == "gzip"
