@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 
 import torch
 
@@ -11,6 +12,7 @@ from logitwatch.client import Client, ClientConfig
 
 from ._logits import DEFAULT_BUDGET
 from ._monitor import Monitor
+from ._qk_find import QKLayout
 
 __all__ = ["attach", "resolve_rank"]
 
@@ -54,6 +56,7 @@ def attach(
     memory_budget: int = DEFAULT_BUDGET,
     overhead_budget: float | None | _Default = DEFAULT,
     lm_head: torch.nn.Module | bool | None = None,
+    qk_layout: QKLayout | None = None,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
 
@@ -97,6 +100,13 @@ def attach(
             ``sample_every``, None (never widen) when ``sample_every`` is given.
         lm_head: The module producing vocabulary logits (for ``final.*``); None finds it
             (``get_output_embeddings()``, then a ``Linear`` named like a head); False: off.
+        qk_layout: Geometry of fused q/k/v projections that cannot be inferred, by the
+            projection's module name (full, or its last part for every module of that
+            name): ``{"blocks.0.attn.qkv": {"heads": 8, "kv_heads": 2, "head_dim": 64}}``
+            (``kv_heads`` defaults to ``heads``, ``head_dim`` to what the output size
+            implies; weights laid out ``[q | k | v]``); ``{name: None}``: no q/k norms for
+            it. Usually not needed: ``docs/HOOKS.md`` lists what is recognised, and
+            ``attach`` logs one line saying which attention modules have q/k norms.
 
     Raises:
         TypeError, ValueError: An argument is invalid (checked here, never later).
@@ -130,6 +140,12 @@ def attach(
     ):
         raise ValueError(
             f"attach: overhead_budget must be in (0, 1] or None, got {overhead_budget!r}")
+    if qk_layout is not None and not (
+        isinstance(qk_layout, Mapping)
+        and all(isinstance(k, str) and (v is None or isinstance(v, Mapping))
+                for k, v in qk_layout.items())
+    ):
+        raise TypeError(f"attach: qk_layout must map names to dicts or None, got {qk_layout!r}")
     if lm_head is not None and not isinstance(lm_head, (bool, torch.nn.Module)):
         raise TypeError(f"attach: lm_head must be a Module, a bool or None, got {lm_head!r}")
     owns_client = client is None
@@ -148,4 +164,5 @@ def attach(
         memory_budget=memory_budget,
         overhead_budget=None if overhead_budget is None else float(overhead_budget),
         lm_head=lm_head,
+        qk_layout=qk_layout,
     )

@@ -23,7 +23,8 @@ from ._history import LR, HistoryBlock, StepHistory
 from ._logits import DEFAULT_BUDGET, attention_head_stats
 from ._lrwatch import LrWatch
 from ._padding import PaddingMask
-from ._qk import find_qk, qk_items, qk_norms
+from ._qk import qk_items, qk_norms
+from ._qk_find import QKDiscovery, QKLayout, no_shape
 from ._sdpa import SdpaCapture, parse_call
 from ._shard import GRAD_MISSING, GRAD_SQ, QK_MISSING, find_sharding
 from ._stats import global_grad_norm
@@ -134,6 +135,7 @@ class Monitor:
         memory_budget: int = DEFAULT_BUDGET,
         overhead_budget: float | None = 0.01,
         lm_head: torch.nn.Module | bool | None = None,
+        qk_layout: QKLayout | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -181,7 +183,10 @@ class Monitor:
             self._shard = None
             self.disabled.add("qk")
             self._fail("grad")
-        self._qk = find_qk(model, self._shard.shape_of if self._shard is not None else None)
+        self._qk_find = QKDiscovery(
+            model, self._shard.shape_of if self._shard is not None else no_shape, qk_layout,
+            allow_pending=self._shard is None, capturing=lambda: self.capturing)
+        self._qk = self._qk_find.sources
         self._grad_local: tuple[torch.Tensor, torch.Tensor] | None = None
         self._warned: set[str] = set()
         self._vec: torch.Tensor | None = None
@@ -349,6 +354,7 @@ class Monitor:
         _logits.release_workspace()  # this thread's CPU scratch buffers (a few MiB)
         _eager.uninstall(self._eager_token)
         _clip.remove_listener(self._on_clip)
+        self._qk_find.close()
         self._flush_history()
         if self._owns_client:
             if finished and self._step > 0:
@@ -535,6 +541,8 @@ class Monitor:
                                                     key.shape[-2])
                 query_valid = rows if query_valid is None else query_valid
                 key_valid = cols if key_valid is None else key_valid
+            if self._qk_find.pending:
+                self._qk_find.on_attention(query, key)
             stats = attention_head_stats(query, key, attn_mask=mask, is_causal=is_causal,
                                          scale=scale, softcap=cap, budget=self.memory_budget,
                                          query_valid=query_valid, key_valid=key_valid)
@@ -602,6 +610,12 @@ class Monitor:
                 self._last_sampled = step
         except Exception:
             self._fail("step")
+        if scheduled and self._qk_find.pending:
+            try:
+                if self._qk_find.step_end():
+                    self._qk = self._qk_find.sources
+            except Exception:
+                self._fail("qk")
         try:
             if scheduled and self._shard is not None:
                 vec = self._exchange()

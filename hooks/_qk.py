@@ -1,14 +1,9 @@
 """Per-head norms of the query/key projections (weights and biases).
 
-Found once at attach time, computed on sampled steps at the end of the step (after the
-optimizer update). Layouts understood:
-
-* separate projections: ``q_proj``/``k_proj`` (Llama, Qwen, Gemma, Mistral, ViT...) or
-  ``query``/``key`` (BERT-style), ``nn.Linear`` with ``H·D`` output rows;
-* GPT-2's fused ``c_attn`` (``Conv1D``, weight ``(in, 3E)``: q = columns ``[0, E)``,
-  k = ``[E, 2E)``, head ``h`` = its ``D`` columns);
-* ``nn.MultiheadAttention``: fused ``in_proj_weight`` ``(3E, E)`` (q = rows ``[0, E)``,
-  k = ``[E, 2E)``) or separate ``q_proj_weight``/``k_proj_weight``.
+Found at attach time (``_qk_find``: the layouts understood), computed on sampled steps at
+the end of the step (after the optimizer update). A source is a q and a k slice of
+parameters along the head axis: rows of an ``nn.Linear`` weight (or of MHA's
+``in_proj_weight``), columns of a ``Conv1D`` weight (GPT-2), entries of a bias.
 
 The norm of head ``h`` is the Frobenius norm of its slice (weight) or the L2 norm of its
 slice of the bias. Keys have ``H_kv`` heads under GQA, so the ``k`` matrices are
@@ -27,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["Part", "QKSource", "find_qk", "qk_items", "qk_norms"]
+__all__ = ["Part", "QKSource", "qk_items", "qk_norms"]
 
 
 @dataclass
@@ -61,80 +56,6 @@ class QKSource:
 
 
 ShapeOf = Callable[[nn.Module, str], "torch.Size | None"]
-
-
-def _part(owner: nn.Module, name: str, axis: int = 0, start: int = 0,
-          stop: int | None = None) -> Part | None:
-    t = getattr(owner, name, None)
-    return Part(t, axis, start, stop, owner, name) if isinstance(t, torch.Tensor) else None
-
-
-def _int(x: object) -> int | None:
-    return x if isinstance(x, int) and not isinstance(x, bool) and x > 0 else None
-
-
-def _head_dim(module: nn.Module, q_out: int) -> int | None:
-    hd = _int(getattr(module, "head_dim", None)) or _int(
-        getattr(module, "attention_head_size", None))
-    if hd:
-        return hd
-    config = getattr(module, "config", None)
-    hd = _int(getattr(config, "head_dim", None))
-    if hd:
-        return hd
-    heads = (_int(getattr(module, "num_heads", None))
-             or _int(getattr(module, "num_attention_heads", None))
-             or _int(getattr(config, "num_attention_heads", None)))
-    return q_out // heads if heads and q_out % heads == 0 else None
-
-
-def _source(module: nn.Module, shape_of: ShapeOf) -> QKSource | None:
-    if isinstance(module, nn.MultiheadAttention):
-        e, hd = module.embed_dim, module.head_dim
-        qb = _part(module, "in_proj_bias", 0, 0, e)
-        kb = _part(module, "in_proj_bias", 0, e, 2 * e)
-        if module.in_proj_weight is not None:
-            q, k = _part(module, "in_proj_weight", 0, 0, e), _part(module, "in_proj_weight", 0,
-                                                                   e, 2 * e)
-        else:
-            q, k = _part(module, "q_proj_weight"), _part(module, "k_proj_weight")
-        return QKSource("rows", q, k, qb, kb, hd) if q is not None and k is not None else None
-    c_attn = getattr(module, "c_attn", None)
-    if c_attn is not None and not getattr(module, "is_cross_attention", False):
-        w = getattr(c_attn, "weight", None)
-        e = _int(getattr(module, "embed_dim", None))
-        hd = _int(getattr(module, "head_dim", None))
-        shape = shape_of(c_attn, "weight") or (w.shape if isinstance(w, torch.Tensor) else None)
-        if isinstance(w, torch.Tensor) and shape is not None and len(shape) == 2 and e and hd \
-                and shape[1] == 3 * e:
-            return QKSource("cols", Part(w, 1, 0, e, c_attn, "weight"),
-                            Part(w, 1, e, 2 * e, c_attn, "weight"),
-                            _part(c_attn, "bias", 0, 0, e), _part(c_attn, "bias", 0, e, 2 * e), hd)
-    for q_name, k_name in (("q_proj", "k_proj"), ("query", "key")):
-        q, k = getattr(module, q_name, None), getattr(module, k_name, None)
-        if isinstance(q, nn.Linear) and isinstance(k, nn.Linear):
-            hd = _head_dim(module, q.out_features)
-            if hd and q.out_features % hd == 0 and k.out_features % hd == 0:
-                return QKSource("rows", Part(q.weight, owner=q, name="weight"),
-                                Part(k.weight, owner=k, name="weight"), _part(q, "bias"),
-                                _part(k, "bias"), hd)
-    return None
-
-
-def _no_shape(owner: nn.Module, name: str) -> torch.Size | None:
-    return None
-
-
-def find_qk(model: nn.Module, shape_of: ShapeOf | None = None) -> list[QKSource]:
-    """One :class:`QKSource` per attention module of ``model``, in module order.
-
-    Parameters are referenced, not copied, and sliced at measurement time, so every
-    in-place optimizer update is seen (a parameter *replaced* later is not followed).
-    ``shape_of(owner, name)`` gives a parameter's unsharded shape where sharding
-    flattened it (FSDP1, ``Sharding.shape_of``).
-    """
-    shape_of = shape_of or _no_shape
-    return [src for module in model.modules() if (src := _source(module, shape_of)) is not None]
 
 
 def qk_norms(

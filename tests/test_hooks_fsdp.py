@@ -148,7 +148,8 @@ def reference(clip: bool) -> list[dict]:
     q/k norms after the update.
     """
     from logitwatch.hooks import attach
-    from logitwatch.hooks._qk import find_qk, qk_norms
+    from logitwatch.hooks._qk import qk_norms
+    from logitwatch.hooks._qk_find import find_qk
 
     ns: dict = {}
     exec(MODEL, ns)
