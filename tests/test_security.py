@@ -390,7 +390,9 @@ def test_other_bad_requests_answer_code_and_message(open_client: TestClient) -> 
                          headers={"Content-Type": "text/plain"})
     assert r.status_code == 422 and r.json()["code"] == "invalid-request"
     assert open_client.get("/api/v1/runs/999").json()["code"] == "run-not-found"
-    r = open_client.get("/api/v1/runs/abc")
+    r = open_client.get("/api/v1/runs/abc")  # a run name (docs/ARCHITECTURE.md)
+    assert r.status_code == 404 and r.json()["code"] == "run-not-found"
+    r = open_client.get("/api/v1/runs/a%20b")  # not a run name
     assert r.status_code == 422 and "run_id" in r.json()["message"]
     r = open_client.get("/api/v1/runs/99999999999999999999")
     assert r.status_code == 422 and "run_id" in r.json()["message"]

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy import select
 
 from logitwatch.server.api.deps import (
-    INT32_MAX,
+    ProjectQuery,
     ReadDep,
     RunIdDep,
+    RunRef,
     SessionDep,
     SettingsDep,
     client_address,
     credentials,
-    run_visible_to,
+    resolve_run,
 )
 from logitwatch.server.db.models import Run
+from logitwatch.server.db.session import session_scope
 from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import (
     MAX_RANK,
@@ -102,15 +104,14 @@ def run(run_id: RunIdDep, session: SessionDep, settings: SettingsDep) -> RunOut:
     return queries.get_run(session, run_id, active_seconds=settings.run_active_seconds)
 
 
-def writable_run(
-    run_id: Annotated[int, Path(ge=1, le=INT32_MAX, description="run id")],
-    request: Request,
-) -> int:
-    """The path's run id, once the caller may change it: open mode, or an ``ingest`` token
-    of the run's project (another project's run answers 404, as for reads)."""
+def writable_run(run_id: RunRef, request: Request, project: ProjectQuery = None) -> int:
+    """The id of the run the path names (id or name), once the caller may change it: open
+    mode, or an ``ingest`` token of the run's project (another project's run answers 404,
+    as for reads)."""
     principal = request.app.state.auth.authorize(credentials(request), scope="ingest",
                                                  client=client_address(request))
-    return run_visible_to(principal, run_id, request)
+    with session_scope(request.app.state.sessions) as s:
+        return resolve_run(s, principal, run_id, project)
 
 
 @router.delete(
