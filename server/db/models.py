@@ -84,6 +84,7 @@ class Frame(Base):
     __table_args__ = (
         UniqueConstraint("run_id", "rank", "seq"),
         Index("ix_frames_run_rank_step", "run_id", "rank", "step"),
+        Index("ix_frames_run_id", "run_id", "id"),  # a run's newest frame (last_frame_id)
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -107,8 +107,11 @@ def list_runs(
         select(Alert.run_id, func.count().label("n")).where(Alert.state == "firing")
         .group_by(Alert.run_id).subquery()
     )
+    # One index lookup per run (ix_frames_run_id): its newest frame, the stream's `after`.
+    last_frame = (select(func.max(Frame.id)).where(Frame.run_id == Run.id)
+                  .correlate(Run).scalar_subquery())
     q = (
-        select(Run, func.coalesce(firing.c.n, 0))
+        select(Run, func.coalesce(firing.c.n, 0), last_frame)
         .outerjoin(firing, firing.c.run_id == Run.id)
         .order_by(Run.last_time.desc().nulls_last(), Run.id.desc())
     )
@@ -139,9 +142,10 @@ def list_runs(
     if offset:
         q = q.offset(offset)
     rows = session.execute(q).all()
-    tags = _tags(session, [r.id for r, _ in rows])
-    return [_run_out(r, int(n), tags=tags.get(r.id), now=now, active_seconds=active_seconds)
-            for r, n in rows]
+    tags = _tags(session, [r.id for r, _, _ in rows])
+    return [_run_out(r, int(n), int(last or 0), tags=tags.get(r.id), now=now,
+                     active_seconds=active_seconds)
+            for r, n, last in rows]
 
 
 def get_run(session: Session, run_id: int, *, active_seconds: float = 600.0) -> RunOut:
