@@ -181,12 +181,16 @@ def test_dashboard_live(collector: str, tab: Any, tmp_path: Path) -> None:
                         has_text="fired at step 220").filter(has_text="layer 1 · head 2")
     assert card.count() == 1
     assert card.locator(".remedies li").count() > 0
+    # The head's alert is shaded where it belongs (heads over steps), a thin mark on the loss,
+    # whose own shading is the loss's alert (the NaN at step 150).
     shapes = page.evaluate("document.getElementById('loss').layout.shapes.map(s => s.x0)")
-    assert 220 in shapes
+    assert 220 not in shapes and 150 in shapes
     assert 220 in page.evaluate(
-        "document.getElementById('loss').data.find(t => t.meta === 'alerts').x"
+        "document.getElementById('loss').data.find(t => t.meta === 'alerts-other').x"
     )
-    page.wait_for_function("document.getElementById('conn').textContent === 'live'",
+    assert 220 in page.evaluate(
+        "document.getElementById('heads_time').layout.shapes.map(s => s.x0)")
+    page.wait_for_function("document.getElementById('stream').textContent === 'live'",
                            timeout=WAIT_MS)
     page.screenshot(path=tmp_path / "run.png", full_page=True)
 
@@ -205,17 +209,18 @@ def test_dashboard_live(collector: str, tab: Any, tmp_path: Path) -> None:
         timeout=WAIT_MS,
     )
     assert page.evaluate("document.getElementById('heatmap').data[0].z[0][1]") == 60.0
-    page.wait_for_selector("#alerts .alert[data-state='firing'] >> text=layer 0 · head 1",
-                           timeout=WAIT_MS)
+    # Live, into the open incident: folded under its cause as a related alert.
+    page.wait_for_selector("#alerts .incident .fold.related .folded >> text=layer 0 · head 1",
+                           state="attached", timeout=WAIT_MS)
     page.wait_for_function(
-        "document.getElementById('loss').data.find(t => t.meta === 'alerts').x.includes(320)",
-        timeout=WAIT_MS,
+        "document.getElementById('loss').data.find(t => t.meta === 'alerts-other').x"
+        ".includes(320)", timeout=WAIT_MS,
     )
     assert page.evaluate("document.getElementById('loss').data[0].x.length") == 35
     firing = [a for a in httpx.get(f"{collector}/api/v1/runs/{run_id}/alerts").json()
               if a["state"] == "firing"]
     page.wait_for_function(
-        f"document.getElementById('alerts-count').textContent === '{len(firing)} firing'",
+        f"document.getElementById('alerts-count').textContent.endsWith('({len(firing)} alerts)')",
         timeout=WAIT_MS)
     page.screenshot(path=tmp_path / "run-live.png", full_page=True)
 
@@ -250,7 +255,7 @@ def test_empty_run_fills_live_then_reconnects(server: Collector, tab: Any) -> No
         "no attn.logit_max yet"
     )
     assert page.locator("#alerts").inner_text() == "No alerts. Logits look healthy."
-    page.wait_for_function("document.getElementById('conn').textContent === 'live'",
+    page.wait_for_function("document.getElementById('stream').textContent === 'live'",
                            timeout=WAIT_MS)
 
     ingest(server.url, frames(range(1, 4), {}))
@@ -265,7 +270,7 @@ def test_empty_run_fills_live_then_reconnects(server: Collector, tab: Any) -> No
     assert page.evaluate("Number(document.body.dataset.livePoints)") == 3
 
     server.stop()
-    page.wait_for_function("document.getElementById('conn').textContent === 'reconnecting'",
+    page.wait_for_function("document.getElementById('stream').textContent === 'reconnecting'",
                            timeout=WAIT_MS)
     # Chromium logs the cut stream and the refused reconnects as network errors
     # (net::ERR_INCOMPLETE_CHUNKED_ENCODING, net::ERR_CONNECTION_REFUSED); nothing else.
@@ -363,6 +368,7 @@ def test_dashboard_views_zoom_drill_compare(collector: str, tab: Any, tmp_path: 
     # every step chart shows it at full resolution, spike included.
     asked: list[str] = []
     page.on("request", lambda r: asked.append(r.url) if "/figures/" in r.url else None)
+    page.locator("#loss").scroll_into_view_if_needed()  # below the heads, now
     box = page.locator("#loss .nsewdrag").bounding_box()
     assert box is not None
     x_of = page.evaluate("""(s) => { const ax = document.getElementById('loss')._fullLayout.xaxis;

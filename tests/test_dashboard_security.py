@@ -140,7 +140,7 @@ def test_hostile_names_render_literally(db_file: str, tab: Any) -> None:
         hover = page.evaluate("document.querySelector('#loss .hoverlayer').textContent")
         assert HOSTILE_RULE in hover and HOSTILE_METRIC in hover, hover
         assert_nothing_ran(page)
-        page.wait_for_function("document.getElementById('conn').textContent === 'live'",
+        page.wait_for_function("document.getElementById('stream').textContent === 'live'",
                                timeout=WAIT_MS)
         assert_nothing_ran(page)
         assert page.errors == []
@@ -181,7 +181,7 @@ def test_login_isolates_projects_and_streams_on_the_cookie(db_file: str, tab: An
         page.goto(f"{server.url}/runs/1")
         page.wait_for_function("document.body.dataset.ready === '1'", timeout=WAIT_MS)
         assert page.locator("#run-name").inner_text() == "a-run"
-        page.wait_for_function("document.getElementById('conn').textContent === 'live'",
+        page.wait_for_function("document.getElementById('stream').textContent === 'live'",
                                timeout=WAIT_MS)
         post(server.url, frames("a-run", "alpha", range(5, 8)), ingest_a)
         page.wait_for_function("document.getElementById('loss').data[0].x.length === 8",

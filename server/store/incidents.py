@@ -8,7 +8,7 @@ decide.
   resolved. In it, the **cause** is its first alert that is not a consequence; the
   **divergence** is the run-level divergence alert (its ``fired_step`` is the run's
   ``diverged_step``); **consequences** are alerts inhibited by the divergence or fired at or
-  after it; a **duplicate** says what an earlier member says about the same metric and
+  after it in the same incident; a **duplicate** says what an earlier member says about the same metric and
   heads within :data:`DUPLICATE_STEPS`; the rest are **related**.
 * :func:`verdict`: one word for the run (``diverged``, ``stopped``, ``warning``,
   ``finished``, ``healthy``, ``empty``) and one line saying why.
@@ -85,10 +85,11 @@ def _is_divergence(a: AlertOut, diverged_step: int | None) -> bool:
             and a.severity in PAGED)
 
 
-def _is_consequence(a: AlertOut, diverged_step: int | None) -> bool:
+def _is_consequence(a: AlertOut, div: AlertOut | None) -> bool:
+    """Inhibited by the divergence, or fired at or after it in the same incident."""
     if a.suppressed == "inhibited":
         return True
-    return diverged_step is not None and a.fired_step >= diverged_step
+    return div is not None and a is not div and a.fired_step >= div.fired_step
 
 
 def _same_subject(a: AlertOut, b: AlertOut) -> bool:
@@ -119,7 +120,7 @@ def _cluster(alerts: Sequence[AlertOut]) -> list[list[AlertOut]]:
 
 def _incident(members: list[AlertOut], diverged_step: int | None) -> IncidentOut:
     div = next((a for a in members if _is_divergence(a, diverged_step)), None)
-    causes = [a for a in members if a is not div and not _is_consequence(a, diverged_step)]
+    causes = [a for a in members if a is not div and not _is_consequence(a, div)]
     cause = causes[0] if causes else (div or members[0])
     roles: list[MemberOut] = [MemberOut(id=cause.id, role="cause")]
     earlier: list[AlertOut] = [cause]
@@ -128,7 +129,7 @@ def _incident(members: list[AlertOut], diverged_step: int | None) -> IncidentOut
             continue
         if a is div:
             roles.append(MemberOut(id=a.id, role="divergence"))
-        elif _is_consequence(a, diverged_step):
+        elif _is_consequence(a, div):
             roles.append(MemberOut(id=a.id, role="consequence"))
         else:
             dup = next((b for b in earlier if _same_subject(a, b)
