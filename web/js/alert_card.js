@@ -14,9 +14,17 @@ export function whereText(a) {
     }
     return "run";
   }
-  const heads = [...new Set(a.heads?.length ? a.heads : [a.head])].filter((h) => h != null).sort((x, y) => x - y);
+  const heads = firedHeads(a);
   if (!heads.length) return `layer ${a.layer}`;
   return heads.length === 1 ? `layer ${a.layer} · head ${heads[0]}` : `layer ${a.layer} · heads ${heads.join(", ")}`;
+}
+
+/** The heads an alert named when it fired (its message says; `heads` grows as it reopens). */
+export function firedHeads(a) {
+  const m = /, layer \d+, heads? ([\d, ]+):/.exec(a.message || "");
+  const named = m ? m[1].split(",").map((x) => Number(x.trim())).filter(Number.isInteger) : null;
+  const heads = named?.length ? named : a.heads?.length ? a.heads : [a.head];
+  return [...new Set(heads)].filter((h) => h != null).sort((x, y) => x - y);
 }
 
 /** The (layer, head) to open for an alert: its own, or the head holding the max. */
@@ -56,6 +64,10 @@ export function evidenceText(v) {
 function badges(a) {
   const out = [el("span", `sev ${a.severity}`, a.severity), el("span", `badge ${a.state}`, a.state)];
   if (a.suppressed) out.push(el("span", "chip", a.suppressed));
+  const all = new Set(a.heads || []);
+  if (a.layer != null && all.size > firedHeads(a).length) {
+    out.push(el("span", "chip", `now heads ${[...all].sort((x, y) => x - y).join(", ")}`));
+  }
   const reopened = Number(a.evidence?.reopened || 0);
   if (reopened) {
     const flap = el("span", "chip flap", `flapping: reopened ${reopened}×`);
