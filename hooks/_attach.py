@@ -10,6 +10,7 @@ import torch
 
 from logitwatch.client import Client, ClientConfig
 
+from ._cost import MAX_INTERVAL
 from ._logits import DEFAULT_BUDGET
 from ._monitor import Monitor
 from ._qk_find import QKLayout
@@ -57,6 +58,7 @@ def attach(
     overhead_budget: float | None | _Default = DEFAULT,
     lm_head: torch.nn.Module | bool | None = None,
     qk_layout: QKLayout | None = None,
+    max_sample_every: int = MAX_INTERVAL,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
 
@@ -96,8 +98,13 @@ def attach(
         memory_budget: Bytes one sampled attention call (or LM-head call) may use for its
             statistics; logits are computed in blocks within it (default 256 MiB).
         overhead_budget: Fraction of training time the monitor may cost; the sampling
-            interval is widened to stay under it. Default: 0.01 with the default
-            ``sample_every``, None (never widen) when ``sample_every`` is given.
+            interval is widened to stay under it, up to ``max_sample_every``. Cost is the
+            thread CPU time of the hooks (on an accelerator: the sampled step's extra
+            duration). Default: 0.01 with the default ``sample_every``, None (never widen)
+            when ``sample_every`` is given.
+        max_sample_every: Ceiling on the interval the overhead budget may widen to
+            (default 50): a frame at least every this many steps, even where that costs
+            more than the budget (``hooks.overhead`` says how much).
         lm_head: The module producing vocabulary logits (for ``final.*``); None finds it
             (``get_output_embeddings()``, then a ``Linear`` named like a head); False: off.
         qk_layout: Geometry of fused q/k/v projections that cannot be inferred, by the
@@ -140,6 +147,11 @@ def attach(
     ):
         raise ValueError(
             f"attach: overhead_budget must be in (0, 1] or None, got {overhead_budget!r}")
+    if isinstance(max_sample_every, bool) or not isinstance(max_sample_every, int) or (
+        max_sample_every < 1
+    ):
+        raise ValueError(
+            f"attach: max_sample_every must be an int >= 1, got {max_sample_every!r}")
     if qk_layout is not None and not (
         isinstance(qk_layout, Mapping)
         and all(isinstance(k, str) and (v is None or isinstance(v, Mapping))
@@ -165,4 +177,5 @@ def attach(
         overhead_budget=None if overhead_budget is None else float(overhead_budget),
         lm_head=lm_head,
         qk_layout=qk_layout,
+        max_sample_every=max_sample_every,
     )

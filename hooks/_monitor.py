@@ -17,7 +17,7 @@ from logitwatch.client import Client
 
 from . import _adapter, _clip, _eager, _logits
 from ._buffer import StepBuffer, collect
-from ._cost import CostMeter
+from ._cost import MAX_INTERVAL, CostMeter
 from ._final import final_stats, find_output_head, vocab_size
 from ._history import LR, HistoryBlock, StepHistory
 from ._logits import DEFAULT_BUDGET, attention_head_stats
@@ -40,6 +40,11 @@ PARTS = ("attention", "final", "qk", "loss", "grad", "history", "step")
 _GRAD_MISSING, _QK_MISSING = "_lw.grad_missing", "_lw.qk_missing"
 #: Sampled frames over which ``grad.clip_rate`` is taken when the job never clips itself.
 CLIP_WINDOW = 20
+
+
+#: The clock of the monitor's own cost: CPU time of the training thread, which other
+#: processes on the machine do not inflate (see ``_cost``).
+_clock = time.thread_time
 
 
 def _compiling() -> bool:
@@ -136,6 +141,7 @@ class Monitor:
         overhead_budget: float | None = 0.01,
         lm_head: torch.nn.Module | bool | None = None,
         qk_layout: QKLayout | None = None,
+        max_sample_every: int = MAX_INTERVAL,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -144,7 +150,10 @@ class Monitor:
         self._sample_every = sample_every
         self._max_grad_norm = max_grad_norm
         self.memory_budget = memory_budget
-        self._cost = CostMeter(overhead_budget)
+        device_work = any(p.device.type != "cpu" for p in model.parameters())
+        self._cost = CostMeter(overhead_budget, max_interval=max_sample_every,
+                               device_work=device_work)
+        self._sample_at: set[int] = set()  # steps to sample whatever the interval
         self._step = 0
         self._last_sampled: int | None = None
         self._sampled = True
@@ -266,6 +275,17 @@ class Monitor:
         """Sample the next step to start, whatever the interval (e.g. after an alert)."""
         self._force_next = True
 
+    def request_sample_at(self, step: int) -> None:
+        """Sample the step with index ``step`` (counted from attach, as
+        :attr:`step_index`), whatever the interval: e.g. a run's known last step, so that
+        its final frame is a full sample (the framework callbacks do this). A step that
+        has already started (``step <= step_index``) is not changed. Under sharding, call
+        it on every rank alike. At most 64 requests are kept."""
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"request_sample_at: step must be an int, got {step!r}")
+        if step > self._step and len(self._sample_at) < 64:
+            self._sample_at.add(step)
+
     def log(self, **scalars: torch.Tensor | float) -> None:
         """Add scalars to the current step's frame (call before ``optimizer.step()``).
 
@@ -327,12 +347,12 @@ class Monitor:
                 log.warning("logitwatch: Monitor.step() ignored: the optimizer ends steps")
             return
         if self._scheduled and "grad" not in self.disabled and not self._clip_seen:
-            t0 = time.perf_counter()
+            t0 = _clock()
             try:
                 self._measure_grad(self.model.parameters())
             except Exception:
                 self._fail("grad")
-            self._cost.add_host(time.perf_counter() - t0)
+            self._cost.add_host(_clock() - t0)
         self._end_step()
 
     def close(self, timeout: float = 10.0, *, finished: bool = True) -> None:
@@ -366,24 +386,44 @@ class Monitor:
     detach = close
 
     def _flush_history(self) -> None:
-        """Send the steps since the last frame in one last frame (the newest step's scalars,
-        the others as its history), so the steps a run ends with between two samples (a
-        divergence among them) are not lost. One read-back, at close, not in a training
-        step; no collective."""
-        if "history" in self.disabled or "step" in self.disabled:
+        """At close, when the last step ended unsampled: one closing frame at that step
+        (``hooks.closing`` = 1) with what can still be measured after it ran: its history
+        scalars (loss, grad norm, clip flag, lr), the q/k norms of the weights as the last
+        update left them (what a sample of that step reads; not under sharding, which
+        would need a collective), and the steps before it since the last frame as its
+        history. Attention and ``final.*`` need the step's forward: a step that already
+        ran cannot be sampled. One read-back, at close, not in a training step."""
+        last = self._step - 1
+        if "step" in self.disabled or last < 0 or self._last_sampled == last:
             return
         try:
-            block = self._history.take()
-            if block is None or not block.steps or not self._send_takes_history():
-                return
-            flat = collect({}, {}, extra=block.tensors)[4] if block.tensors else []
-            hist = block.values(flat)
-            last = hist["steps"][-1]
-            scalars = {n: v[-1] for n, v in hist["scalars"].items() if v[-1] is not None}
-            rest = {"steps": hist["steps"][:-1],
-                    "scalars": {n: v[:-1] for n, v in hist["scalars"].items()}}
-            self.client.send(last, scalars, {}, time=time.time(),
-                             history=rest if rest["steps"] else None)
+            block = None if "history" in self.disabled else self._history.take()
+            heads: dict[str, list[torch.Tensor]] = {}
+            if self._shard is None and self._qk and "qk" not in self.disabled:
+                try:
+                    heads = qk_norms(self._qk)
+                except Exception:
+                    self._fail("qk")
+            tensors = block.tensors if block is not None else []
+            _, out_heads, _, _, flat = collect({}, heads, extra=tensors)
+            scalars: dict[str, float] = {}
+            rest = None
+            if block is not None and block.steps:
+                hist = block.values(flat)
+                steps, series = hist["steps"], hist["scalars"]
+                upto = len(steps)
+                if steps[-1] == last:
+                    upto -= 1
+                    scalars = {n: v[-1] for n, v in series.items() if v[-1] is not None}
+                if upto:
+                    rest = {"steps": steps[:upto],
+                            "scalars": {n: v[:upto] for n, v in series.items()}}
+            scalars["hooks.closing"] = 1.0
+            scalars["hooks.sample_every"] = float(self._effective_every)
+            if rest is not None and self._send_takes_history():
+                self.client.send(last, scalars, out_heads, time=time.time(), history=rest)
+            else:
+                self.client.send(last, scalars, out_heads, time=time.time())
         except Exception:
             self._fail("history")
 
@@ -399,7 +439,7 @@ class Monitor:
                      kwargs: dict[str, Any] | None = None) -> None:
         if _compiling():
             return
-        t0 = time.perf_counter()
+        t0 = 0.0
         try:
             self._depth += 1
             if self._depth > 1 or not self.sampled:
@@ -408,6 +448,7 @@ class Monitor:
                 return
             if not (module.training and torch.is_grad_enabled()):
                 return
+            t0 = _clock()
             self.capturing = True
             _adapter.push(self)
             self._calls = 0
@@ -418,8 +459,8 @@ class Monitor:
         except Exception:
             self._fail("attention")
         finally:
-            if self.capturing:
-                self._cost.add_host(time.perf_counter() - t0)
+            if self.capturing and t0:
+                self._cost.add_host(_clock() - t0)
 
     def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if _compiling():
@@ -432,14 +473,14 @@ class Monitor:
                 if module.training and torch.is_grad_enabled() and self._keeps_history():
                     self._history_loss(output)
                 return
-            t0 = time.perf_counter()
+            t0 = _clock()
             self._stop_capture()
             loss = getattr(output, "loss", None)
             if loss is None and isinstance(output, dict):
                 loss = output.get("loss")
             if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
                 self._buffer.add_auto_loss(loss)
-            self._cost.add_host(time.perf_counter() - t0)
+            self._cost.add_host(_clock() - t0)
         except Exception:
             self._fail("loss")
 
@@ -463,13 +504,13 @@ class Monitor:
     def _head_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if not self.capturing or "final" in self.disabled or _compiling():
             return
-        t0 = time.perf_counter()
+        t0 = _clock()
         try:
             if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
                 self._buffer.add_final(final_stats(args[0], output, self.memory_budget))
         except Exception:
             self._fail("final")
-        self._cost.add_host(time.perf_counter() - t0)
+        self._cost.add_host(_clock() - t0)
 
     def _stop_capture(self) -> None:
         self.capturing = False
@@ -526,7 +567,7 @@ class Monitor:
         query_valid: torch.Tensor | None = None,
         key_valid: torch.Tensor | None = None,
     ) -> None:
-        t0 = time.perf_counter()
+        t0 = _clock()
         try:
             index = self._calls if layer is None else layer
             self._calls += 1
@@ -549,7 +590,7 @@ class Monitor:
             self._buffer.add_attention(index, stats)
         except Exception:
             self._fail("attention")
-        self._cost.add_host(time.perf_counter() - t0)
+        self._cost.add_host(_clock() - t0)
 
     # -- optimizer -----------------------------------------------------------------------
 
@@ -580,10 +621,10 @@ class Monitor:
         try:
             if not self._scheduled or "grad" in self.disabled or self._clip_seen:
                 return
-            t0 = time.perf_counter()
+            t0 = _clock()
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self._measure_grad(params)
-            self._cost.add_host(time.perf_counter() - t0)
+            self._cost.add_host(_clock() - t0)
         except Exception:
             self._fail("grad")
 
@@ -713,6 +754,9 @@ class Monitor:
             except Exception:
                 self._warn_once("interval", "the ranks' interval agreement failed")
         force, self._force_next = self._force_next, False
+        if self._sample_at:
+            force = force or self._step in self._sample_at
+            self._sample_at = {s for s in self._sample_at if s > self._step}
         self._sampled = (
             force
             or self._last_sampled is None
@@ -744,7 +788,7 @@ class Monitor:
         shard, vec = self._shard, self._vec
         if shard is None or vec is None:
             return None
-        t0 = time.perf_counter()
+        t0 = _clock()
         try:
             vec.zero_()
         except Exception:
@@ -772,11 +816,11 @@ class Monitor:
             self._warn_once("exchange", "the end-of-step all_reduce failed")
             return None
         finally:
-            self._cost.add_host(time.perf_counter() - t0)
+            self._cost.add_host(_clock() - t0)
         return vec
 
     def _emit(self, step: int, vec: torch.Tensor | None = None) -> None:
-        t0 = time.perf_counter()
+        t0 = _clock()
         lr = self._lr()
         first = self._frames == 0
         sharded = self._shard is not None
@@ -808,7 +852,7 @@ class Monitor:
             except Exception:
                 self._fail("qk")
         block = self._take_history()
-        host_ms = 1e3 * (self._cost.host_seconds + time.perf_counter() - t0)
+        host_ms = 1e3 * (self._cost.host_seconds + _clock() - t0)
         out_scalars, out_heads, syncs, nbytes, rows = collect(
             scalars, heads, extra=block.tensors if block is not None else None)
         history = None
@@ -826,6 +870,7 @@ class Monitor:
             out_scalars["grad.clip_rate"] = sum(self._clipped_window) / len(
                 self._clipped_window)
         out_scalars["hooks.host_ms"] = host_ms
+        self._cost.add_host(_clock() - t0)
         if self._shard is not None and self._shard.device.type != "cpu":
             syncs += 1  # reading the ranks' agreed interval at the end of this step
         out_scalars["hooks.syncs"] = float(syncs)

@@ -13,6 +13,8 @@ accelerate's wrapper is looked through), ends steps on the optimizer's ``step()`
 plain loop, reads ``args.max_grad_norm`` as the clip threshold, the rank from
 ``args.process_index``, and closes at ``on_train_end``, which says the job ended (the run
 becomes ``finished`` on the collector). The loss comes from the model outputs' ``.loss``.
+The run's last step (``state.max_steps``) is sampled whatever the interval
+(:meth:`Monitor.request_sample_at`), so the last frame is a full one at the last step.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
         if "client" not in options:
             options.setdefault("rank", int(getattr(args, "process_index", 0)))
         self.monitor = attach(model, optimizer, run=self.run, url=self.url, **options)
+        max_steps = getattr(state, "max_steps", 0)
+        if isinstance(max_steps, int) and max_steps > 0:
+            self.monitor.request_sample_at(max_steps - int(state.global_step or 0) - 1)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:

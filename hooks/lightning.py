@@ -16,13 +16,16 @@ it is computed at the step's end, where the gradients are still this step's), an
 monitored step per optimizer step (``accumulate_grad_batches`` respected). Automatic
 optimization with one optimizer; the rank is ``trainer.global_rank``.
 
-``on_fit_end`` closes the monitor, which says the job ended (the run becomes ``finished``
-on the collector); a fit that raises closes it without (``on_exception``), so the run is
-reported ``stopped`` once no data comes.
+The fit's last optimizer step (``trainer.estimated_stepping_batches``, when finite) is
+sampled whatever the interval (:meth:`Monitor.request_sample_at`), so the last frame is a
+full one at the last step. ``on_fit_end`` closes the monitor, which says the job ended
+(the run becomes ``finished`` on the collector); a fit that raises closes it without
+(``on_exception``), so the run is reported ``stopped`` once no data comes.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning.pytorch as pl
@@ -62,6 +65,12 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         self.monitor = attach(pl_module, None, run=self.run, url=self.url, **options)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self._lr_source = optimizer
+        try:
+            total = trainer.estimated_stepping_batches
+        except Exception:  # no estimate (an iterable of unknown length...): close() still
+            total = math.inf  # sends the last step's scalars
+        if isinstance(total, (int, float)) and math.isfinite(total) and total > 0:
+            self.monitor.request_sample_at(int(total) - int(trainer.global_step) - 1)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:

@@ -67,6 +67,21 @@ def test_hf_trainer_callback(tmp_path) -> None:
     assert frames[0]["scalars"]["loss.first_over_ln_vocab"] == pytest.approx(1.0, abs=0.1)
 
 
+def test_hf_trainer_last_step_is_a_full_sample(tmp_path) -> None:
+    """Steps 0-4 sampled every 3: step 4, the run's last, is sampled too (a full frame)."""
+    pytest.importorskip("transformers")
+    from logitwatch.hooks.hf import LogitwatchCallback
+
+    client, frames = capturing_client()
+    callback = LogitwatchCallback(run="r", client=client, sample_every=3, overhead_budget=None)
+    hf_trainer(tmp_path, callback).train()  # type: ignore[attr-defined]
+    client.shutdown(5.0)
+    assert [f["step"] for f in frames] == [0, 3, 4]
+    assert "hooks.closing" not in frames[-1]["scalars"]
+    assert len(frames[-1]["heads"]["attn.logit_max"]) == 2
+    assert "final.logz" in frames[-1]["scalars"]
+
+
 def lightning_fit(callback, fail_at: int | None = None) -> None:
     """A tiny attention model under ``lightning.Trainer`` for 3 optimizer steps (two
     batches each); ``fail_at``: the training step raises at that batch."""
@@ -130,6 +145,20 @@ def test_lightning_callback() -> None:
         assert s["lr"] == pytest.approx(0.1) and s["grad.clipped"] == 1.0
         assert len(frame["heads"]["attn.entropy_mean"]) == 1
         assert len(frame["heads"]["qk.k_weight_norm"][0]) == 2
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_last_step_is_a_full_sample() -> None:
+    pytest.importorskip("lightning.pytorch")
+    from logitwatch.hooks.lightning import LogitwatchCallback
+
+    client, frames = capturing_client()
+    callback = LogitwatchCallback(run="r", client=client, sample_every=5, overhead_budget=None)
+    lightning_fit(callback)  # 3 optimizer steps
+    client.shutdown(5.0)
+    assert [f["step"] for f in frames] == [0, 2]
+    assert len(frames[-1]["heads"]["attn.entropy_mean"]) == 1
 
 
 # -- the end of training: the run finishes (or, on an error, does not) --------------------
