@@ -24,6 +24,7 @@ from ._codec import NameBudget, Packed, encode, pack
 from ._http import IngestTransport, shared_ssl_context
 from ._queue import Backlog
 from ._spool import WriterDir
+from ._url import normalize_url
 from ._worker import Sender, Spooler
 from .config import ClientConfig
 
@@ -110,7 +111,9 @@ class Client:
             ownership: it is not closed by :meth:`shutdown`. A forked child builds its own.
 
     Raises:
-        ValueError: ``run``, ``project`` or ``rank`` is invalid.
+        ValueError: ``url``, ``run``, ``project`` or ``rank`` is invalid. A URL without a
+            scheme, or with the API path appended (``.../api/v1``), is corrected with a
+            warning instead (``client/_url.py``).
     """
 
     def __init__(
@@ -130,7 +133,7 @@ class Client:
                 )
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise ValueError(f"Client rank must be an int >= 0, got {rank!r}")
-        self.url = url
+        self.url = normalize_url(url) if url is not None else None
         self.run = run
         self.project = project
         self.rank = rank

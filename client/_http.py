@@ -32,7 +32,8 @@ from typing import Any, Literal
 import httpx
 
 __all__ = [
-    "INGEST_PATH", "KEEP_4XX", "IngestTransport", "Outcome", "backoff_delay", "parse_retry_after",
+    "INGEST_PATH", "KEEP_4XX", "IngestTransport", "Outcome", "backoff_delay", "failure_hint",
+    "parse_retry_after",
 ]
 
 INGEST_PATH = "/api/v1/ingest"
@@ -55,6 +56,23 @@ class Outcome:
         database cannot hold, a conflict with stored data), not an outage (502, 503, 504,
         no answer). Retried; when it repeats, the sender looks for the frame at fault."""
         return self.status in (409, 500)
+
+
+def failure_hint(outcome: Outcome) -> str:
+    """What a person should check after ``outcome`` (a failed attempt), or "" when waiting
+    is the cure (no answer yet, a busy or failing collector)."""
+    status = outcome.status
+    if 200 <= status < 300 or status == 404:
+        return ("something answers at that address, but not a logitwatch collector's ingest "
+                "path: pass the collector's base URL, e.g. http://127.0.0.1:8000 (the port "
+                "`logitwatch serve` printed, without /api/v1)")
+    if status in (401, 403):
+        return ("the collector wants an ingest token of the run's project "
+                "(`logitwatch token create --scope ingest`, LOGITWATCH_TOKEN)")
+    if status == 421:
+        return ("the collector does not answer to that host name: use its own name, or add "
+                "this one to the collector's LOGITWATCH_ALLOWED_HOSTS")
+    return ""
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -170,7 +188,8 @@ class IngestTransport:
                 answer = None
             if not isinstance(answer, dict):
                 return Outcome("retry", message=f"HTTP {status} with a body that is not a "
-                               "logitwatch ingest answer (is the URL a logitwatch collector?)")
+                               "logitwatch ingest answer (is the URL a logitwatch collector?)",
+                               status=status)
             return Outcome("ok", answer=answer)
         message, code = _server_message(resp)
         if status >= 500 or status in KEEP_4XX:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from ._http import IngestTransport, backoff_delay
+from ._http import IngestTransport, Outcome, backoff_delay, failure_hint
 from ._spool import (
     SUFFIX,
     SpoolCorrupt,
@@ -28,12 +28,18 @@ from ._spool import (
     read_segment,
     remove_writer_dir,
 )
+from ._url import normalize_url
 
 __all__ = ["PushError", "PushResult", "push_spool", "spool_frames"]
 
 
 class PushError(Exception):
     """The push stopped (collector unreachable, no URL); the message says what to do."""
+
+
+#: Answers a person must act on (a URL, a token, a host name to fix): the push stops at
+#: once instead of retrying; the frames stay in the spool.
+STOP_AT_ONCE = frozenset({401, 403, 404, 421})
 
 
 @dataclass
@@ -117,6 +123,10 @@ def push_spool(
         target = url or read_meta(directory).get("url")
         if not isinstance(target, str) or not target:
             raise PushError(f"{directory}: the job recorded no collector URL; pass --url")
+        try:
+            target = normalize_url(target)
+        except ValueError as e:
+            raise PushError(f"{e}; pass the collector's base URL with --url") from None
         transport = IngestTransport(target, timeout=timeout, http=http, token=token,
                                     gzip_level=gzip_level, user_agent="logitwatch-push")
         try:
@@ -155,21 +165,17 @@ def _push_dir(directory: Path, transport: IngestTransport, max_batch: int, attem
             continue
         for attempt in range(attempts):
             outcome = transport.post(lines)
-            if outcome.kind != "retry":
+            if outcome.kind != "retry" or outcome.status in STOP_AT_ONCE:
                 break
             if attempt + 1 < attempts:
                 time.sleep(backoff_delay(attempt, max_backoff=10.0,
                                          retry_after=outcome.retry_after))
-        else:
+        if outcome.kind == "retry":
             left = len(lines)
             for seg in segments:
                 with contextlib.suppress(OSError, SpoolCorrupt):
                     left += header_frames(seg) or 0
-            raise PushError(
-                f"the collector at {transport.endpoint} did not take the frames "
-                f"({outcome.message}) after {attempts} attempts; {left} frames are still in "
-                f"{directory}: run the command again when it is up"
-            )
+            raise PushError(_failed(outcome, transport.endpoint, attempt + 1, left, directory))
         if outcome.kind == "ok":
             result.sent += len(lines)
             acc, dup = outcome.answer.get("accepted"), outcome.answer.get("duplicates")
@@ -183,3 +189,21 @@ def _push_dir(directory: Path, transport: IngestTransport, max_batch: int, attem
                 seg.rename(seg.with_suffix(".rejected"))
         if progress is not None:
             progress(len(lines))
+
+
+def _failed(outcome: Outcome, endpoint: str, attempts: int, left: int, directory: Path) -> str:
+    """Why the push stopped, told apart: nothing answers (the collector is down or the
+    address is wrong), a wrong path or a token to fix (it answers: waiting will not help),
+    or a collector that is up but failing."""
+    kept = f"{left} frame(s) are still in {directory}"
+    tries = f"after {attempts} attempt{'s' if attempts > 1 else ''}"
+    hint = failure_hint(outcome)
+    if outcome.status == 0:
+        return (f"no collector answers at {endpoint} ({outcome.message}) {tries}: it is down "
+                f"or the host or port is wrong (start it with `logitwatch serve`, check "
+                f"--url); {kept}: run the command again when it is up")
+    if hint:
+        return (f"{endpoint} answered {outcome.message}: {hint}; {kept}: run the command "
+                "again with the right --url (or token)")
+    return (f"the collector at {endpoint} is up but did not take the frames "
+            f"({outcome.message}) {tries}; {kept}: run the command again later")

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ._http import IngestTransport, Outcome, backoff_delay
+from ._http import IngestTransport, Outcome, backoff_delay, failure_hint
 from ._queue import Backlog, Batch, _seq
 
 __all__ = ["Sender", "Spooler"]
@@ -175,12 +175,14 @@ class Sender:
                     return
                 delay = min(delay, SHUTDOWN_BACKOFF, left)
             attempt += 1
+            hint = failure_hint(outcome)
             self._warn_once(
                 "retry",
-                "logitwatch: cannot deliver to %s (%s); frames are kept (disk spool) and "
+                "logitwatch: cannot deliver to %s (%s)%s; frames are kept (disk spool) and "
                 "retried with backoff; training is not affected (shown once per outage)",
                 self._transport.endpoint,
                 outcome.message,
+                f": {hint}" if hint else "",
             )
             self._urgent.wait(delay)
 
