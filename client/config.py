@@ -41,8 +41,9 @@ class ClientConfig:
         token: API token with the ``ingest`` scope for the run's project, sent as
             ``Authorization: Bearer <token>``; needed once the collector has tokens
             (``logitwatch token create``). Read from ``LOGITWATCH_TOKEN`` if not given.
-        spool_dir: Root of the crash-safe disk spool (default
-            ``$XDG_CACHE_HOME/logitwatch/spool``, else ``~/.cache/logitwatch/spool``). Each
+        spool_dir: Root of the crash-safe disk spool (default ``$LOGITWATCH_HOME/spool``
+            when ``LOGITWATCH_HOME`` is set, else ``$XDG_CACHE_HOME/logitwatch/spool``, else
+            ``~/.cache/logitwatch/spool``; ``logitwatch push`` reads it by default). Each
             process writes under ``<root>/<project>/<run>/rank-<rank>/<pid>-<start>``, and
             only when it must: the collector is unreachable or memory is half full.
         spool_max_bytes: Disk budget of one process's spool. Past it, the oldest spooled
@@ -138,9 +139,13 @@ class ClientConfig:
         return cls(**values)
 
     def spool_root(self, env: Mapping[str, str] | None = None) -> str:
-        """The spool root: ``spool_dir``, else the per-user cache directory."""
+        """The spool root: ``spool_dir``, else ``$LOGITWATCH_HOME/spool`` when that is set,
+        else the per-user cache directory."""
         if self.spool_dir is not None:
             return os.path.expanduser(self.spool_dir)
         env = os.environ if env is None else env
+        home = env.get("LOGITWATCH_HOME", "").strip()
+        if home:
+            return os.path.join(os.path.expanduser(home), "spool")
         cache = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         return os.path.join(cache, "logitwatch", "spool")

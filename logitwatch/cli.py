@@ -24,14 +24,17 @@ def main() -> None:
 
 @main.command()
 @click.option("--db", "db_url", default=None, metavar="URL",
-              help="Database URL. Default: sqlite:///.logitwatch/logitwatch.db. "
+              help="Database URL (default: $LOGITWATCH_DB_URL, else the SQLite file "
+              "logitwatch.db in $LOGITWATCH_HOME, else in ~/.local/share/logitwatch). "
               "PostgreSQL: postgresql+psycopg://user:pw@host:5432/db")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port to listen on (0: any free port).")
 @click.option("--webhook", "webhook_url", default=None, metavar="URL",
               help="POST every alert as JSON to this URL (Slack-compatible 'text' field).")
 @click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+              type=click.Choice(["debug", "info", "warning", "error"]),
+              help="Level of the collector's log on stderr.")
 @click.option("--insecure-no-auth", is_flag=True, default=False,
               help="INSECURE: serve on a non-loopback interface without API tokens; anyone "
               "who reaches the port reads and writes every run. Trusted networks only.")
@@ -67,15 +70,34 @@ def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
                            if db_url else "")
     if refusal is not None:
         raise click.ClickException(refusal)
+    from logitwatch.server.serving import PortInUse, check_port
+    from logitwatch.server.serving import serve as run_guarded
+
+    try:  # before the banner: a port in use fails here, not after "startup complete"
+        check_port(host, port)
+    except PortInUse as e:
+        raise click.ClickException(str(e)) from e
     if tokens == 0 and insecure_no_auth:
         click.secho(f"WARNING: serving on {host} WITHOUT AUTHENTICATION: anyone who can reach "
                     "this port can read and write every run.", fg="red", err=True)
     mode = f"{active} API token(s) active" if tokens else "open mode: no API tokens"
-    click.echo(f"logitwatch collector on http://{host}:{port}  (database: {settings.db_url}; "
-               f"{mode})")
-    from logitwatch.server.serving import serve as run_guarded
-
+    click.echo(f"logitwatch collector on http://{_url_host(host)}:{port}  ({mode})")
     run_guarded(create_app(settings), settings, log_level=log_level)
+
+
+def _url_host(host: str) -> str:
+    """``host`` as it goes into a URL (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def show_store(url: str) -> str:
+    """A database URL to print: the password of a PostgreSQL URL hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - printing must not fail; the URL is checked elsewhere
+        return url
 
 
 def _need_server() -> None:
@@ -90,20 +112,41 @@ def _need_server() -> None:
         ) from e
 
 
+class NoStore(click.ClickException):
+    """A command that only reads found no store where it looked."""
+
+
+def resolve_db(db_url: str | None) -> str:
+    """The store a command uses: ``--db``, else ``$LOGITWATCH_DB_URL``, else the SQLite
+    file in logitwatch's home (:func:`logitwatch.paths.default_db_url`)."""
+    _need_server()
+    from logitwatch.server.settings import Settings
+
+    try:
+        return Settings(db_url=db_url).db_url if db_url else Settings().db_url
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+
+
 @contextmanager
-def _store(db_url: str | None) -> Iterator[Session]:
-    """A migrated database's session, committed on success."""
+def _store(db_url: str | None, *, announce: bool = True,
+           create: bool = True) -> Iterator[Session]:
+    """A migrated database's session, committed on success. ``announce``: say on stderr
+    which store this is (every command that reads or writes one does, once). ``create``
+    False: a SQLite store that does not exist yet is an error, not a new empty file."""
     _need_server()
     from sqlalchemy.orm import sessionmaker
 
     from logitwatch.server.db.session import make_engine, migrate, session_scope
     from logitwatch.server.errors import ApiError
-    from logitwatch.server.settings import Settings
 
-    try:
-        url = Settings(db_url=db_url).db_url if db_url else Settings().db_url
-    except ValueError as e:
-        raise click.ClickException(str(e)) from e
+    url = resolve_db(db_url)
+    if announce:
+        click.echo(f"store: {show_store(url)}", err=True)
+    if not create and not _store_exists(url):
+        raise NoStore(f"no store at {show_store(url)} yet: nothing was recorded there "
+                      "(`logitwatch serve` and `logitwatch demo` create it; --db or "
+                      "LOGITWATCH_HOME name another)")
     engine = make_engine(url)
     try:
         migrate(engine)
@@ -116,8 +159,9 @@ def _store(db_url: str | None) -> Iterator[Session]:
 
 
 _DB = click.option("--db", "db_url", default=None, metavar="URL",
-                   help="Database URL (default: $LOGITWATCH_DB_URL, else "
-                   "sqlite:///.logitwatch/logitwatch.db).")
+                   help="Database URL (default: $LOGITWATCH_DB_URL, else the SQLite file "
+                   "logitwatch.db in $LOGITWATCH_HOME, else in ~/.local/share/logitwatch: "
+                   "the store `logitwatch serve` and the demo use).")
 
 
 @main.group()
@@ -229,10 +273,15 @@ def runs_list(project: str | None, tag: str | None, status: str | None,
               db_url: str | None) -> None:
     """List runs, most recently active first, with their status: running, finished (the
     job said it ended), stopped (no data: hung or crashed), diverged."""
-    with _store(db_url) as s:
-        from logitwatch.server.store.queries import list_runs
+    try:
+        with _store(db_url, create=False) as s:
+            from logitwatch.server.store.queries import list_runs
 
-        found = list_runs(s, project=project, tag=tag, status=status)  # type: ignore[arg-type]
+            found = list_runs(s, project=project, tag=tag,
+                              status=status)  # type: ignore[arg-type]
+    except NoStore as e:
+        click.echo(f"no runs: {e.message}")
+        return
     if not found:
         click.echo("no runs")
         return
@@ -250,7 +299,7 @@ def runs_list(project: str | None, tag: str | None, status: str | None,
 @_DB
 def runs_delete(run: str, project: str | None, yes: bool, db_url: str | None) -> None:
     """Delete RUN (an id or a name) with all its frames, values, alerts and tags."""
-    with _store(db_url) as s:
+    with _store(db_url, create=False) as s:
         from logitwatch.server.store.queries import delete_run, get_run
 
         rid = _find_run(s, run, project)
@@ -272,7 +321,7 @@ def runs_delete(run: str, project: str | None, yes: bool, db_url: str | None) ->
 def runs_tag(run: str, tags: tuple[str, ...], remove: tuple[str, ...], project: str | None,
              db_url: str | None) -> None:
     """Add TAGS to RUN (an id or a name); find them with GET /api/v1/runs?tag=."""
-    with _store(db_url) as s:
+    with _store(db_url, create=False) as s:
         from logitwatch.server.store.queries import set_tags
 
         now = set_tags(s, _find_run(s, run, project), add=list(tags), remove=list(remove))
@@ -293,37 +342,63 @@ def retention(days: float, bucket_steps: int, run: str | None, project: str | No
     are kept for one frame per --bucket-steps steps, the one with the bucket's largest
     value, so spikes survive; scalars are kept whole. A running collector does the same on
     a schedule with LOGITWATCH_RETENTION_DAYS."""
-    with _store(db_url) as s:
+    with _store(db_url, create=False) as s:
         from logitwatch.server.store.retention import thin_old_frames, vacuum
 
         rid = _find_run(s, run, project) if run else None
         out = thin_old_frames(s, older_than=days * 86400, bucket_steps=bucket_steps,
                               run_id=rid, progress=lambda m: click.echo(m, err=True))
-    with _store(db_url) as s:
+    with _store(db_url, announce=False) as s:
         vacuum(s)
     click.echo(f"retention: {out.matrices_deleted} matrices ({out.values_deleted} values) "
                f"deleted, {out.matrices_kept} kept in {out.metrics} series")
 
 
 @main.command()
-@click.argument("spool", type=click.Path(exists=True, file_okay=False))
+@click.argument("spool", required=False, type=click.Path(exists=True, file_okay=False))
 @click.option("--url", default=None, metavar="URL",
-              help="Collector base URL (default: the one the job was sending to).")
+              help="Collector base URL, e.g. http://127.0.0.1:8000 (default: the one the "
+              "job was sending to).")
 @click.option("--token", default=None, envvar="LOGITWATCH_TOKEN", show_envvar=True,
               help="Ingest token of the run's project, if the collector requires tokens.")
 @click.option("--batch", "max_batch", default=256, show_default=True,
               type=click.IntRange(1, 10_000), help="Frames per request.")
-def push(spool: str, url: str | None, token: str | None, max_batch: int) -> None:
+@click.option("--attempts", default=5, show_default=True, type=click.IntRange(1, 100),
+              help="Tries per batch while the collector does not answer or fails (with "
+              "backoff), before giving up; a wrong URL or token stops at once.")
+def push(spool: str | None, url: str | None, token: str | None, max_batch: int,
+         attempts: int) -> None:
     """Send the frames a training job left in its disk spool (SPOOL: the directory named
-    in the job's shutdown message, or any spool directory above it), then delete them.
+    in the job's shutdown message, or any spool directory above it; default: this user's
+    whole spool, $LOGITWATCH_HOME/spool when that is set, else ~/.cache/logitwatch/spool),
+    then delete them.
 
     Safe to run again after an interruption: the collector ignores frames it already has.
     Directories of jobs that are still running are skipped (they send their own).
     """
     from pathlib import Path
 
+    from logitwatch.client import ClientConfig
     from logitwatch.client._push import PushError, push_spool, spool_frames
+    from logitwatch.client._url import normalize_url
 
+    if url is not None:
+        try:
+            base = normalize_url(url, warn=False)
+        except ValueError as e:
+            raise click.ClickException(str(e)) from e
+        if base != url.strip().rstrip("/"):
+            click.echo(f"--url {url} taken as {base} (the collector's base URL)", err=True)
+        url = base
+    if spool is None:
+        try:
+            spool = ClientConfig.from_env().spool_root()
+        except ValueError as e:
+            raise click.ClickException(str(e)) from e
+    click.echo(f"spool: {spool}", err=True)
+    if not Path(spool).is_dir():
+        click.echo(f"nothing to push under {spool}")
+        return
     total, ready, locked = spool_frames(Path(spool))
     for d in locked:
         click.echo(f"skipped {d}: its job is still running and sends it itself", err=True)
@@ -333,9 +408,13 @@ def push(spool: str, url: str | None, token: str | None, max_batch: int) -> None
     click.echo(f"pushing {total} frame(s) from {len(ready)} spool director"
                f"{'y' if len(ready) == 1 else 'ies'}" + (f" to {url}" if url else ""))
     try:
-        with click.progressbar(length=total, label="frames", file=sys.stderr) as bar:
+        if sys.stderr.isatty():  # a bar only where one is drawn (else click prints its label)
+            with click.progressbar(length=total, label="frames", file=sys.stderr) as bar:
+                result = push_spool(spool, url=url, token=token, max_batch=max_batch,
+                                    attempts=attempts, progress=bar.update)
+        else:
             result = push_spool(spool, url=url, token=token, max_batch=max_batch,
-                                progress=bar.update)
+                                attempts=attempts)
     except PushError as e:
         raise click.ClickException(str(e)) from e
     click.echo(f"sent {result.sent} frame(s): {result.accepted} stored, {result.duplicates} "
@@ -354,23 +433,34 @@ def push(spool: str, url: str | None, token: str | None, max_batch: int) -> None
 @main.command()
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
               help="Collector port (0: any free port).")
-@click.option("--db", "db_url", default="sqlite:///.logitwatch/demo.db", show_default=True,
-              metavar="URL", help="Database of the demo collector.")
+@click.option("--db", "db_url", default=None, metavar="URL",
+              help="Database of the demo collector (default: the store `logitwatch serve`, "
+              "`runs` and `alerts` use: $LOGITWATCH_DB_URL, else logitwatch.db in "
+              "$LOGITWATCH_HOME, else in ~/.local/share/logitwatch).")
 @click.option("--steps", default=None, type=click.IntRange(1),
               help="Steps per job (default: each setting's own).")
 @click.option("--setting", "settings", multiple=True,
               type=click.Choice(["unstable", "healthy"]), help="Which jobs (default both).")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Random seed of the jobs (model initialisation and batches).")
 @click.option("--serve/--exit", "keep_serving", default=True, show_default=True,
               help="Keep the dashboard up after the jobs end (Ctrl-C to stop).")
-def demo(port: int, db_url: str, steps: int | None, settings: tuple[str, ...], seed: int,
-         keep_serving: bool) -> None:
+def demo(port: int, db_url: str | None, steps: int | None, settings: tuple[str, ...],
+         seed: int, keep_serving: bool) -> None:
     """Start a collector on SQLite, train two tiny transformers that stream to it (one
     setting drives attention logits up until loss diverges, one stays healthy), and report
-    when the first alert fired and when the loss diverged."""
+    when the first alert fired and when the loss diverged. The runs stay in the store:
+    `logitwatch runs list` and `logitwatch serve` show them afterwards."""
     from logitwatch.demo.runner import run_demo
+    from logitwatch.server.serving import PortInUse, check_port
 
-    code = run_demo(port=port, db_url=db_url, steps=steps, settings=list(settings) or None,
+    url = resolve_db(db_url)
+    click.echo(f"store: {show_store(url)}", err=True)
+    try:
+        check_port("127.0.0.1", port)
+    except PortInUse as e:
+        raise click.ClickException(str(e)) from e
+    code = run_demo(port=port, db_url=url, steps=steps, settings=list(settings) or None,
                     seed=seed, keep_serving=keep_serving, echo=click.echo)
     sys.exit(code)
 
@@ -378,7 +468,8 @@ def demo(port: int, db_url: str, steps: int | None, settings: tuple[str, ...], s
 @main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--db", "db_url", default=None, metavar="URL",
-              help="Store the replayed run here (default: a temporary SQLite database).")
+              help="Store the replayed run here, and apply the rules stored there (default: "
+              "a temporary SQLite database, with the rules stored in the default store).")
 @click.option("--rules", "rules_file", default=None, type=click.Path(exists=True),
               help="A YAML rules file, merged over the defaults in place of "
               "$LOGITWATCH_ALERT_RULES.")
@@ -389,14 +480,15 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
     alert engine, and print the alerts they fire.
 
     The rules are those `logitwatch serve` applies: the defaults with the LOGITWATCH_ALERT_*
-    settings, the YAML file of --rules (else $LOGITWATCH_ALERT_RULES), and, with --db naming
-    a collector's database, the rules stored there through the API. Which ones is printed.
+    settings, the YAML file of --rules (else $LOGITWATCH_ALERT_RULES), and the rules stored
+    through the API in the store (--db, else the default store: the replay then goes to a
+    temporary database, and the default store is only read). Which ones is printed.
     """
     _need_server()
     import json
 
     from logitwatch.server.alerts.config import configured_rules
-    from logitwatch.server.alerts.replay import read_frames
+    from logitwatch.server.alerts.replay import read_frames, replay_rules
     from logitwatch.server.alerts.replay import replay as run_replay
     from logitwatch.server.alerts.rules import RuleError
     from logitwatch.server.settings import Settings
@@ -409,14 +501,26 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
         raise click.ClickException(str(e)) from e
     if not frames:
         raise click.ClickException(f"{file}: no frames")
+    rules = source = None
+    if db_url:
+        db_url = resolve_db(db_url)
+        click.echo(f"store: {show_store(db_url)}", err=True)
+    else:
+        store = resolve_db(None)
+        click.echo(f"store: {show_store(store)} (its rules only; the replay goes to a "
+                   "temporary database: --db URL keeps it)", err=True)
+        if _store_exists(store):  # never create the default store just to read its rules
+            with _store(store, announce=False) as s:
+                rules, source = replay_rules(settings, path=rules_file, session=s)
     click.echo(f"replaying {len(frames)} frames of {file}", err=True)
     try:
         result = run_replay(frames, db_url=db_url, settings=settings, rules_file=rules_file,
+                            rules=rules,
                             progress=lambda n: click.echo(f"  {n}/{len(frames)} frames",
                                                           err=True) if n % 256 == 0 else None)
     except Exception as e:  # a frame the collector refuses: say which
         raise click.ClickException(f"{file}: {e}") from e
-    click.echo(f"rules: {result.rules}", err=True)
+    click.echo(f"rules: {source or result.rules}", err=True)
     if as_json:
         click.echo(json.dumps([a.model_dump(mode="json") for a in result.alerts], indent=1))
     else:
@@ -427,6 +531,19 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
         elif header and header.get("label") == "degraded":
             click.echo(f"(the file's header says the run did not diverge but ended "
                        f"{_nats(header.get('regression'))} above its best loss: degraded)")
+
+
+def _store_exists(url: str) -> bool:
+    """Whether ``url`` names a store that exists (a SQLite file is there; any other
+    database is taken to exist)."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite":
+        return True
+    return bool(u.database) and u.database != ":memory:" and Path(str(u.database)).exists()
 
 
 def _nats(x: object) -> str:
@@ -454,7 +571,7 @@ def alerts_cmd(run: str, project: str | None, as_json: bool, db_url: str | None)
     """Print the alerts a run fired, with their steps (read from the database)."""
     import json
 
-    with _store(db_url) as s:
+    with _store(db_url, create=False) as s:
         from logitwatch.server.store.alerts import list_alerts
 
         alerts = list_alerts(s, _find_run(s, run, project))

@@ -14,18 +14,53 @@ request body must arrive within ``body_timeout`` (``limits.BodyLimit``, 408).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import resource
+import socket
 from typing import Any
 
 from logitwatch.server.settings import Settings
 
-__all__ = ["connection_limit", "guarded_protocol", "serve"]
+__all__ = ["PortInUse", "check_port", "connection_limit", "guarded_protocol", "serve"]
 
 log = logging.getLogger("logitwatch.server")
 
 #: File descriptors kept for the database, log files and the like.
 SPARE_FDS = 64
+
+
+class PortInUse(OSError):
+    """The collector's address cannot be bound; the message says what to do."""
+
+
+def check_port(host: str, port: int) -> None:
+    """Bind ``host:port`` once, as uvicorn will, and let it go: a port already in use (or an
+    address this machine does not have) is reported before the collector starts.
+
+    Raises:
+        PortInUse: the address cannot be bound; the message names it and the way out.
+    """
+    if port == 0:
+        return  # any free port: the system picks one that binds
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise PortInUse(f"cannot listen on {host!r}: {e.strerror} (--host takes an address "
+                        "or a name of this machine, e.g. 127.0.0.1)") from e
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind(addr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise PortInUse(
+                    f"port {port} on {host} is already in use (another `logitwatch serve` or "
+                    f"the demo?): stop that process, or pass another --port (0: any free "
+                    "port)") from e
+            raise PortInUse(f"cannot listen on {host}:{port}: {e.strerror}") from e
 
 
 def connection_limit(settings: Settings) -> int:

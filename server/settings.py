@@ -6,8 +6,6 @@ variables are fallbacks (e.g. ``LOGITWATCH_DB_URL``).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -15,8 +13,12 @@ __all__ = ["Settings", "default_db_url"]
 
 
 def default_db_url() -> str:
-    """The embedded default: a SQLite file in ``./.logitwatch/logitwatch.db``."""
-    return f"sqlite:///{Path('.logitwatch') / 'logitwatch.db'}"
+    """The default store: the SQLite file ``logitwatch.db`` in logitwatch's home
+    (``LOGITWATCH_HOME``, else the per-user data directory; see :mod:`logitwatch.paths`),
+    the same from any working directory."""
+    from logitwatch.paths import default_db_url as in_home
+
+    return in_home()
 
 
 class Settings(BaseSettings):
@@ -26,8 +28,9 @@ class Settings(BaseSettings):
 
     db_url: str = Field(
         default_factory=default_db_url,
-        description="SQLAlchemy URL: sqlite:///path.db (default) or "
-        "postgresql+psycopg://user:pw@host:5432/db.",
+        description="SQLAlchemy URL: sqlite:///path.db or "
+        "postgresql+psycopg://user:pw@host:5432/db. Default: sqlite:///<home>/logitwatch.db, "
+        "home being LOGITWATCH_HOME, else ~/.local/share/logitwatch ($XDG_DATA_HOME).",
     )
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")

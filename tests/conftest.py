@@ -7,9 +7,12 @@ instead of skipping them, so CI cannot pass without PostgreSQL.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +24,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # tests forward a client's requests for "http://collector" to it; a collector answers only
 # to its own names (server/guards.py), so the tests add those two.
 os.environ.setdefault("LOGITWATCH_ALLOWED_HOSTS", "testserver,collector")
+# logitwatch's home (the default store, and the spool) is never the real one in the tests:
+# a temporary one for the whole session (module fixtures, subprocesses), and one per test
+# below (the ``logitwatch_home`` fixture).
+os.environ["LOGITWATCH_HOME"] = tempfile.mkdtemp(prefix="logitwatch-test-home-")
+atexit.register(shutil.rmtree, os.environ["LOGITWATCH_HOME"], ignore_errors=True)
 
 PG_URL = os.environ.get("LOGITWATCH_TEST_PG_URL")
 
@@ -52,6 +60,16 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'lw.db'}"
     else:
         yield from _pg_database()
+
+
+@pytest.fixture(autouse=True)
+def logitwatch_home(tmp_path_factory: pytest.TempPathFactory,
+                    monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own logitwatch home (``LOGITWATCH_HOME``): the default store and spool
+    of the commands, collectors and clients it starts, never the user's."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("LOGITWATCH_HOME", str(home))
+    return home
 
 
 @pytest.fixture

@@ -61,20 +61,24 @@ def test_serve_on_all_interfaces_without_tokens_is_refused(
 
     started: list[Any] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(kw))
-    r = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0", "--db", sqlite_url])
+    # --port 0: these runs never bind (uvicorn.run is replaced), so the port-in-use check
+    # must not look at 8000, which another process may hold
+    r = CliRunner().invoke(main, ["serve", "--port", "0", "--host", "0.0.0.0",
+                                  "--db", sqlite_url])
     assert r.exit_code == 1 and not started
     assert "refusing to serve on 0.0.0.0 without API tokens" in r.output
     assert f"logitwatch token create --project default --scope ingest --db '{sqlite_url}'" in (
         r.output)
 
-    r = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0", "--db", sqlite_url,
-                                  "--insecure-no-auth"])
+    r = CliRunner().invoke(main, ["serve", "--port", "0", "--host", "0.0.0.0",
+                                  "--db", sqlite_url, "--insecure-no-auth"])
     assert r.exit_code == 0 and "WITHOUT AUTHENTICATION" in r.stderr
     assert started[-1]["host"] == "0.0.0.0"
 
     cli("token", "create", "--project", "default", "--scope", "ingest", "--db", sqlite_url)
-    r = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0", "--db", sqlite_url])
+    r = CliRunner().invoke(main, ["serve", "--port", "0", "--host", "0.0.0.0",
+                                  "--db", sqlite_url])
     assert r.exit_code == 0 and "1 API token(s) active" in r.output
 
-    r = CliRunner().invoke(main, ["serve", "--db", sqlite_url])  # loopback: always fine
+    r = CliRunner().invoke(main, ["serve", "--port", "0", "--db", sqlite_url])  # loopback: fine
     assert r.exit_code == 0 and started[-1]["host"] == "127.0.0.1"

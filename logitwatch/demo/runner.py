@@ -116,7 +116,7 @@ def run_demo(*, port: int, db_url: str, steps: int | None, settings: list[str] |
     logging.getLogger("logitwatch.alerts").setLevel(logging.ERROR)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with Collector(db_url, port) as col:
-        echo(f"collector: {col.url}  (database: {db_url})")
+        echo(f"collector: {col.url}")
         echo(f"dashboard: {col.url}/   (runs appear as the jobs start)")
         t0 = time.monotonic()
         results = run_jobs(col.url, settings=settings, steps=steps, seed=seed, stamp=stamp,
@@ -138,6 +138,9 @@ def run_demo(*, port: int, db_url: str, steps: int | None, settings: list[str] |
                 echo(f"  chart: {col.url}/runs/{a['run_id']}")
         echo("Loss 'diverged' = first step whose loss is non-finite or whose 10-step mean "
              "exceeds the lowest 10-step mean so far by more than 1 nat (see README).")
+        echo("The runs stay in the store: `logitwatch runs list` lists them from any "
+             "directory and `logitwatch serve` shows them again (with the same --db, if "
+             "you gave one).")
         if keep_serving:
             echo(f"\nThe dashboard stays up at {col.url}/  -- press Ctrl-C to stop.")
             try:
