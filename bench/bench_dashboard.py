@@ -11,6 +11,14 @@ fetch) for the run page.
 
     python bench/bench_dashboard.py                  # 100 runs x 1000 steps + a 100k-step run
     python bench/bench_dashboard.py --runs 20 --big 20000 --repeat 3
+
+``--browser DB`` instead opens every run page of a collector's database (e.g. the demo's:
+``logitwatch demo --exit --db sqlite:///demo.db``) in headless Chromium, on a copy, and
+prints the median time from navigation to the verdict shown and to every initial chart
+drawn, the requests and bytes the page fetched; ``--shots DIR`` saves each run page at
+1440x900 and 390x844 (first screen and full page):
+
+    python bench/bench_dashboard.py --browser .logitwatch/demo.db --shots /tmp/shots
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 from fastapi.testclient import TestClient
 from sqlalchemy import insert, select
@@ -107,6 +116,62 @@ def measure(client: TestClient, url: str, repeat: int) -> tuple[float, int]:
     return statistics.median(times), size
 
 
+def browser_bench(db: str, repeat: int, shots: str | None) -> None:
+    """Run-page ready times in Chromium on a copy of ``db`` (see the module)."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    from logitwatch.demo.runner import Collector
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "bench.db"
+        shutil.copy(db, copy)
+        out = Path(shots) if shots else None
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+        with Collector(f"sqlite:///{copy}") as col, sync_playwright() as p:
+            runs = httpx.get(f"{col.url}/api/v1/runs", timeout=10).json()
+            b = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
+                                  args=["--no-sandbox", "--disable-gpu",
+                                        "--disable-dev-shm-usage"])
+            print(f"run page in Chromium, median of {repeat} loads (fresh page, warm cache "
+                  "after the first)")
+            for r in runs:
+                verdict, ready, reqs, size = [], [], [], []
+                for _ in range(repeat):
+                    page = b.new_page(viewport={"width": 1440, "height": 900})
+                    got: list[int] = []
+                    page.on("requestfinished", lambda q, got=got: got.append(
+                        q.sizes()["responseBodySize"]))
+                    page.goto(f"{col.url}/runs/{r['id']}")
+                    page.wait_for_function("document.body.dataset.ready === '1'",
+                                           timeout=30_000)
+                    d = page.evaluate("({...document.body.dataset})")
+                    verdict.append(float(d["verdictMs"]))
+                    ready.append(float(d["readyMs"]))
+                    reqs.append(len(got))
+                    size.append(sum(got))
+                    page.close()
+                v_ms = statistics.median(verdict)
+                print(f"  {r['name']:<32} {r['status']:<9} verdict {v_ms:6.0f} ms"
+                      f"  ready {statistics.median(ready):6.0f} ms  {statistics.median(reqs):4.0f} "
+                      f"requests  {statistics.median(size) / 1024:7.0f} KiB")
+                for name, vp in (("desktop", (1440, 900)), ("phone", (390, 844))):
+                    if not out:
+                        continue
+                    page = b.new_page(viewport={"width": vp[0], "height": vp[1]})
+                    page.goto(f"{col.url}/runs/{r['id']}")
+                    page.wait_for_function("document.body.dataset.ready === '1'",
+                                           timeout=30_000)
+                    page.screenshot(path=out / f"run{r['id']}-{name}.png")
+                    page.screenshot(path=out / f"run{r['id']}-{name}-full.png", full_page=True)
+                    page.close()
+            b.close()
+        if out:
+            print(f"screenshots in {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=100, help="short runs (default 100)")
@@ -114,7 +179,13 @@ def main() -> None:
     ap.add_argument("--big", type=int, default=100_000, help="sampled steps of the long run")
     ap.add_argument("--repeat", type=int, default=5, help="timings per request (median)")
     ap.add_argument("--db", help="empty database URL (default: a temporary SQLite file)")
+    ap.add_argument("--browser", metavar="SQLITE_FILE",
+                    help="time the run pages of this database in Chromium instead")
+    ap.add_argument("--shots", metavar="DIR", help="with --browser: save screenshots here")
     args = ap.parse_args()
+    if args.browser:
+        browser_bench(args.browser, args.repeat, args.shots)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         db = args.db or f"sqlite:///{Path(tmp) / 'bench.db'}"

@@ -146,7 +146,8 @@ def test_incident_cards_shading_heads_and_url_state(seeded: tuple[str, int],
     assert f"step {(NAN_AT - 1) * 10}" in title and "last finite" in title
     assert page.locator("#worst").get_attribute("data-nonfinite-from") == str(NAN_AT * 10)
     assert page.locator("#worst tbody tr").first.get_attribute("data-head") == "2"
-    assert page.locator("#monitor").is_visible() and not page.locator("#monitor-charts").is_visible()
+    assert page.locator("#monitor").is_visible()
+    assert not page.locator("#monitor-charts").is_visible()
     assert page.locator("#more-charts .chart[data-metric='hooks.cost_ms']").count() == 0
     page.click("#monitor summary")
     page.wait_for_function(
@@ -156,7 +157,8 @@ def test_incident_cards_shading_heads_and_url_state(seeded: tuple[str, int],
     # The head alert shades heads over steps, not the learning rate (a thin mark there).
     a = first_alert(url, run_id)
     lr_shapes = page.evaluate(
-        "(document.querySelector(\".chart[data-metric='lr']\").layout.shapes || []).map(s => s.x0)")
+        "(document.querySelector(\".chart[data-metric='lr']\").layout.shapes || [])"
+        ".map(s => s.x0)")
     assert a["fired_step"] not in lr_shapes
     ht = page.evaluate("document.getElementById('heads_time').layout.shapes.map(s => s.x0)")
     assert a["fired_step"] in ht
@@ -199,9 +201,9 @@ def test_alerts_inbox_and_not_found_pages(seeded: tuple[str, int], chromium: Any
     block = page.locator(f".inbox-run[data-run-id='{run_id}']")
     assert block.get_attribute("data-verdict") == "diverged"
     assert block.locator(".incident").count() >= 1
-    assert "layer 1 · head 2" in block.locator(".alert[data-role='cause'] .where").first.inner_text()
-    in_first_screen(page, f".inbox-run[data-run-id='{run_id}'] .alert[data-role='cause'] .where",
-                    844)
+    where = f".inbox-run[data-run-id='{run_id}'] .alert[data-role='cause'] .where"
+    assert "layer 1 · head 2" in page.locator(where).first.inner_text()
+    in_first_screen(page, where, 844)
     page.goto(f"{url}/no/such/page")
     assert page.locator("#nf-path").inner_text() == "/no/such/page"
     assert page.locator("a[href='/alerts']").count() >= 1
