@@ -13,6 +13,15 @@ const CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: [
 const RECENT = 2000; // live frames remembered to replay after a redraw
 const MARKER_ROW = 0.96; // top of the plot on the figures' overlay axis (see figures.py)
 const RELOAD_EVERY_MS = 3000; // charts without live points refetch at most this often
+const FEW_POINTS = 20; // a line of fewer points shows its points too (one point draws no line)
+
+/** Markers on a line trace of few drawable points: Plotly draws nothing for a lone point. */
+export function markFewPoints(trace) {
+  if (trace.mode !== "lines" || !Array.isArray(trace.y)) return trace;
+  const drawable = trace.y.filter((v) => v !== null && Number.isFinite(Number(v))).length;
+  if (drawable < FEW_POINTS) trace.mode = "lines+markers";
+  return trace;
+}
 
 function rolesOf(gd) {
   const roles = {};
@@ -71,6 +80,7 @@ class Chart {
       try {
         this.lastReload = Date.now();
         const fig = await getJSON(this.url);
+        fig.data.forEach(markFewPoints);
         this.shapeLayout(fig.layout);
         await Plotly.react(this.el, fig.data, fig.layout, CONFIG);
         this.listen();
@@ -218,6 +228,10 @@ export class LineChart extends Chart {
       { x: xy.map((r) => add[r][0]), y: xy.map((r) => add[r][1]) },
       xy.map((r) => this.roles[r]),
     );
+    const line = this.el.data[this.roles.series];
+    if (line.mode === "lines+markers" && line.x.length >= FEW_POINTS) {
+      Plotly.restyle(this.el, { mode: "lines" }, [this.roles.series]); // enough for a line
+    }
     if (add.nonfinite[0].length && "nonfinite" in this.roles) {
       const [x, y, text] = add.nonfinite;
       Plotly.extendTraces(this.el, { x: [x], y: [y], text: [text] }, [this.roles.nonfinite]);
