@@ -124,7 +124,7 @@ def test_hostile_names_render_literally(db_file: str, tab: Any) -> None:
         assert page.title().startswith(HOSTILE_RUN)
         card = page.locator("#alerts .alert").first
         assert card.locator(".message").inner_text() == HOSTILE_MESSAGE
-        assert HOSTILE_METRIC in card.locator(".facts").inner_text()
+        assert HOSTILE_METRIC in card.locator(".when.fired .facts").inner_text()
         card.locator(".remedies summary").click()
         assert card.locator(".remedies li").inner_text() == HOSTILE_REMEDY
         assert card.locator("a").count() == 0
@@ -133,7 +133,7 @@ def test_hostile_names_render_literally(db_file: str, tab: Any) -> None:
         # what is drawn.
         page.evaluate("""() => {
             const gd = document.getElementById('loss');
-            const i = gd.data.findIndex(t => t.meta === 'alerts');
+            const i = gd.data.findIndex(t => t.meta === 'alerts-other');  // not the loss's
             Plotly.Fx.hover(gd, [{curveNumber: i, pointNumber: 0}]);
         }""")
         page.wait_for_selector("#loss .hoverlayer .hovertext", timeout=WAIT_MS)
