@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import logging
 import math
 import sys
@@ -15,29 +13,27 @@ import torch
 
 from logitwatch.client import Client
 
-from . import _adapter, _clip, _eager, _logits
-from ._buffer import StepBuffer, collect
+from . import _clip, _eager, _logits
+from ._buffer import StepBuffer
+from ._capture import CaptureMixin, attention_dtype_max
 from ._cost import MAX_INTERVAL, CostMeter
-from ._final import final_stats, find_output_head, vocab_size
-from ._history import LR, HistoryBlock, StepHistory
-from ._logits import DEFAULT_BUDGET, attention_head_stats
+from ._final import find_output_head, vocab_size
+from ._frames import FramesMixin
+from ._history import StepHistory
+from ._logits import DEFAULT_BUDGET
 from ._lrwatch import LrWatch
 from ._padding import PaddingMask
-from ._qk import qk_items, qk_norms
 from ._qk_find import QKDiscovery, QKLayout, no_shape
-from ._sdpa import SdpaCapture, parse_call
-from ._shard import GRAD_MISSING, GRAD_SQ, QK_MISSING, find_sharding
+from ._sdpa import SdpaCapture
+from ._shard import find_sharding
 from ._stats import global_grad_norm
 
-__all__ = ["Monitor"]
+__all__ = ["Monitor", "attention_dtype_max"]
 
 log = logging.getLogger("logitwatch.hooks")
 
 #: The parts of a monitor that a failure disables independently.
 PARTS = ("attention", "final", "qk", "loss", "grad", "history", "step")
-#: Scalars that carry the exchange's "ranks missing" counts through the step's one
-#: transfer; removed from the frame.
-_GRAD_MISSING, _QK_MISSING = "_lw.grad_missing", "_lw.qk_missing"
 #: Sampled frames over which ``grad.clip_rate`` is taken when the job never clips itself.
 CLIP_WINDOW = 20
 
@@ -47,49 +43,7 @@ CLIP_WINDOW = 20
 _clock = time.thread_time
 
 
-def _compiling() -> bool:
-    return torch.compiler.is_compiling()
-
-
-def _takes_history(send: Any) -> bool:
-    """Whether a client's ``send`` accepts ``history=`` (a stand-in written before it
-    existed may not)."""
-    try:
-        params = inspect.signature(send).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(p.name == "history" or p.kind is inspect.Parameter.VAR_KEYWORD
-               for p in params)
-
-
-def _autocast_dtype(device: str) -> torch.dtype | None:
-    """The autocast dtype in force for ``device`` (None: off, or no autocast there)."""
-    try:
-        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    except RuntimeError:  # a device type autocast does not know (meta, ...)
-        return None
-
-
-def attention_dtype_max(query: torch.Tensor, key: torch.Tensor) -> float | None:
-    """``torch.finfo(dtype).max`` of the dtype the attention scores are computed in.
-
-    The smaller of ``query``'s and ``key``'s floating dtypes; under ``torch.autocast`` for
-    their device type, the autocast dtype (attention matmuls and SDPA run in it). Read from
-    dtypes and the autocast state only: no tensor value, no sync. None for non-float inputs.
-    """
-    best: float | None = None
-    for t in (query, key):
-        dtype = t.dtype
-        if not dtype.is_floating_point:
-            continue
-        if dtype in (torch.float32, torch.float64):
-            dtype = _autocast_dtype(t.device.type) or dtype
-        value = float(torch.finfo(dtype).max)
-        best = value if best is None or value < best else best
-    return best
-
-
-class Monitor:
+class Monitor(CaptureMixin, FramesMixin):
     """Watches one model (and optimizer) while training; built by :func:`attach`.
 
     A *step* ends with the optimizer's ``step()`` (or :meth:`step` without optimizer).
@@ -385,212 +339,11 @@ class Monitor:
 
     detach = close
 
-    def _flush_history(self) -> None:
-        """At close, when the last step ended unsampled: one closing frame at that step
-        (``hooks.closing`` = 1) with what can still be measured after it ran: its history
-        scalars (loss, grad norm, clip flag, lr), the q/k norms of the weights as the last
-        update left them (what a sample of that step reads; not under sharding, which
-        would need a collective), and the steps before it since the last frame as its
-        history. Attention and ``final.*`` need the step's forward: a step that already
-        ran cannot be sampled. One read-back, at close, not in a training step."""
-        last = self._step - 1
-        if "step" in self.disabled or last < 0 or self._last_sampled == last:
-            return
-        try:
-            block = None if "history" in self.disabled else self._history.take()
-            heads: dict[str, list[torch.Tensor]] = {}
-            if self._shard is None and self._qk and "qk" not in self.disabled:
-                try:
-                    heads = qk_norms(self._qk)
-                except Exception:
-                    self._fail("qk")
-            tensors = block.tensors if block is not None else []
-            _, out_heads, _, _, flat = collect({}, heads, extra=tensors)
-            scalars: dict[str, float] = {}
-            rest = None
-            if block is not None and block.steps:
-                hist = block.values(flat)
-                steps, series = hist["steps"], hist["scalars"]
-                upto = len(steps)
-                if steps[-1] == last:
-                    upto -= 1
-                    scalars = {n: v[-1] for n, v in series.items() if v[-1] is not None}
-                if upto:
-                    rest = {"steps": steps[:upto],
-                            "scalars": {n: v[:upto] for n, v in series.items()}}
-            scalars["hooks.closing"] = 1.0
-            scalars["hooks.sample_every"] = float(self._effective_every)
-            if rest is not None and self._send_takes_history():
-                self.client.send(last, scalars, out_heads, time=time.time(), history=rest)
-            else:
-                self.client.send(last, scalars, out_heads, time=time.time())
-        except Exception:
-            self._fail("history")
-
     def __enter__(self) -> Monitor:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close(finished=exc_type is None)
-
-    # -- forward -------------------------------------------------------------------------
-
-    def _pre_forward(self, module: torch.nn.Module, args: Any,
-                     kwargs: dict[str, Any] | None = None) -> None:
-        if _compiling():
-            return
-        t0 = 0.0
-        try:
-            self._depth += 1
-            if self._depth > 1 or not self.sampled:
-                if self.capturing:  # a nested call of the model (Lightning's training_step)
-                    self._padding.capture(args, kwargs)
-                return
-            if not (module.training and torch.is_grad_enabled()):
-                return
-            t0 = _clock()
-            self.capturing = True
-            _adapter.push(self)
-            self._calls = 0
-            self._padding.capture(args, kwargs)  # a reference only: read when measured
-            if "attention" not in self.disabled:
-                self._mode = SdpaCapture(self._record_call)
-                self._mode.__enter__()
-        except Exception:
-            self._fail("attention")
-        finally:
-            if self.capturing and t0:
-                self._cost.add_host(_clock() - t0)
-
-    def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if _compiling():
-            return
-        try:
-            self._depth = max(0, self._depth - 1)
-            if self._depth:
-                return
-            if not self.capturing:
-                if module.training and torch.is_grad_enabled() and self._keeps_history():
-                    self._history_loss(output)
-                return
-            t0 = _clock()
-            self._stop_capture()
-            loss = getattr(output, "loss", None)
-            if loss is None and isinstance(output, dict):
-                loss = output.get("loss")
-            if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
-                self._buffer.add_auto_loss(loss)
-            self._cost.add_host(_clock() - t0)
-        except Exception:
-            self._fail("loss")
-
-    def _keeps_history(self) -> bool:
-        """Whether the current step's scalars go to the next frame's history: a step
-        outside the schedule, while frames are sent."""
-        return not (self._scheduled or "history" in self.disabled
-                    or "step" in self.disabled)
-
-    def _history_loss(self, output: Any) -> None:
-        """The loss of a training forward on a non-sampled step (no sync)."""
-        try:
-            loss = getattr(output, "loss", None)
-            if loss is None and isinstance(output, dict):
-                loss = output.get("loss")
-            if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
-                self._history.add_loss(loss)
-        except Exception:
-            self._fail("history")
-
-    def _head_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self.capturing or "final" in self.disabled or _compiling():
-            return
-        t0 = _clock()
-        try:
-            if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
-                self._buffer.add_final(final_stats(args[0], output, self.memory_budget))
-        except Exception:
-            self._fail("final")
-        self._cost.add_host(_clock() - t0)
-
-    def _stop_capture(self) -> None:
-        self.capturing = False
-        self._padding.clear()
-        _adapter.pop(self)
-        mode, self._mode = self._mode, None
-        if mode is None:
-            return
-        if mode.is_top():
-            mode.__exit__(None, None, None)
-        else:  # someone left a mode of theirs on top: we cannot pop ours safely
-            mode.retire()
-            self._fail("attention", RuntimeError("the SDPA capture mode is not innermost"))
-
-    def _record_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.eager_depth or "attention" in self.disabled:
-            return
-        try:
-            call = parse_call(func, args, kwargs)
-        except Exception:
-            self._fail("attention")
-            return
-        if call is None:
-            self._calls += 1  # a layer we cannot model keeps its row number
-            return
-        self._record(None, call.query, call.key, call.attn_mask, call.is_causal, call.scale,
-                     None, call.query_valid, call.key_valid)
-
-    def record_eager(
-        self,
-        module: torch.nn.Module,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        scaling: float | None,
-        softcap: float | None = None,
-    ) -> None:
-        """Called by the eager-attention wrapper while :attr:`capturing`."""
-        if "attention" in self.disabled:
-            return
-        layer = getattr(module, "layer_idx", None)
-        layer = layer if isinstance(layer, int) and not isinstance(layer, bool) else None
-        self._record(layer, query, key, attention_mask, False, scaling, softcap)
-
-    def _record(
-        self,
-        layer: int | None,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        mask: torch.Tensor | None,
-        is_causal: bool,
-        scale: float | None,
-        softcap: float | None,
-        query_valid: torch.Tensor | None = None,
-        key_valid: torch.Tensor | None = None,
-    ) -> None:
-        t0 = _clock()
-        try:
-            index = self._calls if layer is None else layer
-            self._calls += 1
-            dtype_max = attention_dtype_max(query, key)
-            if dtype_max is not None:
-                self._buffer.add_dtype_max(dtype_max)
-            if getattr(query, "is_nested", False):
-                return
-            cap = float(softcap) if isinstance(softcap, (int, float)) and softcap else None
-            if query.dim() in (3, 4) and (query_valid is None or key_valid is None):
-                rows, cols = self._padding.for_call(query.shape[0], query.shape[-2],
-                                                    key.shape[-2])
-                query_valid = rows if query_valid is None else query_valid
-                key_valid = cols if key_valid is None else key_valid
-            if self._qk_find.pending:
-                self._qk_find.on_attention(query, key)
-            stats = attention_head_stats(query, key, attn_mask=mask, is_causal=is_causal,
-                                         scale=scale, softcap=cap, budget=self.memory_budget,
-                                         query_valid=query_valid, key_valid=key_valid)
-            self._buffer.add_attention(index, stats)
-        except Exception:
-            self._fail("attention")
-        self._cost.add_host(_clock() - t0)
 
     # -- optimizer -----------------------------------------------------------------------
 
@@ -701,45 +454,6 @@ class Monitor:
         except Exception:
             self._fail("step")
 
-    def _end_history(self, step: int) -> None:
-        """Close the step in the history: a non-sampled step keeps its lr (a host float)
-        and what it recorded; a sampled one's frame has it all."""
-        try:
-            if not self._keeps_history():
-                self._history.discard_step()
-                return
-            lr = self._lr()  # a CPU tensor comes as a float: it must not place the buffer
-            if lr is not None:
-                self._history.put(LR, lr)
-            self._history.end_step(step)
-        except Exception:
-            self._fail("history")
-
-    def _take_history(self) -> HistoryBlock | None:
-        """The steps since the previous frame, for this frame (their rows are read back
-        with it)."""
-        if "history" in self.disabled:
-            return None
-        try:
-            block = self._history.take()
-            if self._history.skipped:
-                self._warn_once("history-device", "values on another device than the "
-                                "first one are left out of the history")
-            return block
-        except Exception:
-            self._fail("history")
-            return None
-
-    def _send_takes_history(self) -> bool:
-        send = self.client.send
-        key = getattr(send, "__func__", send)
-        if key is not self._send_key:
-            self._send_key, self._send_history = key, _takes_history(send)
-            if not self._send_history:
-                self._warn_once("history-send", "the client's send() takes no history=; "
-                                "the steps between frames are not sent")
-        return self._send_history
-
     def _reschedule(self, agree: bool = False) -> None:
         try:
             proposal = self._cost.interval(self.sample_every)
@@ -762,152 +476,6 @@ class Monitor:
             or self._last_sampled is None
             or self._step >= self._last_sampled + self._effective_every
         )
-
-    # -- sharding: the exchange ----------------------------------------------------------
-
-    def _plan_exchange(self, shard: Any) -> None:
-        """Lay the exchange vector out (sizes fixed here, never by anything failing at
-        step time) and check with the other ranks that every rank has the same layout."""
-        try:
-            shard.plan(qk_items(self._qk) if self._qk else [])
-        except Exception:
-            shard.plan([])
-            self._fail("qk")
-        try:
-            if not shard.agree_layout():
-                self._warn_once("layout", "the ranks found different q/k layouts; q/k norms "
-                                "are not measured on any rank")
-            self._vec = shard.new_vector()
-        except Exception:
-            self._warn_once("layout", "the exchange could not be set up")
-
-    def _exchange(self) -> torch.Tensor | None:
-        """The end of a sampled step under sharding, on every rank: this rank's local
-        sums (or "missing" marks where a part is off or fails) go into the vector, and the
-        one ``all_reduce(SUM)`` is always entered. Never raises."""
-        shard, vec = self._shard, self._vec
-        if shard is None or vec is None:
-            return None
-        t0 = _clock()
-        try:
-            vec.zero_()
-        except Exception:
-            self._warn_once("vector", "the exchange vector could not be cleared")
-        try:
-            local = self._grad_local
-            shard.put_grad(vec, None if local is None else local[0])
-        except Exception:
-            self._fail("grad")
-            with contextlib.suppress(Exception):
-                shard.put_grad(vec, None)
-        if shard.has_qk:
-            try:
-                if "qk" in self.disabled:
-                    shard.mark_qk_missing(vec)
-                else:
-                    shard.put_qk(vec)
-            except Exception:
-                self._fail("qk")
-                with contextlib.suppress(Exception):
-                    shard.mark_qk_missing(vec)
-        try:
-            shard.reduce(vec)
-        except Exception:
-            self._warn_once("exchange", "the end-of-step all_reduce failed")
-            return None
-        finally:
-            self._cost.add_host(_clock() - t0)
-        return vec
-
-    def _emit(self, step: int, vec: torch.Tensor | None = None) -> None:
-        t0 = _clock()
-        lr = self._lr()
-        first = self._frames == 0
-        sharded = self._shard is not None
-        if sharded and vec is not None and not self._clip_seen and self._grad_local is not None:
-            try:
-                other = self._grad_local[1].to(vec.device)
-                self._buffer.grad_norm = (vec[GRAD_SQ] + other).sqrt()
-            except Exception:
-                self._fail("grad")
-        scalars = self._buffer.scalars(lr=lr, default_max_norm=self._max_grad_norm,
-                                       ln_vocab=self._ln_vocab if first else None)
-        if sharded and vec is not None:  # read back with the rest, then removed
-            scalars[_GRAD_MISSING] = vec[GRAD_MISSING]
-            scalars[_QK_MISSING] = vec[QK_MISSING]
-        clip_from_device = self._clip_hits is not None and self._clip_steps > 0
-        if clip_from_device:
-            scalars["grad.clip_rate"] = self._clip_hits.float() / self._clip_steps
-        self._clip_hits, self._clip_steps = None, 0
-        heads = self._buffer.heads()
-        if self._shard is not None:
-            if vec is not None and self._shard.has_qk:
-                try:
-                    heads.update(qk_norms(self._qk, self._shard.qk_sums(vec)))
-                except Exception:
-                    self._fail("qk")
-        elif self._qk and "qk" not in self.disabled:
-            try:
-                heads.update(qk_norms(self._qk))
-            except Exception:
-                self._fail("qk")
-        block = self._take_history()
-        host_ms = 1e3 * (self._cost.host_seconds + _clock() - t0)
-        out_scalars, out_heads, syncs, nbytes, rows = collect(
-            scalars, heads, extra=block.tensors if block is not None else None)
-        history = None
-        if block is not None:
-            try:
-                history = block.values(rows)
-                if block.dropped:
-                    out_scalars["hooks.history_dropped"] = float(block.dropped)
-            except Exception:
-                self._fail("history")
-        if sharded:
-            self._drop_missing(out_scalars, out_heads, vec)
-        if "grad.clipped" in out_scalars and not clip_from_device:
-            self._clipped_window.append(out_scalars["grad.clipped"])
-            out_scalars["grad.clip_rate"] = sum(self._clipped_window) / len(
-                self._clipped_window)
-        out_scalars["hooks.host_ms"] = host_ms
-        self._cost.add_host(_clock() - t0)
-        if self._shard is not None and self._shard.device.type != "cpu":
-            syncs += 1  # reading the ranks' agreed interval at the end of this step
-        out_scalars["hooks.syncs"] = float(syncs)
-        out_scalars["hooks.bytes"] = float(nbytes)
-        out_scalars["hooks.sample_every"] = float(self._effective_every)
-        if self._cost.last_extra is not None:
-            out_scalars["hooks.cost_ms"] = 1e3 * self._cost.last_extra
-        overhead = self._cost.overhead(self._effective_every)
-        if overhead is not None:
-            out_scalars["hooks.overhead"] = overhead
-        self._frames += 1
-        if history is not None and history["scalars"] and self._send_takes_history():
-            self.client.send(step, out_scalars, out_heads, time=time.time(), history=history)
-        else:
-            self.client.send(step, out_scalars, out_heads, time=time.time())
-
-    def _drop_missing(self, scalars: dict[str, float], heads: dict[str, Any],
-                      vec: torch.Tensor | None) -> None:
-        """Remove what some rank could not contribute to the exchange (a sum over the
-        ranks that did would be wrong); the job's own clip norm stays (already global)."""
-        grad_missing = scalars.pop(_GRAD_MISSING, 1.0)
-        qk_missing = scalars.pop(_QK_MISSING, 1.0)
-        if not (grad_missing == 0 or self._clip_seen):  # NaN counts as missing
-            for name in ("grad.norm", "grad.clipped"):
-                scalars.pop(name, None)
-            if vec is not None and "grad" not in self.disabled:
-                self._warn_once("grad-missing", "grad.norm is left out of this rank's frames "
-                                "while another rank cannot compute its gradient part "
-                                "(see that rank's log)")
-        if not qk_missing == 0:
-            for name in [n for n in heads if n.startswith("qk.")]:
-                del heads[name]
-            if vec is not None and "qk" not in self.disabled and self._shard is not None \
-                    and self._shard.has_qk:
-                self._warn_once("qk-missing", "q/k norms are left out of this rank's frames "
-                                "while another rank cannot compute its part (see that "
-                                "rank's log)")
 
     # -- failures ------------------------------------------------------------------------
 

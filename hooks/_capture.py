@@ -1,0 +1,216 @@
+"""The monitor's capture of training forwards: the model's forward hooks, the SDPA/MHA
+mode, HF eager attention and ``record_attention`` calls, the LM head (see
+:class:`~logitwatch.hooks._monitor.Monitor` and ``docs/HOOKS.md``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from . import _adapter
+from ._final import final_stats
+from ._logits import attention_head_stats
+from ._sdpa import SdpaCapture, parse_call
+
+__all__ = ["CaptureMixin", "attention_dtype_max"]
+
+#: The clock of the monitor's own cost (as in ``_monitor``).
+_clock = time.thread_time
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def _autocast_dtype(device: str) -> torch.dtype | None:
+    """The autocast dtype in force for ``device`` (None: off, or no autocast there)."""
+    try:
+        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    except RuntimeError:  # a device type autocast does not know (meta, ...)
+        return None
+
+
+def attention_dtype_max(query: torch.Tensor, key: torch.Tensor) -> float | None:
+    """``torch.finfo(dtype).max`` of the dtype the attention scores are computed in.
+
+    The smaller of ``query``'s and ``key``'s floating dtypes; under ``torch.autocast`` for
+    their device type, the autocast dtype (attention matmuls and SDPA run in it). Read from
+    dtypes and the autocast state only: no tensor value, no sync. None for non-float inputs.
+    """
+    best: float | None = None
+    for t in (query, key):
+        dtype = t.dtype
+        if not dtype.is_floating_point:
+            continue
+        if dtype in (torch.float32, torch.float64):
+            dtype = _autocast_dtype(t.device.type) or dtype
+        value = float(torch.finfo(dtype).max)
+        best = value if best is None or value < best else best
+    return best
+
+
+class CaptureMixin:
+    """Forward capture for :class:`~logitwatch.hooks._monitor.Monitor` (its state lives
+    there)."""
+
+    # -- forward -------------------------------------------------------------------------
+
+    def _pre_forward(self, module: torch.nn.Module, args: Any,
+                     kwargs: dict[str, Any] | None = None) -> None:
+        if _compiling():
+            return
+        t0 = 0.0
+        try:
+            self._depth += 1
+            if self._depth > 1 or not self.sampled:
+                if self.capturing:  # a nested call of the model (Lightning's training_step)
+                    self._padding.capture(args, kwargs)
+                return
+            if not (module.training and torch.is_grad_enabled()):
+                return
+            t0 = _clock()
+            self.capturing = True
+            _adapter.push(self)
+            self._calls = 0
+            self._padding.capture(args, kwargs)  # a reference only: read when measured
+            if "attention" not in self.disabled:
+                self._mode = SdpaCapture(self._record_call)
+                self._mode.__enter__()
+        except Exception:
+            self._fail("attention")
+        finally:
+            if self.capturing and t0:
+                self._cost.add_host(_clock() - t0)
+
+    def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if _compiling():
+            return
+        try:
+            self._depth = max(0, self._depth - 1)
+            if self._depth:
+                return
+            if not self.capturing:
+                if module.training and torch.is_grad_enabled() and self._keeps_history():
+                    self._history_loss(output)
+                return
+            t0 = _clock()
+            self._stop_capture()
+            loss = getattr(output, "loss", None)
+            if loss is None and isinstance(output, dict):
+                loss = output.get("loss")
+            if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
+                self._buffer.add_auto_loss(loss)
+            self._cost.add_host(_clock() - t0)
+        except Exception:
+            self._fail("loss")
+
+    def _keeps_history(self) -> bool:
+        """Whether the current step's scalars go to the next frame's history: a step
+        outside the schedule, while frames are sent."""
+        return not (self._scheduled or "history" in self.disabled
+                    or "step" in self.disabled)
+
+    def _history_loss(self, output: Any) -> None:
+        """The loss of a training forward on a non-sampled step (no sync)."""
+        try:
+            loss = getattr(output, "loss", None)
+            if loss is None and isinstance(output, dict):
+                loss = output.get("loss")
+            if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
+                self._history.add_loss(loss)
+        except Exception:
+            self._fail("history")
+
+    def _head_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self.capturing or "final" in self.disabled or _compiling():
+            return
+        t0 = _clock()
+        try:
+            if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
+                self._buffer.add_final(final_stats(args[0], output, self.memory_budget))
+        except Exception:
+            self._fail("final")
+        self._cost.add_host(_clock() - t0)
+
+    def _stop_capture(self) -> None:
+        self.capturing = False
+        self._padding.clear()
+        _adapter.pop(self)
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return
+        if mode.is_top():
+            mode.__exit__(None, None, None)
+        else:  # someone left a mode of theirs on top: we cannot pop ours safely
+            mode.retire()
+            self._fail("attention", RuntimeError("the SDPA capture mode is not innermost"))
+
+    def _record_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.eager_depth or "attention" in self.disabled:
+            return
+        try:
+            call = parse_call(func, args, kwargs)
+        except Exception:
+            self._fail("attention")
+            return
+        if call is None:
+            self._calls += 1  # a layer we cannot model keeps its row number
+            return
+        self._record(None, call.query, call.key, call.attn_mask, call.is_causal, call.scale,
+                     None, call.query_valid, call.key_valid)
+
+    def record_eager(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float | None,
+        softcap: float | None = None,
+    ) -> None:
+        """Called by the eager-attention wrapper while :attr:`capturing`."""
+        if "attention" in self.disabled:
+            return
+        layer = getattr(module, "layer_idx", None)
+        layer = layer if isinstance(layer, int) and not isinstance(layer, bool) else None
+        self._record(layer, query, key, attention_mask, False, scaling, softcap)
+
+    def _record(
+        self,
+        layer: int | None,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        mask: torch.Tensor | None,
+        is_causal: bool,
+        scale: float | None,
+        softcap: float | None,
+        query_valid: torch.Tensor | None = None,
+        key_valid: torch.Tensor | None = None,
+    ) -> None:
+        t0 = _clock()
+        try:
+            index = self._calls if layer is None else layer
+            self._calls += 1
+            dtype_max = attention_dtype_max(query, key)
+            if dtype_max is not None:
+                self._buffer.add_dtype_max(dtype_max)
+            if getattr(query, "is_nested", False):
+                return
+            cap = float(softcap) if isinstance(softcap, (int, float)) and softcap else None
+            if query.dim() in (3, 4) and (query_valid is None or key_valid is None):
+                rows, cols = self._padding.for_call(query.shape[0], query.shape[-2],
+                                                    key.shape[-2])
+                query_valid = rows if query_valid is None else query_valid
+                key_valid = cols if key_valid is None else key_valid
+            if self._qk_find.pending:
+                self._qk_find.on_attention(query, key)
+            stats = attention_head_stats(query, key, attn_mask=mask, is_causal=is_causal,
+                                         scale=scale, softcap=cap, budget=self.memory_budget,
+                                         query_valid=query_valid, key_valid=key_valid)
+            self._buffer.add_attention(index, stats)
+        except Exception:
+            self._fail("attention")
+        self._cost.add_host(_clock() - t0)
+

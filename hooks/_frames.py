@@ -1,0 +1,270 @@
+"""The monitor's frames: the sampled step's one frame, the closing frame at ``close()``,
+the history of the steps between frames, and, under sharding, the end-of-step exchange
+(see :class:`~logitwatch.hooks._monitor.Monitor` and ``docs/HOOKS.md``)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+
+from ._buffer import collect
+from ._history import LR, HistoryBlock
+from ._qk import qk_items, qk_norms
+from ._shard import GRAD_MISSING, GRAD_SQ, QK_MISSING
+
+__all__ = ["FramesMixin"]
+
+#: Scalars that carry the exchange's "ranks missing" counts through the step's one
+#: transfer; removed from the frame.
+_GRAD_MISSING, _QK_MISSING = "_lw.grad_missing", "_lw.qk_missing"
+#: The clock of the monitor's own cost (as in ``_monitor``).
+_clock = time.thread_time
+
+
+def _takes_history(send: Any) -> bool:
+    """Whether a client's ``send`` accepts ``history=`` (a stand-in written before it
+    existed may not)."""
+    import inspect
+
+    try:
+        params = inspect.signature(send).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "history" or p.kind is inspect.Parameter.VAR_KEYWORD
+               for p in params)
+
+
+class FramesMixin:
+    """Frame building for :class:`~logitwatch.hooks._monitor.Monitor` (its state lives
+    there)."""
+
+    def _flush_history(self) -> None:
+        """At close, when the last step ended unsampled: one closing frame at that step
+        (``hooks.closing`` = 1) with what can still be measured after it ran: its history
+        scalars (loss, grad norm, clip flag, lr), the q/k norms of the weights as the last
+        update left them (what a sample of that step reads; not under sharding, which
+        would need a collective), and the steps before it since the last frame as its
+        history. Attention and ``final.*`` need the step's forward: a step that already
+        ran cannot be sampled. One read-back, at close, not in a training step."""
+        last = self._step - 1
+        if "step" in self.disabled or last < 0 or self._last_sampled == last:
+            return
+        try:
+            block = None if "history" in self.disabled else self._history.take()
+            heads: dict[str, list[torch.Tensor]] = {}
+            if self._shard is None and self._qk and "qk" not in self.disabled:
+                try:
+                    heads = qk_norms(self._qk)
+                except Exception:
+                    self._fail("qk")
+            tensors = block.tensors if block is not None else []
+            _, out_heads, _, _, flat = collect({}, heads, extra=tensors)
+            scalars: dict[str, float] = {}
+            rest = None
+            if block is not None and block.steps:
+                hist = block.values(flat)
+                steps, series = hist["steps"], hist["scalars"]
+                upto = len(steps)
+                if steps[-1] == last:
+                    upto -= 1
+                    scalars = {n: v[-1] for n, v in series.items() if v[-1] is not None}
+                if upto:
+                    rest = {"steps": steps[:upto],
+                            "scalars": {n: v[:upto] for n, v in series.items()}}
+            scalars["hooks.closing"] = 1.0
+            scalars["hooks.sample_every"] = float(self._effective_every)
+            if rest is not None and self._send_takes_history():
+                self.client.send(last, scalars, out_heads, time=time.time(), history=rest)
+            else:
+                self.client.send(last, scalars, out_heads, time=time.time())
+        except Exception:
+            self._fail("history")
+
+    def _end_history(self, step: int) -> None:
+        """Close the step in the history: a non-sampled step keeps its lr (a host float)
+        and what it recorded; a sampled one's frame has it all."""
+        try:
+            if not self._keeps_history():
+                self._history.discard_step()
+                return
+            lr = self._lr()  # a CPU tensor comes as a float: it must not place the buffer
+            if lr is not None:
+                self._history.put(LR, lr)
+            self._history.end_step(step)
+        except Exception:
+            self._fail("history")
+
+    def _take_history(self) -> HistoryBlock | None:
+        """The steps since the previous frame, for this frame (their rows are read back
+        with it)."""
+        if "history" in self.disabled:
+            return None
+        try:
+            block = self._history.take()
+            if self._history.skipped:
+                self._warn_once("history-device", "values on another device than the "
+                                "first one are left out of the history")
+            return block
+        except Exception:
+            self._fail("history")
+            return None
+
+    def _send_takes_history(self) -> bool:
+        send = self.client.send
+        key = getattr(send, "__func__", send)
+        if key is not self._send_key:
+            self._send_key, self._send_history = key, _takes_history(send)
+            if not self._send_history:
+                self._warn_once("history-send", "the client's send() takes no history=; "
+                                "the steps between frames are not sent")
+        return self._send_history
+
+    # -- sharding: the exchange ----------------------------------------------------------
+
+    def _plan_exchange(self, shard: Any) -> None:
+        """Lay the exchange vector out (sizes fixed here, never by anything failing at
+        step time) and check with the other ranks that every rank has the same layout."""
+        try:
+            shard.plan(qk_items(self._qk) if self._qk else [])
+        except Exception:
+            shard.plan([])
+            self._fail("qk")
+        try:
+            if not shard.agree_layout():
+                self._warn_once("layout", "the ranks found different q/k layouts; q/k norms "
+                                "are not measured on any rank")
+            self._vec = shard.new_vector()
+        except Exception:
+            self._warn_once("layout", "the exchange could not be set up")
+
+    def _exchange(self) -> torch.Tensor | None:
+        """The end of a sampled step under sharding, on every rank: this rank's local
+        sums (or "missing" marks where a part is off or fails) go into the vector, and the
+        one ``all_reduce(SUM)`` is always entered. Never raises."""
+        shard, vec = self._shard, self._vec
+        if shard is None or vec is None:
+            return None
+        t0 = _clock()
+        try:
+            vec.zero_()
+        except Exception:
+            self._warn_once("vector", "the exchange vector could not be cleared")
+        try:
+            local = self._grad_local
+            shard.put_grad(vec, None if local is None else local[0])
+        except Exception:
+            self._fail("grad")
+            with contextlib.suppress(Exception):
+                shard.put_grad(vec, None)
+        if shard.has_qk:
+            try:
+                if "qk" in self.disabled:
+                    shard.mark_qk_missing(vec)
+                else:
+                    shard.put_qk(vec)
+            except Exception:
+                self._fail("qk")
+                with contextlib.suppress(Exception):
+                    shard.mark_qk_missing(vec)
+        try:
+            shard.reduce(vec)
+        except Exception:
+            self._warn_once("exchange", "the end-of-step all_reduce failed")
+            return None
+        finally:
+            self._cost.add_host(_clock() - t0)
+        return vec
+
+    def _emit(self, step: int, vec: torch.Tensor | None = None) -> None:
+        t0 = _clock()
+        lr = self._lr()
+        first = self._frames == 0
+        sharded = self._shard is not None
+        if sharded and vec is not None and not self._clip_seen and self._grad_local is not None:
+            try:
+                other = self._grad_local[1].to(vec.device)
+                self._buffer.grad_norm = (vec[GRAD_SQ] + other).sqrt()
+            except Exception:
+                self._fail("grad")
+        scalars = self._buffer.scalars(lr=lr, default_max_norm=self._max_grad_norm,
+                                       ln_vocab=self._ln_vocab if first else None)
+        if sharded and vec is not None:  # read back with the rest, then removed
+            scalars[_GRAD_MISSING] = vec[GRAD_MISSING]
+            scalars[_QK_MISSING] = vec[QK_MISSING]
+        clip_from_device = self._clip_hits is not None and self._clip_steps > 0
+        if clip_from_device:
+            scalars["grad.clip_rate"] = self._clip_hits.float() / self._clip_steps
+        self._clip_hits, self._clip_steps = None, 0
+        heads = self._buffer.heads()
+        if self._shard is not None:
+            if vec is not None and self._shard.has_qk:
+                try:
+                    heads.update(qk_norms(self._qk, self._shard.qk_sums(vec)))
+                except Exception:
+                    self._fail("qk")
+        elif self._qk and "qk" not in self.disabled:
+            try:
+                heads.update(qk_norms(self._qk))
+            except Exception:
+                self._fail("qk")
+        block = self._take_history()
+        host_ms = 1e3 * (self._cost.host_seconds + _clock() - t0)
+        out_scalars, out_heads, syncs, nbytes, rows = collect(
+            scalars, heads, extra=block.tensors if block is not None else None)
+        history = None
+        if block is not None:
+            try:
+                history = block.values(rows)
+                if block.dropped:
+                    out_scalars["hooks.history_dropped"] = float(block.dropped)
+            except Exception:
+                self._fail("history")
+        if sharded:
+            self._drop_missing(out_scalars, out_heads, vec)
+        if "grad.clipped" in out_scalars and not clip_from_device:
+            self._clipped_window.append(out_scalars["grad.clipped"])
+            out_scalars["grad.clip_rate"] = sum(self._clipped_window) / len(
+                self._clipped_window)
+        out_scalars["hooks.host_ms"] = host_ms
+        self._cost.add_host(_clock() - t0)
+        if self._shard is not None and self._shard.device.type != "cpu":
+            syncs += 1  # reading the ranks' agreed interval at the end of this step
+        out_scalars["hooks.syncs"] = float(syncs)
+        out_scalars["hooks.bytes"] = float(nbytes)
+        out_scalars["hooks.sample_every"] = float(self._effective_every)
+        if self._cost.last_extra is not None:
+            out_scalars["hooks.cost_ms"] = 1e3 * self._cost.last_extra
+        overhead = self._cost.overhead(self._effective_every)
+        if overhead is not None:
+            out_scalars["hooks.overhead"] = overhead
+        self._frames += 1
+        if history is not None and history["scalars"] and self._send_takes_history():
+            self.client.send(step, out_scalars, out_heads, time=time.time(), history=history)
+        else:
+            self.client.send(step, out_scalars, out_heads, time=time.time())
+
+    def _drop_missing(self, scalars: dict[str, float], heads: dict[str, Any],
+                      vec: torch.Tensor | None) -> None:
+        """Remove what some rank could not contribute to the exchange (a sum over the
+        ranks that did would be wrong); the job's own clip norm stays (already global)."""
+        grad_missing = scalars.pop(_GRAD_MISSING, 1.0)
+        qk_missing = scalars.pop(_QK_MISSING, 1.0)
+        if not (grad_missing == 0 or self._clip_seen):  # NaN counts as missing
+            for name in ("grad.norm", "grad.clipped"):
+                scalars.pop(name, None)
+            if vec is not None and "grad" not in self.disabled:
+                self._warn_once("grad-missing", "grad.norm is left out of this rank's frames "
+                                "while another rank cannot compute its gradient part "
+                                "(see that rank's log)")
+        if not qk_missing == 0:
+            for name in [n for n in heads if n.startswith("qk.")]:
+                del heads[name]
+            if vec is not None and "qk" not in self.disabled and self._shard is not None \
+                    and self._shard.has_qk:
+                self._warn_once("qk-missing", "q/k norms are left out of this rank's frames "
+                                "while another rank cannot compute its part (see that "
+                                "rank's log)")
+
