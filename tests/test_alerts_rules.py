@@ -221,6 +221,39 @@ def test_ratio_bias_refuge() -> None:
     assert states[2] is I and states[3] is F  # weights -30 %, biases +60 % over 3 steps
 
 
+def _refuge_states(weights: list[float], biases: list[float], logits: list[float],
+                   n_kv: int = 1) -> list[State]:
+    """The default q (n_kv 1: one query head per key head) or k bias-refuge rule over
+    samples 50 steps apart of one head (its query group's logits: ``logits`` per head)."""
+    name = "q_bias_refuge" if n_kv == 1 else "k_bias_refuge"
+    r = next(x for x in DEFAULT_RULES if x.name == name)
+    w_key, b_key = str(r.metric), str(r.param("other"))
+    mem, track, states = Memory(), Track(), []
+    for i, (w, b, lg) in enumerate(zip(weights, biases, logits, strict=True)):
+        heads = {w_key: [[w] * n_kv], b_key: [[b] * n_kv],
+                 "attn.logit_max": [[lg] * (2 * n_kv)]}
+        v = KINDS["ratio"].detect(r, mem, i * 50, float(w), FrameView({}, heads), (0, 0))
+        if v is not None:
+            track.advance(r, i * 50, v)
+        states.append(track.state)
+    return states
+
+
+def test_bias_refuge_needs_the_logit_to_move_into_the_bias() -> None:
+    shrink = [2.0, 1.8, 1.5, 1.3, 1.1]  # W_q's norm falls 30-40 % per 100 steps
+    grow = [0.3, 0.45, 0.6, 0.8, 1.0]  # the bias doubles: a material share of q
+    # QK-clip's refuge: the logit holds at its cap while the weight shrinks
+    assert F in _refuge_states(shrink, grow, [6.0] * 5)
+    # the same head under a key/value group (GQA: two query heads per key head)
+    assert F in _refuge_states(shrink, grow, [6.0] * 5, n_kv=2)
+    # weights shrunk by training (weight decay, an early transient): the logit goes with them
+    assert F not in _refuge_states(shrink, grow, [6.0, 4.0, 2.5, 1.8, 1.2])
+    # a near-uniform head (max logit < 1) has no logit to hide
+    assert F not in _refuge_states(shrink, grow, [0.05] * 5)
+    # a bias that is a rounding error of the projection (< 25 % of the weight) carries nothing
+    assert F not in _refuge_states(shrink, [0.01, 0.02, 0.04, 0.08, 0.16], [6.0] * 5)
+
+
 def test_no_data_series_does_not_evaluate() -> None:
     r = rule("departure", "final.hidden_rms")
     assert KINDS["departure"].detect(r, Memory(), 0, 1.0, FrameView({}, {}), (None, None)) \

@@ -531,27 +531,68 @@ def _clip_rate(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     return Verdict(breach, rate, {"clip_rate": rate, "previous_rate": prev, "window": w})
 
 
+def _head_logit(fv: FrameView, metric: str, own: str, layer: int | None,
+                head: int | None) -> float | None:
+    """The max attention logit a projection head feeds: the query head's own, or for a key
+    head shared by a group of query heads (GQA; ``own`` has fewer heads per layer than
+    ``metric``) the largest of its group's."""
+    if layer is None or head is None:
+        return None
+    try:
+        row = [float(x) for x in fv.heads[metric][layer]]
+        n_own = len(fv.heads[own][layer])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    if n_own <= 0 or head >= n_own or len(row) % n_own:
+        return None
+    group = len(row) // n_own
+    return max(row[head * group:(head + 1) * group])
+
+
 def _ratio(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
            cell: tuple[int | None, int | None]) -> Verdict | None:
+    """A weight norm falling while its bias norm rises (QK-clip's bias refuge).
+
+    Over ``window`` steps the weight norm falls and the bias norm rises by ``min_change``
+    each, the bias is a material part of the projection (its norm at least ``share`` of the
+    weight's: the bias term's share of q = W x + b for unit-RMS inputs), and, where the frame
+    carries the head's max attention logit (``logit``), the logit is at least
+    ``logit_floor`` and did not fall with the weight: the logit's magnitude moved into the
+    bias path. A head whose weights shrink because training shrinks them (weight decay,
+    an early transient) loses its logit with them; a bias that is a rounding error of
+    the projection carries nothing.
+    """
     other_name = str(r.param("other"))
     other = fv.get(other_name, *cell)
     if other is None or not math.isfinite(v) or not math.isfinite(other):
         return None
-    hist: deque[tuple[int, float, float]] = m.extra.setdefault("pairs", deque(maxlen=RECENT_MAX))
-    hist.append((step, v, other))
+    logit_name = r.param("logit")
+    logit = _head_logit(fv, str(logit_name), r.metric, *cell) if logit_name else None
+    if logit is not None and not math.isfinite(logit):
+        logit = None
+    hist: deque[tuple[int, float, float, float | None]] = m.extra.setdefault(
+        "pairs", deque(maxlen=RECENT_MAX))
+    hist.append((step, v, other, logit))
     span = int(r.param("window"))
     then = [p for p in hist if p[0] <= step - span]
     if not then:
         return None
-    _, w0, b0 = then[-1]
+    _, w0, b0, l0 = then[-1]
     if w0 <= 0 or b0 <= 0:
         return None
     w_change = v / w0 - 1
     b_change = other / b0 - 1
     c = float(r.param("min_change"))
-    return Verdict(w_change <= -c and b_change >= c, v,
-                   {"weight_norm": v, "bias_norm": other, "weight_change": w_change,
-                    "bias_change": b_change, "other": other_name, "since_step": then[-1][0]})
+    share = other / v if v > 0 else math.inf
+    breach = w_change <= -c and b_change >= c and share >= float(r.param("share"))
+    how: dict[str, Any] = {"weight_norm": v, "bias_norm": other, "weight_change": w_change,
+                           "bias_change": b_change, "bias_share": share,
+                           "other": other_name, "since_step": then[-1][0]}
+    if logit_name and logit is not None:
+        held = l0 is None or logit >= (1 - c) * l0
+        breach = breach and logit >= float(r.param("logit_floor")) and held
+        how.update({"logit": logit, "logit_then": l0})
+    return Verdict(breach, v, how)
 
 
 def _first_loss(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
@@ -614,7 +655,8 @@ KINDS: dict[str, Kind] = {
                                                  "fraction": 0.25}),
     "clip_rate": Kind(_clip_rate, {"window": 100, "min_samples": 3, "rate": 0.9,
                                    "rise": 0.5}),
-    "ratio": Kind(_ratio, {"other": "qk.q_bias_norm", "window": 100, "min_change": 0.2}),
+    "ratio": Kind(_ratio, {"other": "qk.q_bias_norm", "window": 100, "min_change": 0.2,
+                           "share": 0.0, "logit": None, "logit_floor": 0.0}),
     "first_loss": Kind(_first_loss, {"vocab": None, "tolerance": 1.5}, keep_firing_for=0),
     "no_data": Kind(_no_data, {"seconds": 600.0}, keep_firing_for=0),
 }

@@ -765,6 +765,8 @@ class AlertEngine:
                 names |= {"lr", "grad.norm"}
             if r.kind == "ratio":
                 names.add(str(r.param("other")))
+                if r.param("logit"):
+                    names.add(str(r.param("logit")))
             if r.downgrade is not None:
                 names |= {r.downgrade.metric, "loss"}
                 if r.downgrade.capped_metric:

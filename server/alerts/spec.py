@@ -360,6 +360,10 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
 
 
+#: parameters that name another series, or are null (not used)
+_METRIC_OR_NULL = frozenset({"logit"})
+
+
 def _param_problem(kind: str, key: str, v: Any) -> str:
     """What is wrong with ``v`` for ``kind``'s parameter ``key`` ('' when nothing): its type
     follows the kind's default, so a rule from YAML or the API cannot fail later, at ingest."""
@@ -373,6 +377,8 @@ def _param_problem(kind: str, key: str, v: Any) -> str:
         return "" if ok else f"must be an integer >= {low}"
     if isinstance(default, float):
         return "" if _number(v) else "must be a number"
+    if key in _METRIC_OR_NULL:
+        return "" if v is None or (isinstance(v, str) and v) else "must be a metric name or null"
     if default is None:
         return "" if v is None or _number(v) else "must be a number or null"
     if key == "op":
