@@ -22,7 +22,9 @@ target_metadata = Base.metadata
 def _url() -> str:
     url = config.get_main_option("sqlalchemy.url") or os.environ.get("LOGITWATCH_DB_URL")
     if not url:
-        raise SystemExit("Set LOGITWATCH_DB_URL (e.g. sqlite:///.logitwatch/logitwatch.db).")
+        raise SystemExit("Set LOGITWATCH_DB_URL (e.g. the default store, "
+                         "sqlite:///$HOME/.local/share/logitwatch/logitwatch.db; "
+                         "`logitwatch runs list` prints the one in use).")
     return url
 
 
