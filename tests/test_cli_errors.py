@@ -169,3 +169,21 @@ def test_attach_with_the_api_path_appended_still_delivers(tmp_path: Path,
         mon.close()
         run = httpx.get(f"{col.url}/api/v1/runs/slipped", timeout=10).json()
     assert run["status"] == "finished" and run["last_step"] == 2
+
+
+def test_a_job_sending_to_a_wrong_path_is_told_what_to_fix(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The job's one delivery warning says the URL is not a collector's base URL, where a
+    collector that is down only says it cannot deliver."""
+    with Served(tmp_path, "--db", f"sqlite:///{tmp_path / 'c.db'}") as col:
+        client = Client(f"{col.url}/collector", run="lost", config=ClientConfig(
+            spool_dir=str(tmp_path / "spool"), interval=0.05, max_backoff=0.2))
+        with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+            client.send(0, {"loss": 1.0}, {})
+            deadline = time.monotonic() + 20
+            while "cannot deliver" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.05)
+            client.shutdown(0.2)
+    (line,) = [r.getMessage() for r in caplog.records if "cannot deliver" in r.getMessage()]
+    assert "HTTP 404" in line and "not a logitwatch collector's ingest path" in line
+    assert "http://127.0.0.1:8000" in line  # what a base URL looks like
