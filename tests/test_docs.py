@@ -13,7 +13,7 @@ DOC_PATH = re.compile(r"\b((?:docs|bench|scripts|tests|migrations)/[\w./-]+\.(?:
 
 
 def tracked(*patterns: str) -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+    out = subprocess.run(["git", "ls-files", "--cached",
                           *patterns], cwd=ROOT, capture_output=True, text=True, check=True)
     return [ROOT / p for p in out.stdout.splitlines() if (ROOT / p).is_file()]
 
