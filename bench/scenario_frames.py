@@ -7,7 +7,9 @@ sends it) carries in each frame the scalars of the steps in between as ``history
 
 * the recorded frames at the steps a 1-in-``k`` job samples (:func:`schedule`): step 0,
   then ``k`` steps after the previous sample, and the step after a learning-rate jump or
-  climb past the schedule's settled peak (the hooks sample it at once);
+  climb past the schedule's settled peak, or after a loss or gradient-norm spike (the hooks
+  sample it at once; ``spike_watch=False``: a job whose hooks cannot read those at no cost,
+  such as one sharded over ranks);
 * ``seq`` renumbered 1..n;
 * ``history``: the steps after the previous derived frame and before this one, with their
   ``loss``, ``grad.norm``, ``grad.clipped`` and ``lr`` (wire floats; null where a step did
@@ -56,15 +58,15 @@ def _clip_rate(values: list[Any]) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
 
-def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True
-           ) -> list[dict[str, Any]]:
+def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True,
+           spike_watch: bool = True) -> list[dict[str, Any]]:
     """The frames of ``frames`` (one per step, in step order) that a job sampling one step
     in ``k`` sends, as it sends them (see the module docstring). ``history=False`` leaves
     the history out (a collector that does not take it)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     by_step = {f["step"]: f for f in frames}
-    sampled = set(schedule(frames, k))
+    sampled = set(schedule(frames, k, spike_watch=spike_watch))
     out: list[dict[str, Any]] = []
     prev: int | None = None
     for f in frames:
@@ -100,21 +102,31 @@ def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True
     return out
 
 
-def schedule(frames: list[dict[str, Any]], k: int) -> list[int]:
+def schedule(frames: list[dict[str, Any]], k: int, *, spike_watch: bool = True) -> list[int]:
     """The steps a job sampling one step in ``k`` samples, as the hooks choose them: the
     first step, then every ``k`` steps after the last sample, and the step after one whose
-    learning rate jumped or climbed past its settled peak (``logitwatch.hooks._lrwatch``,
-    the same code the hooks run)."""
+    learning rate jumped or climbed past its settled peak (``logitwatch.hooks._lrwatch``)
+    or whose loss or gradient norm spiked (``logitwatch.hooks._stepwatch``; a single-process
+    job on the CPU reads them at once, an accelerator job typically a step later): the same
+    code the hooks run."""
     from logitwatch.hooks._lrwatch import LrWatch
+    from logitwatch.hooks._stepwatch import StepWatch
+    from logitwatch.wire import decode_float
 
-    watch, out, last, force = LrWatch(), [], None, False
+    def num(v: Any) -> float | None:
+        return None if v is None else decode_float(v)
+
+    watch, spikes, out, last, force = LrWatch(), StepWatch(), [], None, False
     for f in frames:
         step = f["step"]
         if force or last is None or step >= last + k:
             out.append(step)
             last = step
-        lr = f["scalars"].get("lr")
+        sc = f["scalars"]
+        lr = sc.get("lr")
         force = isinstance(lr, (int, float)) and watch.step(step, float(lr))
+        if spike_watch:
+            force = spikes.step(step, num(sc.get("loss")), num(sc.get("grad.norm"))) or force
     return out
 
 

@@ -28,6 +28,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from logitwatch.wire import MAX_HISTORY_STEPS
@@ -96,6 +97,13 @@ class StepHistory:
         self._limit: float | None = None
         self._losses = 0  # automatic losses added on the device this step
         self._loss_logged = False
+        # peek(): the last ended row, and an accelerator row's copy in flight
+        self.watch = True
+        self._last_row: tuple[int, int] | None = None
+        self._pinned: torch.Tensor | None = None
+        self._pending: tuple[int, Any, Any] | None = None
+        self._host_view: Any = None  # a CPU buffer's memory, as numpy
+        self._staged_meta: tuple[int, dict[int, float]] = (0, {})
 
     # -- the current step ------------------------------------------------------------------
 
@@ -104,8 +112,12 @@ class StepHistory:
         accelerator than the buffer: left out)."""
         flat = self._flat
         if flat is None:
-            self._buf = torch.empty(self.capacity, _WIDTH, dtype=torch.float32,
-                                    device=value.device)
+            if value.device.type == "cpu":  # host memory the watch reads directly (peek)
+                self._host_view = np.zeros(self.capacity * _WIDTH, dtype=np.float32)
+                self._buf = torch.from_numpy(self._host_view).view(self.capacity, _WIDTH)
+            else:
+                self._buf = torch.empty(self.capacity, _WIDTH, dtype=torch.float32,
+                                        device=value.device)
             flat = self._flat = self._buf.view(-1)
         elif flat.device != value.device:
             return None
@@ -186,6 +198,7 @@ class StepHistory:
         self._masks[row] = mask
         self._host[row] = values
         self._limits[row] = limit
+        self._stage(row, step)
         self._next = (row + 1) % self.capacity
         if self._count == self.capacity:
             self._dropped += 1  # the oldest row was just overwritten
@@ -198,6 +211,60 @@ class StepHistory:
         """Forget what the current step recorded (it is sampled: its frame has it all)."""
         self._mask, self._values, self._losses, self._loss_logged = 0, {}, 0, False
         self._limit = None
+
+    # -- the finished steps' loss and norm, where reading them costs no sync --------------
+
+    def peek(self) -> tuple[int, float | None, float | None] | None:
+        """``(step, loss, norm)`` of a recently ended step, when they can be read without a
+        host-device sync, else None. Host values and a CPU buffer are read at once (the step
+        just ended). An accelerator buffer's two cells are copied, non-blocking, to pinned
+        host memory at the step's end (:meth:`_stage`) and returned once the copy's event
+        has completed (typically at the next step's end); one copy is in flight at a time."""
+        pending = self._pending
+        if pending is not None:
+            step, event, host = pending  # host: numpy view of the pinned copy
+            if not event.query():
+                return None
+            self._pending = None
+            mask, values = self._staged_meta
+            got = [float(x) for x in host]  # a numpy view of pinned host memory
+            return (step, got[0] if mask >> LOSS & 1 else values.get(LOSS),
+                    got[1] if mask >> NORM & 1 else values.get(NORM))
+        last = self._last_row
+        if last is None:
+            return None
+        self._last_row = None
+        row, step = last
+        mask, values = self._masks[row], self._host[row]
+        if self._buf is not None and mask & 0b11 and self._buf.device.type != "cpu":
+            return None  # staged: read when its copy is done
+        read: list[float | None] = [None, None]
+        if self._host_view is not None and mask & 0b11:  # the CPU buffer's memory
+            at = _WIDTH * row
+            read = [float(self._host_view[at]), float(self._host_view[at + 1])]
+        return (step, read[0] if mask >> LOSS & 1 else values.get(LOSS),
+                read[1] if mask >> NORM & 1 else values.get(NORM))
+
+    def _stage(self, row: int, step: int) -> None:
+        """Start the non-blocking copy of an accelerator row's loss and norm to pinned host
+        memory (nothing when a copy is still in flight, or on the CPU)."""
+        self._last_row = (row, step)
+        buf = self._buf
+        if (buf is None or buf.device.type == "cpu" or not self._masks[row] & 0b11
+                or self._pending is not None or not self.watch):
+            return
+        try:
+            if self._pinned is None:
+                self._pinned = torch.empty(2, dtype=torch.float32, pin_memory=True)
+            self._pinned.copy_(buf[row, :2], non_blocking=True)
+            event = torch.cuda.Event() if buf.device.type == "cuda" else None
+            if event is None:
+                return  # another accelerator: no event to poll, left unwatched
+            event.record()
+            self._pending = (step, event, self._pinned.numpy())
+            self._staged_meta = (self._masks[row], dict(self._host[row]))
+        except Exception:
+            self.watch = False  # no pinned memory or events here: the watch stays off
 
     def take(self) -> HistoryBlock | None:
         """The kept steps, oldest first (None if none), and start over. The tensors are

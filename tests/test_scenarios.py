@@ -146,7 +146,7 @@ def test_derive_is_what_a_job_sampling_every_k_sends() -> None:
     assert [f["step"] for f in no_history] == [0, 3, 6]
     assert all("history" not in f for f in no_history)
     # the run ended at step 7, between two samples: the frame Monitor.close() sends
-    tail = sf.derive(frames, 5)
+    tail = sf.derive(frames, 5, spike_watch=False)
     assert [f["step"] for f in tail] == [0, 5, 7]
     assert tail[2]["heads"] == {} and tail[2]["seq"] == 3
     assert tail[2]["scalars"] == {"loss": 2.93, "grad.norm": 7.5, "grad.clipped": 0.0,
@@ -154,6 +154,22 @@ def test_derive_is_what_a_job_sampling_every_k_sends() -> None:
     assert tail[2]["history"]["steps"] == [6]
     one = sf.derive(frames, 1)
     assert [f["step"] for f in one] == list(range(8)) and all("history" not in f for f in one)
+    # the NaN loss of step 5 makes the hooks sample step 6 (logitwatch.hooks._stepwatch)
+    assert [f["step"] for f in sf.derive(frames, 5)] == [0, 5, 6, 7]
+
+
+def test_a_spike_is_sampled_at_once_and_a_steady_run_never() -> None:
+    from logitwatch.hooks._stepwatch import REARM, StepWatch
+
+    w = StepWatch()
+    steady = [w.step(s, 3.0 - 0.001 * s + 0.01 * (s % 3), 0.5 + 0.05 * (s % 4))
+              for s in range(300)]
+    assert not any(steady)
+    assert w.step(300, 3.0, 8.0)  # the gradient norm 16x its median
+    assert not w.step(301, 3.0, 8.0)  # re-armed only REARM steps later
+    assert w.step(300 + REARM, 9.0, 0.5)  # a loss 6 nats above its median
+    assert w.step(320, float("nan"), 0.5)  # the first non-finite step
+    assert not w.step(340, float("nan"), 0.5)  # the run of NaN goes on: once is enough
 
 
 def test_derived_frames_pass_the_collectors_schema() -> None:
