@@ -141,6 +141,7 @@ class Client:
         self._http = http
         self._http_pid = os.getpid()
         self._callbacks: list[AlertCallback] = []
+        self._annotators: list[AlertCallback] = []
         self._seen_alerts: set[Any] = set()
         self._control: dict[str, Any] = {}
         self._closed = False
@@ -274,12 +275,20 @@ class Client:
         self._callbacks.append(callback)
         return callback
 
+    def add_alert_annotator(self, annotator: AlertCallback) -> None:
+        """Call ``annotator(alert)`` on each new alert before the :meth:`on_alert`
+        callbacks, on a copy they then receive: it may add keys (the hooks' fuses add
+        ``"fuses"``, the fuses that address the alert). Sender thread; exceptions are
+        logged and swallowed."""
+        self._annotators.append(annotator)
+
     @property
     def control(self) -> dict[str, Any]:
         """The latest ``control`` object from the collector (``{}`` until the first answer).
 
         ``{"sample_every": N}`` while the run has a firing alert (the hooks then sample
-        every N steps); ``{}`` otherwise.
+        every N steps); ``{}`` otherwise. ``{"fuses": {name: "apply" | "undo"}}``: a
+        person applies or undoes one of the job's fuses (docs/FUSES.md).
         """
         return self._control
 
@@ -445,6 +454,14 @@ class Client:
             if key in self._seen_alerts:
                 continue
             self._seen_alerts.add(key)
+            if self._annotators:
+                alert = dict(alert)
+                for annotator in list(self._annotators):
+                    try:
+                        annotator(alert)
+                    except Exception:
+                        log.warning("logitwatch: alert annotator %r failed", annotator,
+                                    exc_info=True)
             for callback in list(self._callbacks):
                 try:
                     callback(alert)

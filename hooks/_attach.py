@@ -14,6 +14,7 @@ from ._cost import MAX_INTERVAL
 from ._logits import DEFAULT_BUDGET
 from ._monitor import Monitor
 from ._qk_find import QKLayout
+from .fuses import FusesArg, parse_fuses
 
 __all__ = ["attach", "resolve_rank"]
 
@@ -59,6 +60,7 @@ def attach(
     lm_head: torch.nn.Module | bool | None = None,
     qk_layout: QKLayout | None = None,
     max_sample_every: int = MAX_INTERVAL,
+    fuses: FusesArg | None = None,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
 
@@ -114,6 +116,10 @@ def attach(
             implies; weights laid out ``[q | k | v]``); ``{name: None}``: no q/k norms for
             it. Usually not needed: ``docs/HOOKS.md`` lists what is recognised, and
             ``attach`` logs one line saying which attention modules have q/k norms.
+        fuses: Actions the job takes on a warning, off unless named here (docs/FUSES.md):
+            ``[QKClip(tau=50, mode="auto"), LRBackoff()]`` (``logitwatch.hooks.fuses``)
+            or ``{"qk_clip": {"tau": 50, "mode": "auto"}, "lr_backoff": "suggest"}``;
+            ``mon.fuses`` applies and undoes them.
 
     Raises:
         TypeError, ValueError: An argument is invalid (checked here, never later).
@@ -160,6 +166,7 @@ def attach(
         raise TypeError(f"attach: qk_layout must map names to dicts or None, got {qk_layout!r}")
     if lm_head is not None and not isinstance(lm_head, (bool, torch.nn.Module)):
         raise TypeError(f"attach: lm_head must be a Module, a bool or None, got {lm_head!r}")
+    fuses = parse_fuses(fuses) or None  # checked before anything is hooked
     owns_client = client is None
     if client is None:
         config = ClientConfig.from_env(**({"token": token} if token else {}))
@@ -178,4 +185,5 @@ def attach(
         lm_head=lm_head,
         qk_layout=qk_layout,
         max_sample_every=max_sample_every,
+        fuses=fuses,
     )

@@ -211,6 +211,8 @@ class FramesMixin:
             except Exception:
                 self._fail("qk")
         block = self._take_history()
+        if self.fuses:
+            self.fuses.before_frame(scalars, heads)
         host_ms = 1e3 * (self._cost.host_seconds + _clock() - t0)
         out_scalars, out_heads, syncs, nbytes, rows = collect(
             scalars, heads, extra=block.tensors if block is not None else None)
@@ -240,6 +242,8 @@ class FramesMixin:
         overhead = self._cost.overhead(self._effective_every)
         if overhead is not None:
             out_scalars["hooks.overhead"] = overhead
+        if self.fuses:
+            self.fuses.after_frame(step, out_scalars, out_heads)
         self._frames += 1
         if history is not None and history["scalars"] and self._send_takes_history():
             self.client.send(step, out_scalars, out_heads, time=time.time(), history=history)

@@ -27,6 +27,7 @@ from ._qk_find import QKDiscovery, QKLayout, no_shape
 from ._sdpa import SdpaCapture
 from ._shard import find_sharding
 from ._stats import global_grad_norm
+from .fuses import FusesArg, FuseSet
 
 __all__ = ["Monitor", "attention_dtype_max"]
 
@@ -96,6 +97,7 @@ class Monitor(CaptureMixin, FramesMixin):
         lm_head: torch.nn.Module | bool | None = None,
         qk_layout: QKLayout | None = None,
         max_sample_every: int = MAX_INTERVAL,
+        fuses: FusesArg | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -171,6 +173,8 @@ class Monitor(CaptureMixin, FramesMixin):
             self._handles.append(inner.register_step_post_hook(self._post_optimizer_step))
         self._eager_token = _eager.install(model, self)
         _clip.add_listener(self._on_clip)
+        #: The fuses (``attach(fuses=...)``, docs/FUSES.md); empty and free by default.
+        self.fuses = FuseSet.build(fuses, self)
 
     # -- public --------------------------------------------------------------------------
 
@@ -329,6 +333,7 @@ class Monitor(CaptureMixin, FramesMixin):
         _eager.uninstall(self._eager_token)
         _clip.remove_listener(self._on_clip)
         self._qk_find.close()
+        self.fuses.close()
         self._flush_history()
         if self._owns_client:
             if finished and self._step > 0:
@@ -410,6 +415,8 @@ class Monitor(CaptureMixin, FramesMixin):
                     self._qk = self._qk_find.sources
             except Exception:
                 self._fail("qk")
+        if self.fuses:  # after the update, before the frame (never raises)
+            self.fuses.step_end(step, sampled)
         try:
             if scheduled and self._shard is not None:
                 vec = self._exchange()

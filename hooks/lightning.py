@@ -65,6 +65,8 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         self.monitor = attach(pl_module, None, run=self.run, url=self.url, **options)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self._lr_source = optimizer
+        if optimizer is not None and self.monitor.fuses:
+            self.monitor.fuses.bind_optimizer(optimizer)  # LR backoff acts on it
         try:
             total = trainer.estimated_stepping_batches
         except Exception:  # no estimate (an iterable of unknown length...): close() still

@@ -1,0 +1,406 @@
+"""Fuses on real tiny models (docs/FUSES.md): QK-clip scales exactly the right rows or
+columns (biases, fused q/k/v, GQA) and caps the next forward's max logit at tau; modes
+off / suggest / auto; control from the collector's answer; undo; a failing fuse never
+breaks training; LR backoff and its restore; events in the frames sent.
+
+Every optimizer here is SGD at lr 0 unless said: the update leaves the weights alone, so
+what changes them is the fuse, and the next forward on the same batch measures what the
+clip did exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from logitwatch.client import Client
+from logitwatch.hooks import attach
+from logitwatch.hooks.fuses import Fuse, LRBackoff, QKClip
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def capturing_client() -> tuple[Client, list[dict]]:
+    frames: list[dict] = []
+    client = Client(None, run="r")
+    client.send = lambda step, scalars, heads, time=None, history=None: frames.append(  # type: ignore
+        {"step": step, "scalars": scalars, "heads": heads})
+    return client, frames
+
+
+class FusedAttn(nn.Module):
+    """nanoGPT-style: ``c_attn`` an ``nn.Linear`` (3E, E) with bias, [q | k | v] rows."""
+
+    def __init__(self, n_embd: int = 32, n_head: int = 4) -> None:
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head, self.n_embd = n_head, n_embd
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+                   for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Net(nn.Module):
+    def __init__(self, layers: int = 1, std: float = 0.5) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(64, 32)
+        self.blocks = nn.ModuleList(FusedAttn() for _ in range(layers))
+        self.head = nn.Linear(32, 64)
+        with torch.no_grad():
+            for blk in self.blocks:
+                blk.c_attn.weight.normal_(0, std)
+                blk.c_attn.bias.normal_(0, std)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for blk in self.blocks:
+            x = x + blk(x)
+        return F.cross_entropy(self.head(x)[:, :-1].reshape(-1, 64), ids[:, 1:].reshape(-1))
+
+
+IDS = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(1))
+
+
+def run(model: nn.Module, steps: int, fuses, lr: float = 0.0, forward=None, **kw):
+    """Train ``steps`` steps on one batch; returns (frames, monitor)."""
+    client, frames = capturing_client()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    forward = forward or (lambda m: m(IDS))
+    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
+                 fuses=fuses, **kw)
+    for _ in range(steps):
+        loss = forward(model)
+        mon.log(loss=loss)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    mon.close()
+    return frames, mon
+
+
+def per_index(per_head: list[float], hd: int) -> torch.Tensor:
+    return torch.tensor(per_head, dtype=torch.float64).repeat_interleave(hd)
+
+
+# -- QK-clip: which rows, by how much ----------------------------------------------------
+
+
+def test_qk_clip_scales_fused_linear_rows_and_biases_and_caps_the_next_max() -> None:
+    tau = 3.0
+    model = Net()
+    w0 = model.blocks[0].c_attn.weight.detach().double().clone()
+    b0 = model.blocks[0].c_attn.bias.detach().double().clone()
+    frames, mon = run(model, 2, [QKClip(tau=tau, mode="auto")])
+    first, second = frames[0], frames[1]
+    maxes = first["heads"]["attn.logit_max"][0]
+    assert max(maxes) > tau and min(maxes) > tau  # every head clipped at step 0
+    s = [math.sqrt(tau / m) for m in maxes]
+    e, hd = 32, 8
+    w, b = model.blocks[0].c_attn.weight.detach().double(), model.blocks[0].c_attn.bias.detach()
+    torch.testing.assert_close(w[:e], w0[:e] * per_index(s, hd)[:, None], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(w[e:2 * e], w0[e:2 * e] * per_index(s, hd)[:, None], rtol=1e-5,
+                               atol=1e-7)
+    torch.testing.assert_close(w[2 * e:], w0[2 * e:])  # v untouched
+    torch.testing.assert_close(b.double()[:e], b0[:e] * per_index(s, hd), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(b.double()[e:2 * e], b0[e:2 * e] * per_index(s, hd), rtol=1e-5,
+                               atol=1e-7)
+    torch.testing.assert_close(b.double()[2 * e:], b0[2 * e:])
+    # the next forward (same batch) measures tau in every clipped head
+    assert second["heads"]["attn.logit_max"][0] == pytest.approx([tau] * 4, rel=1e-4)
+    assert first["heads"]["fuse.qk_clip.factor"][0] == pytest.approx(
+        [tau / m for m in maxes], rel=1e-5)
+    assert first["scalars"]["fuse.qk_clip.heads"] == 4
+    assert second["scalars"]["fuse.qk_clip.heads"] == 0  # at tau: left alone
+    assert [e.action for e in mon.fuses.events] == ["clip"]
+
+
+def test_weights_only_leaves_the_bias_path_and_misses_tau() -> None:
+    """Scaling W alone (biases=False) does not bring the max to tau: the biases' part of
+    q and k stays (the bias refuge); with biases it is exact (previous test)."""
+    tau = 3.0
+    model = Net()
+    b0 = model.blocks[0].c_attn.bias.detach().clone()
+    frames, _ = run(model, 2, [QKClip(tau=tau, mode="auto", biases=False)])
+    torch.testing.assert_close(model.blocks[0].c_attn.bias.detach(), b0)
+    after = frames[1]["heads"]["attn.logit_max"][0]
+    assert max(abs(m - tau) for m in after) > 0.05 * tau
+
+
+def test_qk_clip_gpt2_conv1d_columns_and_biases() -> None:
+    transformers = pytest.importorskip("transformers")
+    tau = 2.0
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64,
+                                     n_positions=32, initializer_range=0.3,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="eager")
+    c_attn = model.transformer.h[0].attn.c_attn
+    with torch.no_grad():
+        c_attn.bias.normal_(0, 0.3)
+    w0, b0 = c_attn.weight.detach().double().clone(), c_attn.bias.detach().double().clone()
+    frames, _ = run(model, 2, {"qk_clip": {"tau": tau, "mode": "auto"}},
+                    forward=lambda m: m(input_ids=IDS, labels=IDS).loss)
+    maxes = frames[0]["heads"]["attn.logit_max"][0]
+    s = per_index([math.sqrt(min(1.0, tau / m)) for m in maxes], 8)
+    w, b = c_attn.weight.detach().double(), c_attn.bias.detach().double()
+    torch.testing.assert_close(w[:, :32], w0[:, :32] * s[None, :], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(w[:, 32:64], w0[:, 32:64] * s[None, :], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(w[:, 64:], w0[:, 64:])
+    torch.testing.assert_close(b[:32], b0[:32] * s, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(b[32:64], b0[32:64] * s, rtol=1e-5, atol=1e-7)
+    assert max(maxes) > tau
+    after = frames[1]["heads"]["attn.logit_max"][0]
+    for m0, m1 in zip(maxes, after, strict=True):
+        assert m1 == pytest.approx(min(m0, tau), rel=1e-4)
+
+
+def test_qk_clip_gqa_shared_key_follows_its_largest_query_head() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      vocab_size=64, max_position_embeddings=32,
+                                      attention_bias=True, initializer_range=0.4)
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="eager")
+    attn = model.model.layers[0].self_attn
+    with torch.no_grad():
+        attn.q_proj.bias.normal_(0, 0.3)
+        attn.k_proj.bias.normal_(0, 0.3)
+    q0, k0 = attn.q_proj.weight.detach().double().clone(), attn.k_proj.weight.detach().double(
+    ).clone()
+    qb0, kb0 = attn.q_proj.bias.detach().double().clone(), attn.k_proj.bias.detach().double(
+    ).clone()
+    forward = lambda m: m(input_ids=IDS, labels=IDS).loss  # noqa: E731
+    probe, _ = run(model, 1, None, forward=forward)
+    maxes = probe[0]["heads"]["attn.logit_max"][0]
+    tau = sorted(maxes)[1] * 0.999  # three heads over tau, one under
+    frames, _ = run(model, 2, [QKClip(tau=tau, mode="auto")], forward=forward)
+    assert frames[0]["heads"]["attn.logit_max"][0] == pytest.approx(maxes, rel=1e-5)
+    r = [min(1.0, tau / m) for m in maxes]
+    s_k = [math.sqrt(min(r[0], r[1])), math.sqrt(min(r[2], r[3]))]
+    s_q = [min(1.0, r[h] / s_k[h // 2]) for h in range(4)]
+    torch.testing.assert_close(attn.q_proj.weight.detach().double(),
+                               q0 * per_index(s_q, 8)[:, None], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(attn.k_proj.weight.detach().double(),
+                               k0 * per_index(s_k, 8)[:, None], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(attn.q_proj.bias.detach().double(), qb0 * per_index(s_q, 8),
+                               rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(attn.k_proj.bias.detach().double(), kb0 * per_index(s_k, 8),
+                               rtol=1e-5, atol=1e-7)
+    after = frames[1]["heads"]["attn.logit_max"][0]
+    for h in range(4):  # every head at most tau; each key group's largest head exactly tau
+        assert after[h] <= tau * (1 + 1e-4)
+    for group in ((0, 1), (2, 3)):
+        top = max(group, key=lambda h: maxes[h])
+        if maxes[top] > tau:
+            assert after[top] == pytest.approx(tau, rel=1e-4)
+
+
+# -- modes, control, undo ----------------------------------------------------------------
+
+
+def test_off_and_suggest_do_nothing_until_control_applies_then_undo() -> None:
+    model = Net()
+    w0 = model.blocks[0].c_attn.weight.detach().clone()
+    frames, mon = run(model, 2, {"qk_clip": {"tau": 3.0, "mode": "off"}})
+    torch.testing.assert_close(model.blocks[0].c_attn.weight.detach(), w0)
+    assert frames[0]["scalars"]["fuse.qk_clip.state"] == 0 and not mon.fuses.events
+
+    client, frames = capturing_client()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
+                 sample_every=1, fuses=[QKClip(tau=3.0)])  # suggest: the default
+
+    def step() -> None:
+        loss = model(IDS)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    for _ in range(3):
+        step()
+    torch.testing.assert_close(model.blocks[0].c_attn.weight.detach(), w0)  # suggested only
+    assert frames[0]["scalars"]["fuse.qk_clip.suggested"] == 4
+    assert frames[0]["scalars"]["fuse.qk_clip.state"] == 1
+    assert [e.action for e in mon.fuses.events] == ["suggest"]
+    # a person applies it: the collector's ingest answer carries the control
+    client._handle_answer({"control": {"fuses": {"qk_clip": "apply"}}})
+    step()  # the control is read at this step's end: clipped after its update
+    assert frames[-1]["scalars"]["fuse.qk_clip.heads"] == 4
+    assert frames[-1]["scalars"]["fuse.qk_clip.state"] == 2
+    assert not torch.allclose(model.blocks[0].c_attn.weight.detach(), w0)
+    client._handle_answer({"control": {"fuses": {"qk_clip": "apply"}}})  # repeated: once
+    step()
+    assert [e.action for e in mon.fuses.events] == ["suggest", "apply", "clip"]
+    client._handle_answer({"control": {"fuses": {"qk_clip": "undo"}}})
+    step()
+    mon.close()
+    torch.testing.assert_close(model.blocks[0].c_attn.weight.detach(), w0, rtol=1e-5,
+                               atol=1e-6)  # lr 0: undo restores the weights
+    assert mon.fuses.events[-1].action == "undo"
+    assert mon.fuses["qk_clip"].engaged is False
+
+
+class Broken(Fuse):
+    name = "broken"
+
+    def step_end(self, step: int, sampled: bool) -> None:
+        raise RuntimeError("fuse bug")
+
+
+def test_a_failing_fuse_never_breaks_training(caplog) -> None:
+    plain = Net(layers=2)
+    losses = []
+    opt = torch.optim.SGD(plain.parameters(), lr=0.05)
+    for _ in range(4):
+        loss = plain(IDS)
+        losses.append(float(loss.detach()))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model = Net(layers=2)
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="logitwatch.hooks"):
+        frames, mon = run(model, 4, [Broken(mode="auto")], lr=0.05, sample_every=1,
+                          forward=lambda m: seen.append(float(m(IDS).detach())) or m(IDS))
+    assert seen == pytest.approx(losses, rel=1e-6)
+    assert len([r for r in caplog.records if "fuse broken failed" in r.getMessage()]) == 1
+    assert [e.action for e in mon.fuses.events] == ["failed"]
+    assert frames[-1]["scalars"]["fuse.broken.state"] == -1
+    assert "loss" in frames[-1]["scalars"]  # the monitor goes on
+
+
+def test_a_fuse_that_cannot_apply_says_why_once(caplog) -> None:
+    class Interleaved(nn.Module):  # GPT-NeoX's query_key_value: heads not recognised
+        def __init__(self) -> None:
+            super().__init__()
+            self.query_key_value = nn.Linear(32, 96)
+            self.num_heads = 4
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            q, k, v = self.query_key_value(x).view(b, t, 4, 24).transpose(1, 2).split(8, -1)
+            return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, 32)
+
+    model = Net()
+    model.blocks[0] = Interleaved()
+    with caplog.at_level(logging.WARNING, logger="logitwatch.hooks"):
+        frames, mon = run(model, 3, [QKClip(tau=0.01, mode="auto")], lr=0.05, sample_every=1)
+    lines = [r for r in caplog.records if "fuse qk_clip cannot apply" in r.getMessage()]
+    assert len(lines) == 1 and "q/k projections found for 0" in lines[0].getMessage()
+    assert frames[-1]["scalars"]["fuse.qk_clip.state"] == -1
+    assert len(frames) == 3
+
+
+def test_attach_checks_fuses() -> None:
+    model = Net()
+    with pytest.raises(ValueError, match="unknown fuse"):
+        attach(model, run="r", fuses={"qk_norm": "auto"})
+    with pytest.raises(ValueError, match="mode"):
+        QKClip(mode="on")
+    with pytest.raises(ValueError, match="named twice"):
+        attach(model, run="r", fuses=[QKClip(), QKClip()])
+    assert not attach(model, run="r").fuses  # off by default
+
+
+# -- LR backoff ----------------------------------------------------------------------------
+
+
+def test_lr_backoff_scales_and_restores_without_touching_the_schedule() -> None:
+    model = Net()
+    client, frames = capturing_client()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
+                 sample_every=1, fuses=[LRBackoff(factor=0.25, steps=4, shape="linear",
+                                                  mode="auto")])
+    used: list[float] = []
+    opt.register_step_pre_hook(lambda o, a, k: used.append(o.param_groups[0]["lr"]))
+    scheduled: list[float] = []
+    for i in range(8):
+        if i == 2:
+            mon.fuses.apply("lr_backoff")
+        scheduled.append(opt.param_groups[0]["lr"])
+        model(IDS).backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    mon.close()
+    mult = [1, 1, 0.25, 0.4375, 0.625, 0.8125, 1, 1]  # applied before step 2's update
+    assert used == pytest.approx([s * m for s, m in zip(scheduled, mult, strict=True)])
+    assert sched.get_last_lr()[0] == pytest.approx(0.1 / 9)  # the schedule never saw it
+    assert [f["scalars"]["lr"] for f in frames] == pytest.approx(used)  # effective lr
+    assert [f["scalars"]["fuse.lr_backoff.multiplier"] for f in frames] == pytest.approx(mult)
+    assert [e.action for e in mon.fuses.events] == ["backoff", "restored"]
+
+
+def test_lr_backoff_on_an_alert_and_the_alert_carries_the_fuses() -> None:
+    model = Net()
+    client, frames = capturing_client()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    received: list[dict] = []
+    client.on_alert(received.append)
+    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
+                 sample_every=1, fuses=[LRBackoff(factor=0.5, steps=10, mode="auto"),
+                                        QKClip(tau=1e6)])
+    client._handle_answer({"alerts": [
+        {"id": 1, "run": "r", "rule": "grad_norm_rising", "severity": "warning"},
+        {"id": 2, "run": "r", "rule": "attn_logit_departure", "severity": "warning"}]})
+    assert [f["fuse"] for f in received[0]["fuses"]] == ["lr_backoff"]
+    assert received[0]["fuses"][0]["apply"]["control"] == {"fuses": {"lr_backoff": "apply"}}
+    assert [f["fuse"] for f in received[1]["fuses"]] == ["lr_backoff", "qk_clip"]
+    for _ in range(3):
+        model(IDS).backward()
+        opt.step()
+        opt.zero_grad()
+    mon.close()
+    assert frames[1]["scalars"]["lr"] == pytest.approx(0.05)  # the step after the alert
+    assert opt.param_groups[0]["lr"] == 0.1
+    assert [e.action for e in mon.fuses.events] == ["backoff"]
+    assert mon.fuses.events[0].detail["reason"] == "alert grad_norm_rising"
+
+
+# -- integrations ----------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_hf_and_lightning_callbacks_pass_fuses_through(tmp_path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("lightning.pytorch")
+    from test_integrations import hf_trainer, lightning_fit
+
+    from logitwatch.hooks.hf import LogitwatchCallback as HFCallback
+    from logitwatch.hooks.lightning import LogitwatchCallback as PLCallback
+
+    client, frames = capturing_client()
+    callback = HFCallback(run="r", client=client, overhead_budget=None,
+                          fuses={"qk_clip": {"tau": 0.01, "mode": "auto"}})
+    hf_trainer(tmp_path, callback).train()  # type: ignore[attr-defined]
+    assert [f["step"] for f in frames] == list(range(5))  # armed: every step measured
+    assert frames[0]["scalars"]["fuse.qk_clip.heads"] == 8  # 2 layers x 4 heads
+    assert all(f["scalars"]["fuse.qk_clip.state"] == 2 for f in frames)
+
+    client, frames = capturing_client()
+    callback = PLCallback(run="r", client=client, overhead_budget=None,
+                          fuses=[QKClip(tau=0.05, mode="auto"),
+                                 LRBackoff(factor=0.5, steps=50, mode="auto")])
+    lightning_fit(callback)
+    assert [f["step"] for f in frames] == [0, 1, 2]
+    assert frames[0]["scalars"]["fuse.qk_clip.heads"] > 0
+    assert frames[1]["scalars"]["fuse.lr_backoff.multiplier"] == 0.5
