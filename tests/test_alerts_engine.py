@@ -279,7 +279,7 @@ def test_cli_replay_and_alerts(tmp_path: Path) -> None:
         assert f"ended {grown:.3f} nat above its best loss: degraded" in r.output
     r = runner.invoke(cli, ["alerts", "--run", "lr_jump", "--json", "--db", db])
     assert r.exit_code == 0, r.output
-    got = json.loads(r.output)
+    got = json.loads(r.stdout)  # output also holds stderr's "store: ..." line
     header = _scenario_header("lr_jump")
     first = min(a["fired_step"] for a in got if a["severity"] != "info")
     assert first <= header["divergence_step"]
