@@ -1,0 +1,395 @@
+"""The lifecycle of alerts: what becomes of the transitions the rules report on a frame.
+
+A firing transition stores an :class:`~logitwatch.server.db.models.Alert`, a snapshot of
+the breach (value, baseline, limit, evidence, message, remedies), unless one is open for
+the rule and layer: then more heads of the layer join it (grouping), or a breach within its
+hold adds to its evidence (``evidence.breaches``, ``reopened``) and changes nothing else.
+A resolving transition resolves it once no head of it is active. New alerts are stored
+``suppressed`` while a rule with ``inhibits`` fires on the rank (``inhibited``) or a
+silence matches them (``silenced``).
+
+Severity: an alert fires below its rule's severity while the rule's
+:class:`~logitwatch.server.alerts.rules.Downgrade` holds on the frame, or at ``info`` while
+its :class:`~logitwatch.server.alerts.rules.Page` holds it back;
+:meth:`LifecycleMixin._escalate` raises it to the rule's severity (and pages it:
+``paged_step``) once neither holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time as _time
+from dataclasses import dataclass
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from logitwatch.server.alerts.messages import (
+    _downgrade_text,
+    _finite,
+    _fmt,
+    _json,
+    _message,
+    _page_text,
+)
+from logitwatch.server.alerts.rules import (
+    FrameView,
+    Page,
+    RuleSpec,
+    State,
+    Transition,
+    remedies_for,
+)
+from logitwatch.server.alerts.state import RankState, _Down
+from logitwatch.server.db.models import Alert, Run, Silence
+from logitwatch.server.store.ingest import NewFrame
+
+__all__ = ["MAX_BREACHES", "PAGING", "LifecycleMixin"]
+
+log = logging.getLogger("logitwatch.alerts")
+
+MAX_BREACHES = 20  # re-breaches within a hold kept in an alert's evidence (the newest)
+PAGING = ("warning", "critical")  # severities that page: an alert's paged_step
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A transition of one rule on one layer (its heads grouped) on its way to an alert."""
+
+    rule: RuleSpec
+    layer: int | None
+    heads: list[int]
+    transition: Transition
+    severity: str = ""  # the alert's severity when it fires (a downgrade may lower it)
+    downgraded: dict[str, object] | None = None  # why, when it was lowered
+    unpaged: dict[str, object] | None = None  # what would page it, while its Page holds it
+
+
+class LifecycleMixin(RankState):
+    """Firing, grouping, holds, resolution, suppression, downgrades and page holds of the
+    alerts of an :class:`~logitwatch.server.alerts.engine.AlertEngine` (see the module's
+    docstring)."""
+
+    # -- downgrade and paging ----------------------------------------------------------------
+
+    def _downgrade(self, rule: RuleSpec, run_id: int, rank: int,
+                   fv: FrameView) -> dict[str, object] | None:
+        """Why this frame lowers ``rule``'s severity, or None when it does not."""
+        d = rule.downgrade
+        if d is None:
+            return None
+        x = fv.get(d.metric)
+        capped = d.capped_metric is not None and d.capped_metric in fv.heads
+        if not capped and (x is None or not x > d.above):
+            return None  # no word on the dtype, or one that can overflow: as severe as ever
+        why: dict[str, object] = {"from": rule.severity, "to": d.to, "metric": d.metric,
+                                  "value": _json(x), "above": d.above}
+        if capped:
+            why["capped_metric"] = d.capped_metric
+        if d.loss_rise is not None:
+            lr = self._loss.get((run_id, rank, d.loss_window))
+            rise = 0.0 if lr is None else lr.rise
+            if rise >= d.loss_rise:
+                return None  # the loss shows harm
+            why.update(loss_rise=round(rise, 4), loss_rise_limit=d.loss_rise,
+                       loss_window=d.loss_window)
+        if d.note:
+            why["note"] = d.note
+        return why
+
+    def _escalate(self, session: Session, f: NewFrame) -> list[Alert]:
+        """Raise the open alerts of (run, rank) stored below their rule's severity once
+        neither holds them any longer: the downgrade (re-judged on frames that carry
+        per-head statistics, where the job says its dtype) and the page policy (judged on
+        the rule's newest breach)."""
+        down = self._down[(f.run_id, f.rank)]
+        fv = FrameView(f.scalars, f.heads)
+        rules = {r.name: r for r in self._rules}
+        out: list[Alert] = []
+        for name, layer in sorted(down.keys, key=lambda k: (k[0], k[1] is not None, k[1] or 0)):
+            rule = rules.get(name)
+            a = self._open_alert(session, f.run_id, f.rank, name, layer)
+            if rule is None or a is None or a.severity == rule.severity:
+                down.keys.discard((name, layer))
+                continue
+            ev = dict(a.evidence or {})
+            reasons: list[str] = []
+            d = rule.downgrade
+            if d is not None and "downgraded" in ev and not ev.get("downgrade_lifted"):
+                if not f.heads or self._downgrade(rule, f.run_id, f.rank, fv) is not None:
+                    continue  # still lowered (or a frame that cannot say)
+                x = fv.get(d.metric)
+                if x is None or not x > d.above:
+                    because = (f"{d.metric} = {_fmt(x)}" if x is not None else
+                               f"the job no longer sends {d.metric}")
+                else:
+                    lr = self._loss.get((f.run_id, f.rank, d.loss_window))
+                    rise = math.inf if lr is None else lr.rise
+                    because = (f"the loss (median of its last {d.loss_window} steps) rose "
+                               f"{_fmt(rise)} nats above its best")
+                ev["downgrade_lifted"] = f.step
+                reasons.append(because)
+            if "page" in ev and not ev.get("page_due"):
+                due = self._page_due(rule, f.run_id, f.rank, a, f.step)
+                if due is None:
+                    a.evidence = ev
+                    continue  # not persisted yet
+                ev["page_due"] = f.step
+                reasons.append(due)
+            down.keys.discard((name, layer))
+            because = "; ".join(reasons) or "its condition held"
+            a.severity = rule.severity
+            if a.paged_step is None and rule.severity in PAGING:
+                a.paged_step = f.step
+            if rule.inhibits:  # a run-level divergence alert, confirmed now
+                _diverged(session.get(Run, f.run_id), a.fired_step)
+            ev.update(escalated_step=f.step, escalated_because=because)
+            a.evidence = ev
+            a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
+                         f"{because}.")
+            log.warning("ALERT escalated: %s", a.message)
+            if a.suppressed is None:
+                out.append(a)
+        return out
+
+    def _unpaged(self, rule: RuleSpec, run_id: int, rank: int,
+                 t: Transition) -> dict[str, object] | None:
+        """What would page a firing alert that its rule's :class:`~.rules.Page` holds back
+        at ``info`` on the firing sample, or None when it pages at once."""
+        pg = rule.page
+        if pg is None or rule.severity == "info":
+            return None
+        if pg.after is not None and t.step - t.started_step >= pg.after:
+            return None
+        eta = t.verdict.evidence.get("eta_steps")
+        if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
+            return None
+        if self._corroborated(pg, run_id, rank, t.step) is not None:
+            return None
+        return {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note,
+                "with_rules": list(pg.with_rules)}
+
+    def _corroborated(self, pg: Page, run_id: int, rank: int, step: int) -> str | None:
+        """The first of ``pg.with_rules`` that breached on (run, rank) within ``pg.within``
+        steps of ``step``, with where, or None."""
+        for name in pg.with_rules:
+            t = self._tracks.get((name, run_id, rank, None, None))
+            if t is not None and t.last_breach is not None \
+                    and abs(t.last_breach[0] - step) <= pg.within:
+                return f"{name} breached at step {t.last_breach[0]}"
+        return None
+
+    def _page_due(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,
+                  step: int) -> str | None:
+        """Why the alert ``a``, held back by ``rule.page``, pages now (its cells breach at
+        ``step`` and have persisted, or forecast a crossing close enough), else None."""
+        pg = rule.page
+        if pg is None:
+            return "its condition held"
+        if a.layer is None:
+            tracks = [self._tracks.get((rule.name, run_id, rank, None, None))]
+        else:
+            c = self._cells_of.get((rule.name, run_id, rank))
+            tracks = [(c.tracks.get((a.layer, h)) if c is not None else
+                       self._tracks.get((rule.name, run_id, rank, a.layer, h)))
+                      for h in (a.heads or [])]
+        for t in tracks:
+            if t is None or t.last_breach is None:
+                continue
+            own = t.last_breach[0]
+            if pg.with_rules and step - own <= pg.within:
+                other = self._corroborated(pg, run_id, rank, own)
+                if other is not None:
+                    return f"corroborated: {other}"
+            if own != step:
+                continue
+            if pg.after is not None and step - a.started_step >= pg.after:
+                return (f"it persisted {step - a.started_step} steps (since step "
+                        f"{a.started_step})")
+            eta = t.last_breach[1].evidence.get("eta_steps")
+            if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
+                return f"the crossing is now ~{eta} steps away"
+        return None
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def _persist(self, session: Session, f: NewFrame, pending: list[_Pending]) -> list[Alert]:
+        changed: list[Alert] = []
+        if not pending:
+            return changed
+        run = session.get(Run, f.run_id)
+        # resolutions first, then run-level firings (they inhibit), then per-head firings
+        order = sorted(pending, key=lambda p: (p.transition.state is State.FIRING,
+                                               p.layer is not None))
+        for p in order:
+            if p.transition.state is State.RESOLVED:
+                a = self._resolve(session, f, p)
+                if a is not None and a.suppressed is None:
+                    changed.append(a)
+                continue
+            open_alert = self._open_alert(session, f.run_id, f.rank, p.rule.name, p.layer)
+            if open_alert is not None and p.transition.reopened:
+                _reopen(open_alert, p)  # a breach within the hold: the same episode
+                continue
+            if open_alert is not None and p.layer is not None:
+                # grouping: more heads of this layer joined the firing alert (a head that
+                # resolved earlier in it is active again: stored, not news)
+                heads = list(open_alert.heads or [])
+                new = [h for h in p.heads if h not in heads]
+                ev = dict(open_alert.evidence)
+                active = set(ev.get("active_heads", heads))
+                if not set(p.heads) <= active:
+                    ev["active_heads"] = sorted(active | set(p.heads))
+                    open_alert.evidence = ev
+                if new:
+                    open_alert.heads = heads + new
+                    if open_alert.suppressed is None:
+                        changed.append(open_alert)
+                continue
+            if open_alert is not None:
+                continue  # deduplicated: already firing
+            a = self._new_alert(session, f, run, p)
+            if a.suppressed is None:
+                changed.append(a)
+        return changed
+
+    def _open_alert(self, session: Session, run_id: int, rank: int, rule: str,
+                    layer: int | None) -> Alert | None:
+        q = select(Alert).where(Alert.run_id == run_id, Alert.rank == rank, Alert.rule == rule,
+                                Alert.state == State.FIRING.value)
+        q = q.where(Alert.layer.is_(None) if layer is None else Alert.layer == layer)
+        return session.scalars(q.order_by(Alert.id.desc())).first()
+
+    def _resolve(self, session: Session, f: NewFrame, p: _Pending) -> Alert | None:
+        a = self._open_alert(session, f.run_id, f.rank, p.rule.name, p.layer)
+        if a is None:
+            return None
+        if p.layer is not None:
+            ev = dict(a.evidence)
+            active = [h for h in ev.get("active_heads", a.heads or []) if h not in p.heads]
+            ev["active_heads"] = active
+            a.evidence = ev
+            if active:
+                return None
+        a.state = State.RESOLVED.value
+        a.resolved_step = p.transition.step
+        down = self._down.get((f.run_id, f.rank))
+        if down is not None:
+            down.keys.discard((p.rule.name, p.layer))
+        ev = a.evidence or {}
+        if "page" in ev and a.paged_step is None and p.rule.severity != a.severity:
+            # held back by its Page and cleared first: a bump that recovered
+            a.evidence = {**ev, "recovered": True, "recovered_step": p.transition.step}
+            a.message = (f"{a.message} Recovered at step {p.transition.step} without "
+                         f"paging.")
+        return a
+
+    def _inhibited(self, session: Session, run_id: int, rank: int) -> str | None:
+        names = [r.name for r in self._rules if r.inhibits]
+        if not names:
+            return None
+        return session.scalar(
+            select(Alert.rule).where(Alert.run_id == run_id, Alert.rank == rank,
+                                     Alert.rule.in_(names), Alert.state == State.FIRING.value)
+            .limit(1)
+        )
+
+    def _silenced(self, session: Session, run: Run | None, rule: str, rank: int,
+                  layer: int | None, now: float) -> int | None:
+        q = select(Silence.id).where(Silence.starts_at <= now, Silence.ends_at > now)
+        if run is not None:
+            q = q.where(or_(Silence.project.is_(None), Silence.project == run.project),
+                        or_(Silence.run.is_(None), Silence.run == run.name))
+        q = q.where(or_(Silence.rule.is_(None), Silence.rule == rule),
+                    or_(Silence.rank.is_(None), Silence.rank == rank))
+        if layer is not None:
+            q = q.where(or_(Silence.layer.is_(None), Silence.layer == layer))
+        else:
+            q = q.where(Silence.layer.is_(None))
+        return session.scalar(q.limit(1))
+
+    def _new_alert(self, session: Session, f: NewFrame, run: Run | None,
+                   p: _Pending) -> Alert:
+        t, rule = p.transition, p.rule
+        v = t.verdict
+        suppressed = None
+        ev: dict[str, object] = {k: _json(x) for k, x in v.evidence.items()}
+        if not rule.inhibits:
+            by = self._inhibited(session, f.run_id, f.rank)
+            if by is not None:
+                suppressed = "inhibited"
+                ev["inhibited_by"] = by
+        sid = self._silenced(session, run, rule.name, f.rank, p.layer, _time.time())
+        if sid is not None and suppressed is None:
+            suppressed = "silenced"
+            ev["silence"] = sid
+        head = p.heads[0] if p.heads else None
+        if p.heads:
+            ev["active_heads"] = list(p.heads)
+        ev.update({"rule_kind": rule.kind, "params": {k: _json(x) for k, x in
+                                                       rule.params.items()},
+                   "for_samples": rule.for_samples, "keep_firing_for": rule.hold})
+        message = _message(run, rule, f.rank, p.layer, p.heads, t)
+        if p.downgraded is not None:
+            ev["downgraded"] = p.downgraded
+            message += _downgrade_text(p.downgraded)
+            self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((rule.name, p.layer))
+        if p.unpaged is not None:
+            ev["page"] = p.unpaged
+            message += _page_text(p.unpaged, rule.severity)
+            self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((rule.name, p.layer))
+        fin = v.value if math.isfinite(v.value) else None
+        a = Alert(
+            run_id=f.run_id, rule=rule.name, metric=rule.metric,
+            severity=p.severity or rule.severity,
+            state=State.FIRING.value, rank=f.rank, layer=p.layer, head=head,
+            started_step=t.started_step, fired_step=t.step, fired_at=f.time,
+            value=fin, baseline=_finite(v.baseline), threshold=_finite(v.limit),
+            message=message, evidence=ev,
+            remedies=remedies_for(rule.metric, rule.kind), heads=list(p.heads) or None,
+            suppressed=suppressed,
+            paged_step=t.step if (p.severity or rule.severity) in PAGING else None,
+        )
+        session.add(a)
+        if rule.inhibits and a.severity == rule.severity:  # not held back at a lower one
+            _diverged(run, t.step)
+        session.flush()
+        (log.info if suppressed else log.warning)("ALERT %s%s", a.message,
+                                                  f" ({suppressed})" if suppressed else "")
+        return a
+
+
+def _diverged(run: Run | None, step: int) -> None:
+    """A run-level divergence alert (a rule with ``inhibits``) fired at its own severity
+    on ``run`` at ``step``: the run's status is ``diverged`` from now on."""
+    if run is not None and (run.diverged_step is None or step < run.diverged_step):
+        run.diverged_step = step
+
+
+def _reopen(a: Alert, p: _Pending) -> None:
+    """A breach within the hold of the open alert ``a``: added to ``evidence.breaches``
+    (the newest :data:`MAX_BREACHES`, ``breaches_dropped`` counts the older ones) and
+    ``evidence.latest``; what the alert showed when it fired (``value``, ``baseline``,
+    ``threshold``, message, the rest of its evidence) stays as it was."""
+    t = p.transition
+    v = t.verdict
+    ev = dict(a.evidence)
+    breach: dict[str, object] = {"step": t.step, "value": _json(v.value),
+                                 "baseline": _json(v.baseline), "limit": _json(v.limit)}
+    if p.heads:
+        breach["heads"] = list(p.heads)
+    breaches = [*ev.get("breaches", []), breach]
+    if len(breaches) > MAX_BREACHES:
+        ev["breaches_dropped"] = (int(ev.get("breaches_dropped", 0))
+                                  + len(breaches) - MAX_BREACHES)
+        breaches = breaches[-MAX_BREACHES:]
+    ev["breaches"] = breaches
+    ev["latest"] = {**breach, "evidence": {k: _json(x) for k, x in v.evidence.items()}}
+    ev["reopened"] = int(ev.get("reopened", 0)) + 1
+    ev["last_breach_step"] = t.step
+    if p.heads:
+        active = list(ev.get("active_heads", a.heads or []))
+        ev["active_heads"] = sorted(set(active) | set(p.heads))
+        a.heads = list(a.heads or []) + [h for h in p.heads if h not in (a.heads or [])]
+    a.evidence = ev

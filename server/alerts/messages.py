@@ -1,0 +1,103 @@
+"""How an alert speaks: its one-line message, what a downgrade or a page hold adds to it,
+and the values it shows, as text (:func:`_fmt`) and as JSON evidence (:func:`_json`,
+:func:`_finite`: a non-finite number is stored as its string, or not at all).
+
+Pure functions of a rule, its transition and the run; the alert engine
+(:mod:`~logitwatch.server.alerts.engine`) and its lifecycle
+(:mod:`~logitwatch.server.alerts.lifecycle`) call them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from logitwatch.server.alerts.rules import RuleSpec, Transition
+from logitwatch.server.db.models import Run
+
+
+def _page_text(why: dict[str, object], severity: str) -> str:
+    """What an alert held back by its page policy adds to its message."""
+    conds = []
+    if why.get("after") is not None:
+        conds.append(f"if it persists {why['after']} steps")
+    if why.get("eta_within") is not None:
+        conds.append(f"once the crossing is within {why['eta_within']} steps")
+    if why.get("with_rules"):
+        conds.append("if " + " or ".join(str(r) for r in why["with_rules"])  # type: ignore[attr-defined]
+                     + " breaches with it")
+    cond = " or ".join(conds)
+    note = why.get("note")
+    return f" Info for now: it becomes a {severity} {cond}." + (f" {note}" if note else "")
+
+
+def _downgrade_text(why: dict[str, object]) -> str:
+    """What a downgraded alert adds to its message."""
+    text = (f" {str(why['to']).capitalize()}, not {why['from']}: {why['metric']} = "
+            f"{_fmt(why['value'])}")
+    if "loss_rise" in why:
+        text += (f" and the loss is {_fmt(why['loss_rise'])} nats above its best (a "
+                 f"{_fmt(why['loss_rise_limit'])}-nat rise makes it a {why['from']})")
+    note = why.get("note")
+    return text + (f". {note}" if note else ".")
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _json(x: object) -> object:
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, (list, tuple)):
+        return [_json(i) for i in x]
+    return x
+
+
+def _fmt(x: object) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
+             heads: list[int], t: Transition) -> str:
+    """One line: where, what, since when, the evidence, what it means."""
+    name = run.name if run else "?"
+    where = f"rank {rank}"
+    ev0 = t.verdict.evidence
+    if layer is None and "at_layer" in ev0:
+        where += f" (worst head: layer {ev0['at_layer']}, head {ev0['at_head']})"
+    if layer is not None:
+        hs = ", ".join(str(h) for h in heads)
+        where += f", layer {layer}, head{'s' if len(heads) > 1 else ''} {hs}"
+    v, ev = t.verdict, t.verdict.evidence
+    what = f"{rule.metric} = {_fmt(v.value)}"
+    if rule.kind == "departure" and "above_baseline" in ev:  # an additive margin
+        what += (f" is {_fmt(ev['above_baseline'])} above its baseline {v.baseline:.3g}"
+                 if math.isfinite(v.value) else " (non-finite)")
+    elif rule.kind in ("departure", "baseline") and v.baseline:
+        what += (f" is {v.value / v.baseline:.1f}x its baseline {v.baseline:.3g}"
+                 if math.isfinite(v.value) else " (non-finite)")
+    elif rule.kind == "forecast" and ev.get("eta_steps") is not None:
+        what += (f", on course to cross {_fmt(ev.get('critical'))} in ~{ev['eta_steps']} steps "
+                 f"(around step {ev.get('crosses_at_step')})")
+    elif rule.kind == "trend":
+        what += (f", x{_fmt(ev.get('growth_over_window'))} since step "
+                 f"{ev.get('window_from_step')} (Kendall tau {_fmt(ev.get('kendall_tau'))})")
+    elif rule.kind in ("spike", "loss_jump") and "median" in ev:
+        what += f" vs a recent median of {_fmt(ev['median'])}"
+        if ev.get("robust_z") is not None:
+            what += f" (robust z {_fmt(ev['robust_z'])})"
+    elif rule.kind == "level_rise" and ev.get("lowest_level"):
+        what = (f"{rule.metric} level (median of {ev.get('window')} steps) = "
+                f"{_fmt(ev.get('level'))}, {_fmt(ev.get('level') / ev['lowest_level'])}x "
+                f"the lowest it settled to ({_fmt(ev['lowest_level'])})")
+    elif rule.kind == "above_peak" and ev.get("settled_peak"):
+        what += (f", {_fmt(ev.get('ratio'))}x the peak of {_fmt(ev['settled_peak'])} it had "
+                 f"settled at (step {ev.get('settled_at_step')})")
+    elif rule.kind == "lr_jump":
+        what += f", was {_fmt(ev.get('previous'))} at step {ev.get('previous_step')}"
+    causes = ev.get("causes")
+    if causes:
+        what += "; " + "; ".join(str(c) for c in causes)  # type: ignore[union-attr]
+    meaning = rule.summary or rule.name
+    return (f"{name}: {where}: {meaning}: {what}; left its range at step {t.started_step}, "
+            f"fired at step {t.step}.")

@@ -1,0 +1,105 @@
+"""The ``no_data`` rule: runs that stopped reporting.
+
+The rule is judged by the engine's clock, not per sample: :meth:`NoDataMixin.check_stale`
+fires it for a run whose last frame is older than the rule's ``seconds`` and whose job did
+not say it ended (the run is then ``stopped``), and resolves it for runs that finished;
+the run's next frame resolves it too (:meth:`NoDataMixin._resolve_no_data`, the run is
+``running`` again).
+"""
+
+from __future__ import annotations
+
+import time as _time
+from collections.abc import Collection
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from logitwatch.server.alerts.lifecycle import PAGING, LifecycleMixin
+from logitwatch.server.alerts.rules import State, remedies_for
+from logitwatch.server.db.models import Alert, Run
+from logitwatch.server.store.ingest import NewFrame
+
+__all__ = ["NoDataMixin"]
+
+
+class NoDataMixin(LifecycleMixin):
+    """The ``no_data`` alerts of an :class:`~logitwatch.server.alerts.engine.AlertEngine`."""
+
+    def check_stale(self, session: Session, now: float | None = None, *,
+                    runs: Collection[int] | None = None) -> list[Alert]:
+        """Fire ``no_data`` for every run that has not finished and whose last frame is
+        older than the rule's ``seconds`` (and that has no open ``no_data`` alert): the run
+        is then ``stopped``. Resolve the open ``no_data`` alerts of finished runs. Only the
+        runs of ``runs`` when given (the ingest route passes those that just finished).
+        Returns the alerts fired or resolved that people should hear about."""
+        names = [r.name for r in self._rules if r.kind == "no_data"]
+        if not names:
+            return []
+        now = _time.time() if now is None else now
+        out: list[Alert] = []
+        ended = (select(Alert, Run).join(Run, Run.id == Alert.run_id)
+                 .where(Alert.rule.in_(names), Alert.state == State.FIRING.value,
+                        Run.status == "finished"))
+        if runs is not None:
+            ended = ended.where(Run.id.in_(list(runs)))
+        for a, run in session.execute(ended).all():
+            a.state = State.RESOLVED.value  # the job said it ended: it did not hang
+            a.resolved_step = run.end_step if run.end_step is not None else a.fired_step
+            if a.suppressed is None:
+                out.append(a)
+        for rule in self._rules:
+            if rule.kind != "no_data" or not rule.enabled:
+                continue
+            seconds = float(rule.param("seconds"))
+            q = select(Run).where(Run.last_time.is_not(None), Run.last_time < now - seconds,
+                                  Run.status != "finished")
+            if runs is not None:
+                q = q.where(Run.id.in_(list(runs)))
+            for run in session.scalars(q).all():
+                if self._open_alert(session, run.id, 0, rule.name, None) is not None:
+                    run.status = "stopped"  # (a run alerted before statuses were stored)
+                    continue
+                if session.scalar(select(Alert.id).where(
+                        Alert.run_id == run.id, Alert.rule == rule.name,
+                        Alert.fired_step == (run.last_step or 0)).limit(1)) is not None:
+                    continue  # already alerted for this silence of the run
+                assert run.last_time is not None
+                silent = now - run.last_time
+                msg = (f"{run.name}: no data for {silent:.0f} s since step {run.last_step} "
+                       f"(limit {seconds:.0f} s) and its job did not say it ended: it may "
+                       "have hung or crashed.")
+                sid = self._silenced(session, run, rule.name, 0, None, now)
+                a = Alert(
+                    run_id=run.id, rule=rule.name, metric="*", severity=rule.severity,
+                    state=State.FIRING.value, rank=0, layer=None, head=None,
+                    started_step=run.last_step or 0, fired_step=run.last_step or 0,
+                    fired_at=now, value=silent, baseline=None, threshold=seconds,
+                    message=msg, evidence={"silent_s": silent, "last_time": run.last_time,
+                                           "rule_kind": "no_data"},
+                    remedies=remedies_for("*", "no_data"),
+                    suppressed="silenced" if sid is not None else None,
+                    paged_step=(run.last_step or 0) if rule.severity in PAGING else None,
+                )
+                session.add(a)
+                run.status = "stopped"
+                session.flush()
+                if a.suppressed is None:
+                    out.append(a)
+        return out
+
+    def _resolve_no_data(self, session: Session, f: NewFrame) -> list[Alert]:
+        names = [r.name for r in self._rules if r.kind == "no_data"]
+        if not names:
+            return []
+        rows = session.scalars(select(Alert).where(
+            Alert.run_id == f.run_id, Alert.rule.in_(names),
+            Alert.state == State.FIRING.value)).all()
+        for a in rows:
+            a.state = State.RESOLVED.value
+            a.resolved_step = f.step
+        if rows:  # the stopped run reports again
+            session.execute(update(Run).where(Run.id == f.run_id, Run.status == "stopped")
+                            .values(status="running")
+                            .execution_options(synchronize_session="evaluate"))
+        return [a for a in rows if a.suppressed is None]
