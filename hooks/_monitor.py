@@ -22,6 +22,7 @@ from ._frames import FramesMixin
 from ._history import StepHistory
 from ._logits import DEFAULT_BUDGET
 from ._lrwatch import LrWatch
+from ._stepwatch import StepWatch
 from ._padding import PaddingMask
 from ._qk_find import QKDiscovery, QKLayout, no_shape
 from ._sdpa import SdpaCapture
@@ -125,6 +126,7 @@ class Monitor(CaptureMixin, FramesMixin):
         self._clipped_window: deque[float] = deque(maxlen=CLIP_WINDOW)
         self._history = StepHistory()
         self._lr_watch = LrWatch()
+        self._spike_watch = StepWatch()
         self._send_key: Any = None
         self._send_history = True
         self._frames = 0
@@ -435,6 +437,7 @@ class Monitor(CaptureMixin, FramesMixin):
         except Exception:
             self._fail("step")
         self._watch_lr(step)
+        self._watch_spikes()
         self._reschedule(agree=scheduled)
 
     def _lr(self) -> Any:
@@ -460,6 +463,21 @@ class Monitor(CaptureMixin, FramesMixin):
                 self._force_next = True
         except Exception:
             self._fail("step")
+
+    def _watch_spikes(self) -> None:
+        """Sample the next step when a finished step's loss or gradient norm spiked or went
+        non-finite (:mod:`~logitwatch.hooks._stepwatch`), read where that costs no sync
+        (:meth:`StepHistory.peek`). Not on a job whose ranks sample together (sharded, or
+        reducing before they send): each rank would see its own loss, or the same norm at
+        a different step, and the ranks must sample alike."""
+        if self._shard is not None or getattr(self, "_ranks", None) is not None:
+            return
+        try:
+            got = self._history.peek()
+            if got is not None and self._spike_watch.step(*got):
+                self._force_next = True
+        except Exception:
+            self._fail("history")
 
     def _reschedule(self, agree: bool = False) -> None:
         try:

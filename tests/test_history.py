@@ -695,3 +695,46 @@ def test_close_sends_the_steps_since_the_last_frame(torch_one_thread: Any) -> No
     loss = sink.every_step("loss")
     assert [loss[s] for s in range(26)] == [seen[s]["loss"] for s in range(26)]
     assert last["scalars"]["grad.norm"] == seen[25]["norm"]
+
+
+def test_a_loss_or_grad_spike_samples_the_next_step_without_a_sync(torch_one_thread: Any
+                                                                    ) -> None:
+    """At sample_every=50: a gradient spike (the loss scaled x1e4 on one step, no clipping
+    to bound it) and later a NaN loss: the step after each is sampled, so the frame that
+    carries them reaches the collector at once; the watch reads nothing through torch on
+    the other steps (a CPU buffer is host memory; an accelerator's is copied non-blocking)."""
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+
+    model = tiny_lm()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    sink = Sink()
+    mon = attach(model, opt, run="h", client=sink.client, sample_every=50,
+                 overhead_budget=None)
+    gen = torch.Generator().manual_seed(0)
+    syncs: list[list[str]] = []
+    from logitwatch.hooks._probes import CountSyncs
+
+    for step in range(130):
+        with CountSyncs() as probe:
+            ids = torch.randint(0, 48, (2, 12), generator=gen)
+            loss = model(ids).loss
+            if step == 70:
+                loss = loss * 1e4  # one exploding step
+            if step == 110:
+                loss = loss * float("nan")
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+            opt.step()
+            opt.zero_grad()
+        syncs.append(probe.calls)
+    mon.close()
+    sampled = [f["step"] for f in sink.frames[:-1]]
+    assert 71 in sampled and 111 in sampled, sampled
+    assert [s for s in sampled if s < 71] == [0, 50]  # steady training: nothing extra
+    assert all(syncs[s] == [] for s in range(130) if s not in sampled), syncs
+    # after the blow-up the run stays broken: sampled at most every REARM steps while it lasts
+    from logitwatch.hooks._stepwatch import REARM
+
+    extra = [s for s in sampled if s not in (0, 50, 100)]
+    assert all(b - a >= REARM for a, b in zip(extra, extra[1:])), extra
