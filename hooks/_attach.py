@@ -61,6 +61,7 @@ def attach(
     qk_layout: QKLayout | None = None,
     max_sample_every: int = MAX_INTERVAL,
     fuses: FusesArg | None = None,
+    reduce_ranks: bool | None | object = None,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
 
@@ -120,6 +121,15 @@ def attach(
             ``[QKClip(tau=50, mode="auto"), LRBackoff()]`` (``logitwatch.hooks.fuses``)
             or ``{"qk_clip": {"tau": 50, "mode": "auto"}, "lr_backoff": "suggest"}``;
             ``mon.fuses`` applies and undoes them.
+        reduce_ranks: Reduce before sending (docs/HOOKS.md "Ranks, DDP, FSDP"): per-head
+            statistics reduced across the data-parallel ranks on sampled steps and sent
+            once, by the group's rank 0, with the rank that held each head's max and every
+            rank's loss; the other ranks send their own frames only when the collector
+            asks. None (default): on when ``torch.distributed`` runs more than one rank
+            (off for DTensors on a multi-dimensional mesh); False: every rank sends its
+            own frames; True: over the whole job; a process group: over that group (the
+            data-parallel one under tensor or pipeline parallelism). The same on every
+            rank.
 
     Raises:
         TypeError, ValueError: An argument is invalid (checked here, never later).
@@ -186,4 +196,5 @@ def attach(
         qk_layout=qk_layout,
         max_sample_every=max_sample_every,
         fuses=fuses,
+        reduce_ranks=reduce_ranks,
     )

@@ -52,6 +52,8 @@ class FramesMixin:
         last = self._step - 1
         if "step" in self.disabled or last < 0 or self._last_sampled == last:
             return
+        if self._ranks is not None and not self._ranks.sends:
+            return  # reduce-before-send: the group's leader sends
         try:
             block = None if "history" in self.disabled else self._history.take()
             heads: dict[str, list[torch.Tensor]] = {}
@@ -210,6 +212,9 @@ class FramesMixin:
                 heads.update(qk_norms(self._qk))
             except Exception:
                 self._fail("qk")
+        reduced, self._reduced = self._reduced, None
+        if reduced is not None and self._ranks is not None and not self._ranks.detail:
+            reduced.apply(scalars, heads)  # the group's values (``_reduce``)
         block = self._take_history()
         if self.fuses:
             self.fuses.before_frame(scalars, heads)
@@ -234,6 +239,8 @@ class FramesMixin:
         self._cost.add_host(_clock() - t0)
         if self._shard is not None and self._shard.device.type != "cpu":
             syncs += 1  # reading the ranks' agreed interval at the end of this step
+        if self._ranks is not None:
+            syncs += self._ranks.syncs
         out_scalars["hooks.syncs"] = float(syncs)
         out_scalars["hooks.bytes"] = float(nbytes)
         out_scalars["hooks.sample_every"] = float(self._effective_every)
@@ -245,6 +252,8 @@ class FramesMixin:
         if self.fuses:
             self.fuses.after_frame(step, out_scalars, out_heads)
         self._frames += 1
+        if self._ranks is not None and not self._ranks.sends:
+            return  # reduce-before-send: the group's leader sends
         if history is not None and history["scalars"] and self._send_takes_history():
             self.client.send(step, out_scalars, out_heads, time=time.time(), history=history)
         else:

@@ -25,6 +25,7 @@ from ._lrwatch import LrWatch
 from ._stepwatch import StepWatch
 from ._padding import PaddingMask
 from ._qk_find import QKDiscovery, QKLayout, no_shape
+from ._reduce import RankReduce, Reduced, find_reduce
 from ._sdpa import SdpaCapture
 from ._shard import find_sharding
 from ._stats import global_grad_norm
@@ -99,8 +100,11 @@ class Monitor(CaptureMixin, FramesMixin):
         qk_layout: QKLayout | None = None,
         max_sample_every: int = MAX_INTERVAL,
         fuses: FusesArg | None = None,
+        reduce_ranks: Any = None,
     ) -> None:
         self.model = model
+        self._ranks: RankReduce | None = None  # reduce-before-send (``_reduce``)
+        self._reduced: Reduced | None = None
         self.optimizer = optimizer
         self.client = client
         self._owns_client = owns_client
@@ -159,6 +163,13 @@ class Monitor(CaptureMixin, FramesMixin):
         self._vec: torch.Tensor | None = None
         if self._shard is not None:
             self._plan_exchange(self._shard)
+        try:
+            device = self._shard.device if self._shard is not None else next(
+                (p.device for p in model.parameters()), torch.device("cpu"))
+            self._ranks = find_reduce(reduce_ranks, device, self._shard)
+        except Exception:  # every rank sends its own frames
+            log.warning("logitwatch: ranks not reduced: the group could not be read",
+                        exc_info=True)
         self._handles = [
             model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
             model.register_forward_hook(self._post_forward, always_call=True),
@@ -195,7 +206,9 @@ class Monitor(CaptureMixin, FramesMixin):
         """Whether the current step is sampled in the schedule. Under sharding the ranks'
         schedules never diverge, so a rank whose "step" part failed (it sends nothing)
         still gathers what the end-of-step exchange needs from it."""
-        return self._sampled if self._shard is not None else self.sampled
+        if self._shard is not None or self._ranks is not None:
+            return self._sampled
+        return self.sampled
 
     @property
     def sample_every(self) -> int:
@@ -422,6 +435,9 @@ class Monitor(CaptureMixin, FramesMixin):
         try:
             if scheduled and self._shard is not None:
                 vec = self._exchange()
+            if scheduled and self._ranks is not None:  # every rank, whatever failed here
+                self._reduced = self._ranks.reduce(
+                    self._buffer.attn, self._buffer.scalars(), self._warn_once)
             if sampled and "step" not in self.disabled:
                 self._emit(step, vec)
         except Exception:
@@ -485,14 +501,23 @@ class Monitor(CaptureMixin, FramesMixin):
         except Exception:
             proposal = self._effective_every
             self._fail("step")
-        if self._shard is None:
+        ranks = self._ranks
+        if self._shard is None and ranks is None:
             self._effective_every = proposal
         elif agree:  # the end of a sampled step, on every rank alike
             try:
-                self._effective_every = self._shard.agree_interval(proposal)
+                if ranks is not None:  # requests to sample are agreed too (``_reduce``)
+                    self._effective_every, self._force_next = ranks.agree(
+                        proposal, self._force_next, self.client.control)
+                else:
+                    self._effective_every = self._shard.agree_interval(proposal)
             except Exception:
+                self._force_next = self._force_next and ranks is None
                 self._warn_once("interval", "the ranks' interval agreement failed")
-        force, self._force_next = self._force_next, False
+        if ranks is not None and not agree:
+            force = False  # waits for the next agreement: every rank samples alike
+        else:
+            force, self._force_next = self._force_next, False
         if self._sample_at:
             force = force or self._step in self._sample_at
             self._sample_at = {s for s in self._sample_at if s > self._step}

@@ -64,6 +64,8 @@ __all__ = [
     "MAX_HISTORY_STEPS",
     "MAX_MATRIX_VALUES",
     "MAX_SCALARS",
+    "CONTROL_DETAIL_RANKS",
+    "RANK_OF_MAX",
     "NAME_RE",
     "NONFINITE",
     "WIRE_VERSION",
@@ -86,6 +88,12 @@ MAX_HISTORY_SERIES: Final = 16
 MAX_SCALARS: Final = 256
 MAX_HEADS: Final = 64
 MAX_MATRIX_VALUES: Final = 65_536
+
+#: Reduce before sending (``hooks/_reduce.py``): the per-head matrix of the global rank that
+#: held each head's max in a frame that speaks for a data-parallel group, and the ingest
+#: answer's ``control`` key naming the ranks asked to send their own frames too.
+RANK_OF_MAX: Final = "attn.logit_max_rank"
+CONTROL_DETAIL_RANKS: Final = "detail_ranks"
 
 NONFINITE: Final[dict[str, float]] = {
     "NaN": math.nan,

@@ -101,8 +101,9 @@ def chromium() -> Iterator[object]:
 
 
 def _run_gloo_pair(tmp_path: Path, source: str, argv: Callable[[int], list[str]],
-                   env: dict[str, str] | None = None, timeout: float = 120) -> None:
-    """Run ``source`` as two real processes, ranks 0 and 1 of a gloo group on loopback.
+                   env: dict[str, str] | None = None, timeout: float = 120,
+                   world: int = 2) -> None:
+    """Run ``source`` as ``world`` (two) real processes, ranks of a gloo group on loopback.
 
     ``argv(rank)`` gives each worker's arguments. Both workers are always reaped (killed at
     ``timeout``: a hang fails the test instead of stalling the run); a non-zero exit fails it
@@ -114,9 +115,9 @@ def _run_gloo_pair(tmp_path: Path, source: str, argv: Callable[[int], list[str]]
     script.write_text(source)
     port = free_port()
     procs = []
-    for rank in range(2):
+    for rank in range(world):
         worker_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                      "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "PATH": "/usr/bin:/bin",
+                      "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "PATH": "/usr/bin:/bin",
                       "HOME": str(tmp_path), "PYTHONWARNINGS": "ignore", **(env or {})}
         procs.append(subprocess.Popen([sys.executable, str(script), *argv(rank)],
                                       env=worker_env, stdout=subprocess.PIPE,

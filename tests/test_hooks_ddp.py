@@ -43,7 +43,8 @@ WORKER = NET + textwrap.dedent('''
     model = DDP(Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     frames = []
-    mon = attach(model, opt, run="ddp", sample_every=1, overhead_budget=None)
+    mon = attach(model, opt, run="ddp", sample_every=1, overhead_budget=None,
+                 reduce_ranks=False)  # each rank's own frames (reduction: test_hooks_reduce)
     mon.client.send = lambda step, scalars, heads, time=None: frames.append(
         {"step": step, "rank": mon.client.rank, "grad.norm": scalars["grad.norm"],
          "has_attn": "attn.logit_max" in heads})

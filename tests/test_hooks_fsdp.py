@@ -93,7 +93,7 @@ WORKER = MODEL + textwrap.dedent('''
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         frames = []
         mon = attach(model, opt, run="fsdp", sample_every=1, overhead_budget=None,
-                     max_grad_norm=MAX_NORM)
+                     max_grad_norm=MAX_NORM, reduce_ranks=False)  # each rank's own frames
         mon.client.send = lambda step, scalars, heads, time=None, history=None: frames.append(
             {"step": step, "rank": mon.client.rank, "scalars": scalars, "heads": heads,
              "history": history})

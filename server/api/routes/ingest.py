@@ -15,7 +15,9 @@ from logitwatch.server.limits import check_batch
 from logitwatch.server.schemas import AlertOut, IngestIn, IngestOut
 from logitwatch.server.store import lifecycle
 from logitwatch.server.store.alerts import alert_out, firing_alerts
+from logitwatch.server.store.detail import detail_ranks
 from logitwatch.server.store.parse import ingest_openapi_body, parse_ingest
+from logitwatch.wire import CONTROL_DETAIL_RANKS
 
 router = APIRouter(tags=["ingest"])
 
@@ -54,7 +56,9 @@ def ingest(
 
     The transaction commits *before* the answer is sent: a 200 means stored. While a run
     of the batch has a firing alert, ``control`` asks the job to sample every
-    ``alert_sample_every`` steps (``{"sample_every": N}``); otherwise it is ``{}``.
+    ``alert_sample_every`` steps (``{"sample_every": N}``); otherwise it is ``{}``. For a
+    job that reduces its ranks before sending, ``control["detail_ranks"]`` names the ranks
+    that held the alerting heads' max (``store/detail.py``): they send their own frames.
     The body may be gzip-compressed (``Content-Encoding: gzip``).
     """
     state = request.app.state
@@ -79,7 +83,10 @@ def ingest(
         for a in changed:
             state.notifier.notify(a)
     every = state.settings.alert_sample_every
-    control = {"sample_every": every} if firing and every else {}
+    control: dict[str, object] = {"sample_every": every} if firing and every else {}
+    ranks = detail_ranks(body.frames, firing) if firing else []
+    if ranks:  # a job that reduces its ranks: the alerting heads' ranks send their own
+        control[CONTROL_DETAIL_RANKS] = ranks
     return IngestOut(
         accepted=result.accepted, duplicates=result.duplicates, alerts=firing, control=control
     )
