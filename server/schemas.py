@@ -374,6 +374,13 @@ class AlertOut(BaseModel):
     suppressed: str | None = None
     acked_at: float | None = None
     acked_by: str | None = None
+    fired_layer: int | None = Field(
+        None, description="The layer it fired on: `layer`, or for an alert over every head "
+        "the layer holding the max (`evidence.at_layer`); null for a run-level alert.")
+    fired_heads: list[int] | None = Field(
+        None, description="The heads it fired on, sorted (kept when it fired: `heads` "
+        "grows as more heads breach while it is open); for an alert over every head, the "
+        "head holding the max (`evidence.at_head`); null for a run-level alert.")
 
 
 class IngestOut(BaseModel):
@@ -406,6 +413,8 @@ class RunOut(BaseModel):
                                       "(the fired_step of the first run-level divergence "
                                       "alert that paged).")
     tags: list[str] = Field(default_factory=list, description="Labels (`logitwatch runs tag`).")
+    config: dict[str, Any] | None = Field(None, description="What its job says about itself "
+                                          "(`PUT /api/v1/runs/{run}/config`); null until set.")
 
 
 class MetricOut(BaseModel):

@@ -1,19 +1,57 @@
-"""Reading alerts back, as API models."""
+"""Reading alerts back, as API models; and the heads an alert fired on, kept as it fires.
+
+An alert over the heads of a layer names, when it fires, the heads that breached
+(``Alert.heads``); heads that breach later while it is open are appended to that same
+column. So that what it fired on stays known from data (not from its message), the heads
+it holds when it is first written are kept in its evidence as ``fired_heads`` (a mapper
+event on insert: every writer of alerts, whatever it is, gets it). ``alert_out`` exposes
+``fired_layer``/``fired_heads``: that snapshot; for an alert over every head (``over:
+max``) the layer and head holding the max (``evidence.at_layer``/``at_head``); for rows
+written before the snapshot existed, the ``heads`` column (or ``head``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from logitwatch.server.db.models import Alert, Run
 from logitwatch.server.schemas import AlertOut
 
-__all__ = ["alert_out", "firing_alerts", "list_alerts"]
+__all__ = ["alert_out", "fired_at", "firing_alerts", "list_alerts"]
+
+
+@event.listens_for(Alert, "before_insert")
+def _keep_fired_heads(_mapper: Any, _conn: Any, a: Alert) -> None:
+    if a.heads and "fired_heads" not in (a.evidence or {}):
+        a.evidence = {**(a.evidence or {}), "fired_heads": sorted(set(a.heads))}
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def fired_at(a: Alert) -> tuple[int | None, list[int] | None]:
+    """(layer, heads) the alert fired on, from its stored columns and evidence."""
+    ev = a.evidence or {}
+    if a.layer is not None:
+        snap = ev.get("fired_heads")
+        if isinstance(snap, list) and snap and all(_int(h) is not None for h in snap):
+            return a.layer, sorted(set(snap))
+        if a.heads:
+            return a.layer, sorted(set(a.heads))
+        return a.layer, [a.head] if a.head is not None else None
+    layer, head = _int(ev.get("at_layer")), _int(ev.get("at_head"))
+    if layer is not None and head is not None:
+        return layer, [head]
+    return None, None
 
 
 def alert_out(a: Alert, run: Run) -> AlertOut:
+    fired_layer, fired_heads = fired_at(a)
     return AlertOut(
         id=a.id, run_id=a.run_id, run=run.name, project=run.project, rule=a.rule,
         metric=a.metric, severity=a.severity, state=a.state, rank=a.rank, layer=a.layer,
@@ -22,7 +60,8 @@ def alert_out(a: Alert, run: Run) -> AlertOut:
         baseline=a.baseline, threshold=a.threshold, message=a.message,
         evidence=dict(a.evidence), remedies=list(a.remedies),
         heads=list(a.heads) if a.heads else None, suppressed=a.suppressed,
-        acked_at=a.acked_at, acked_by=a.acked_by,
+        acked_at=a.acked_at, acked_by=a.acked_by, fired_layer=fired_layer,
+        fired_heads=fired_heads,
     )
 
 

@@ -8,8 +8,8 @@ decide.
   resolved. In it, the **cause** is its first alert that is not a consequence; the
   **divergence** is the run-level divergence alert (its ``fired_step`` is the run's
   ``diverged_step``); **consequences** are alerts inhibited by the divergence or fired at or
-  after it in the same incident; a **duplicate** says what an earlier member says about the same metric and
-  heads within :data:`DUPLICATE_STEPS`; the rest are **related**.
+  after it in the same incident; a **duplicate** says what an earlier member says about
+  the same metric and heads within :data:`DUPLICATE_STEPS`; the rest are **related**.
 * :func:`verdict`: one word for the run (``diverged``, ``stopped``, ``warning``,
   ``finished``, ``healthy``, ``empty``) and one line saying why.
 """
@@ -68,8 +68,11 @@ class VerdictOut(BaseModel):
 
 
 def locus(a: AlertOut) -> tuple[int | None, int | None, list[int] | None]:
-    """(layer, head, heads) an alert is about; an alert over every head (``over: max``)
-    names the layer and head holding the max in its evidence."""
+    """(layer, head, heads) an alert fired on (``fired_layer``/``fired_heads``, read from
+    its stored columns and evidence: store/alerts.py); an alert over every head (``over:
+    max``) names the layer and head holding the max."""
+    if a.fired_layer is not None and a.fired_heads:
+        return a.fired_layer, a.fired_heads[0], list(a.fired_heads)
     if a.layer is not None:
         heads = sorted(set(a.heads)) if a.heads else ([a.head] if a.head is not None else None)
         return a.layer, (heads[0] if heads else a.head), heads

@@ -7,28 +7,35 @@ import { el, wireText } from "./api.js";
 
 /** "layer 1 · heads 0, 1, 2, 3", "max over heads: layer 1 · head 3", or "run". */
 export function whereText(a) {
-  if (a.layer == null) {
-    const ev = a.evidence || {};
-    if (Number.isInteger(ev.at_layer) && Number.isInteger(ev.at_head)) {
-      return `max over heads: layer ${ev.at_layer} · head ${ev.at_head}`;
-    }
-    return "run";
-  }
+  const layer = firedLayer(a);
+  if (layer == null) return "run";
   const heads = firedHeads(a);
-  if (!heads.length) return `layer ${a.layer}`;
-  return heads.length === 1 ? `layer ${a.layer} · head ${heads[0]}` : `layer ${a.layer} · heads ${heads.join(", ")}`;
+  if (a.layer == null) return heads.length ? `max over heads: layer ${layer} · head ${heads[0]}` : `max over heads: layer ${layer}`;
+  if (!heads.length) return `layer ${layer}`;
+  return heads.length === 1 ? `layer ${layer} · head ${heads[0]}` : `layer ${layer} · heads ${heads.join(", ")}`;
 }
 
-/** The heads an alert named when it fired (its message says; `heads` grows as it reopens). */
+/** The layer an alert fired on (the collector's `fired_layer`: its layer, or the max's). */
+export function firedLayer(a) {
+  if (a.fired_layer != null) return a.fired_layer;
+  if (a.layer != null) return a.layer;
+  return Number.isInteger(a.evidence?.at_layer) && Number.isInteger(a.evidence?.at_head) ? a.evidence.at_layer : null;
+}
+
+/** The heads an alert fired on, from the collector's `fired_heads` (kept when it fired;
+ * `heads` grows as more heads breach while it is open). */
 export function firedHeads(a) {
-  const m = /, layer \d+, heads? ([\d, ]+):/.exec(a.message || "");
-  const named = m ? m[1].split(",").map((x) => Number(x.trim())).filter(Number.isInteger) : null;
-  const heads = named?.length ? named : a.heads?.length ? a.heads : [a.head];
+  if (Array.isArray(a.fired_heads)) return [...a.fired_heads];
+  if (a.layer == null) return Number.isInteger(a.evidence?.at_head) ? [a.evidence.at_head] : [];
+  const heads = a.heads?.length ? a.heads : [a.head];
   return [...new Set(heads)].filter((h) => h != null).sort((x, y) => x - y);
 }
 
 /** The (layer, head) to open for an alert: its own, or the head holding the max. */
 export function headOf(a) {
+  const layer = firedLayer(a);
+  const heads = firedHeads(a);
+  if (layer != null && heads.length) return [layer, heads[0]];
   if (a.layer != null && a.head != null) return [a.layer, a.head];
   const ev = a.evidence || {};
   if (Number.isInteger(ev.at_layer) && Number.isInteger(ev.at_head)) return [ev.at_layer, ev.at_head];
@@ -50,7 +57,7 @@ function numbers(value, baseline, limit) {
   return parts.join(" · ");
 }
 
-const SHOWN_APART = new Set(["latest", "breaches", "reopened", "last_breach_step", "params", "page"]);
+const SHOWN_APART = new Set(["latest", "breaches", "reopened", "last_breach_step", "params", "page", "fired_heads"]);
 
 export function evidenceText(v) {
   if (Array.isArray(v)) {
