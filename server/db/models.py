@@ -63,6 +63,8 @@ class Run(Base):
     end_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     end_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     diverged_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # 0009: what its job says about itself (hyperparameters, model, data): a JSON object
+    config: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
 
 
 class RunTag(Base):

@@ -3,6 +3,7 @@ run."""
 
 from __future__ import annotations
 
+import json
 import re
 import time as _time
 from collections import defaultdict
@@ -60,6 +61,7 @@ def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0, *, tags: list[s
         end_step=run.end_step,
         diverged_step=run.diverged_step,
         tags=tags or [],
+        config=run.config,
     )
 
 
@@ -158,6 +160,25 @@ def get_run(session: Session, run_id: int, *, active_seconds: float = 600.0) -> 
     last = session.scalar(select(func.max(Frame.id)).where(Frame.run_id == run_id))
     return _run_out(run, int(n or 0), int(last or 0), tags=_tags(session, [run_id]).get(run_id),
                     active_seconds=active_seconds)
+
+
+#: Bounds of a run's configuration (``set_config``): its JSON text, and its keys.
+MAX_CONFIG_BYTES = 16_384
+MAX_CONFIG_KEYS = 256
+
+
+def set_config(session: Session, run_id: int, config: dict[str, Any]) -> dict[str, Any]:
+    """Set a run's configuration (a JSON object, replacing the previous one); return it."""
+    get_run(session, run_id)
+    text = json.dumps(config, allow_nan=False, separators=(",", ":"))
+    if len(text.encode()) > MAX_CONFIG_BYTES or len(config) > MAX_CONFIG_KEYS:
+        raise BadRequest("config-too-large", f"config: at most {MAX_CONFIG_KEYS} keys and "
+                         f"{MAX_CONFIG_BYTES} bytes of JSON", field="config")
+    run = session.get(Run, run_id)
+    assert run is not None
+    run.config = config
+    session.flush()
+    return config
 
 
 def set_tags(session: Session, run_id: int, *, add: Sequence[str] = (),

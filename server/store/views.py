@@ -3,8 +3,7 @@
 Built on the public read path (``queries``) and, where a view needs the stored blobs, on
 ``Frame``/``Metric``/``Point`` read the way ``queries`` reads them. Nothing here writes.
 
-* :class:`SparklineCache` and :func:`runs_overview`: the runs list with a loss sparkline
-  per run, cached per run and extended incrementally (only new frames are read).
+* :class:`SparklineCache` and :func:`runs_overview` (from ``runs_view``): the runs list.
 * :func:`worst_heads`: the k heads with the most extreme value now, with their recent trend.
 * :func:`heads_over_time`: steps x heads of one layer (or steps x layers, the per-layer
   envelope), bucketed over steps keeping each bucket's extreme so spikes survive.
@@ -14,8 +13,7 @@ Built on the public read path (``queries``) and, where a view needs the stored b
 from __future__ import annotations
 
 import math
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -24,9 +22,14 @@ from sqlalchemy.orm import Session
 
 from logitwatch.server.db.models import Frame, Metric, Point
 from logitwatch.server.errors import BadRequest, NotFound
-from logitwatch.server.schemas import AlertOut, RunOut, SeriesOut, WireFloat
+from logitwatch.server.schemas import AlertOut, SeriesOut, WireFloat
 from logitwatch.server.store import queries
 from logitwatch.server.store.downsample import minmax_downsample
+from logitwatch.server.store.runs_view import (
+    RunSummaryOut,
+    SparklineCache,
+    runs_overview,
+)
 
 __all__ = [
     "CLIP_RATE_NAMES",
@@ -46,167 +49,12 @@ __all__ = [
 
 #: Scalar names a job may log its clip rate under; otherwise it is derived from grad.clipped.
 CLIP_RATE_NAMES = ("grad.clip_rate", "clip_rate")
-STATUSES = ("running", "finished", "stopped", "diverged", "empty")
 
 
 def lower_is_worse(name: str) -> bool:
     """Entropy collapses toward 0: for it the lowest heads are the worst (and a bucket keeps
     its minimum); for logits, norms and log Z the highest are."""
     return "entropy" in name
-
-
-class RunSummaryOut(BaseModel):
-    """One row of the runs list."""
-
-    id: int
-    project: str
-    name: str
-    status: str = Field(description="the run's status (running, finished, stopped, "
-                        "diverged: GET /api/v1/runs), diverged also when its last loss is "
-                        "non-finite, or empty (no frame yet)")
-    last_step: int | None
-    last_time: float | None
-    open_alerts: int
-    loss_steps: list[int] = Field(description="loss sparkline: steps")
-    loss_values: list[WireFloat] = Field(description="loss sparkline: values")
-    last_loss: WireFloat | None
-
-
-@dataclass(slots=True)
-class _Spark:
-    key: tuple[int | None, float | None]
-    last_frame_id: int = 0
-    steps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    values: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
-
-
-class SparklineCache:
-    """Loss sparklines per run, read once and then extended with new frames only.
-
-    Keyed by run id and validated by the run's (last step, last time): an unchanged run costs
-    nothing, a changed one reads the points after the last frame already seen. Bounded:
-    each run keeps at most ``4 * points`` values, re-downsampled with min/max buckets.
-    One cache per application (one database).
-    """
-
-    def __init__(self, points: int = 64, metric: str = "loss") -> None:
-        self.points = points
-        self.metric = metric
-        self._runs: dict[int, _Spark] = {}
-        self._lock = threading.Lock()
-
-    def get(self, session: Session, runs: list[RunOut]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """(steps, values) of each run's sparkline (rank 0)."""
-        with self._lock:
-            stale = [r for r in runs if (s := self._runs.get(r.id)) is None
-                     or s.key != (r.last_step, r.last_time)]
-            if stale:
-                self._refresh(session, stale)
-            return {r.id: _downsample_keep_last(self._runs[r.id].steps,
-                                                self._runs[r.id].values, self.points)
-                    for r in runs}
-
-    def _refresh(self, session: Session, runs: list[RunOut]) -> None:
-        ids = [r.id for r in runs]
-        metric_of = dict(session.execute(
-            select(Metric.run_id, Metric.id).where(Metric.run_id.in_(ids),
-                                                   Metric.name == self.metric)
-        ).all())
-        for r in runs:
-            s = self._runs.get(r.id) or _Spark(key=(None, None))
-            s.key = (r.last_step, r.last_time)
-            self._runs[r.id] = s
-            mid = metric_of.get(r.id)
-            if mid is None:
-                continue
-            rows = session.execute(
-                select(Frame.id, Frame.step, Point.data)
-                .join(Frame, Frame.id == Point.frame_id)
-                .where(Point.metric_id == mid, Point.frame_id > s.last_frame_id,
-                       Frame.rank == 0)
-                .order_by(Frame.step, Frame.seq)
-            ).all()
-            if not rows:
-                continue
-            steps = np.fromiter((row.step for row in rows), dtype=np.int64, count=len(rows))
-            values = np.frombuffer(b"".join(row.data for row in rows), dtype="<f4")
-            s.last_frame_id = max(s.last_frame_id, max(row.id for row in rows))
-            all_steps = np.concatenate([s.steps, steps])
-            all_values = np.concatenate([s.values, values.astype(np.float64)])
-            order = np.argsort(all_steps, kind="stable")
-            all_steps, all_values = all_steps[order], all_values[order]
-            if len(all_steps) > 4 * self.points:
-                all_steps, all_values = _downsample_keep_last(all_steps, all_values,
-                                                              2 * self.points)
-            s.steps, s.values = all_steps, all_values
-
-
-def _downsample_keep_last(
-    steps: np.ndarray, values: np.ndarray, points: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Min/max buckets, plus the newest point (a sparkline ends at the current value)."""
-    s, v = minmax_downsample(steps, values, points)
-    if len(steps) and (not len(s) or s[-1] != steps[-1]):
-        s, v = np.append(s, steps[-1]), np.append(v, values[-1])
-    return s, v
-
-
-def _status(run: RunOut, last_loss: float | None) -> str:
-    if run.last_step is None:
-        return "empty"
-    if last_loss is not None and not math.isfinite(last_loss):
-        return "diverged"
-    return run.status
-
-
-def runs_overview(
-    session: Session,
-    cache: SparklineCache,
-    *,
-    project: str | None = None,
-    status: str | None = None,
-    alerting: bool = False,
-    q: str | None = None,
-    limit: int | None = None,
-    offset: int = 0,
-    total: list[int] | None = None,
-) -> list[RunSummaryOut]:
-    """The runs list, most recently active first, filtered by project, status (one of
-    :data:`STATUSES`: the run's own, ``diverged`` also for a non-finite last loss, ``empty``
-    before its first frame), open alerts and a substring of the run or project name; a
-    page of ``limit`` runs from ``offset`` (None: all), sparklines made for that page only
-    unless ``status`` needs them all. ``total``, a list, gets the number that match."""
-    if status is not None and status not in STATUSES:
-        raise BadRequest("bad-status", f"status: {status!r} is not one of {', '.join(STATUSES)}",
-                         field="status")
-    runs = queries.list_runs(session, project=project, status="alerting" if alerting else None)
-    if q:
-        needle = q.lower()
-        runs = [r for r in runs if needle in r.name.lower() or needle in r.project.lower()]
-    end = None if limit is None else offset + limit
-    if status is None:
-        if total is not None:
-            total.append(len(runs))
-        runs = runs[offset:end]
-    sparks = cache.get(session, runs)
-    out = []
-    for r in runs:
-        steps, values = sparks[r.id]
-        last = float(values[-1]) if len(values) else None
-        st = _status(r, last)
-        if status is not None and st != status:
-            continue
-        out.append(RunSummaryOut(
-            id=r.id, project=r.project, name=r.name, status=st, last_step=r.last_step,
-            last_time=r.last_time, open_alerts=r.open_alerts, loss_steps=steps.tolist(),
-            loss_values=values.tolist(), last_loss=last,
-        ))
-    if status is not None:
-        if total is not None:
-            total.append(len(out))
-        out = out[offset:end]
-    return out
-
 
 # --- per-head summaries ---------------------------------------------------------------------
 

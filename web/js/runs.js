@@ -1,9 +1,11 @@
-// The runs page: every run with its status, a loss sparkline, last step and open alerts;
-// filters (kept in the address, so a filtered view can be bookmarked); tick runs to compare.
+// The runs page: a table of every run (status, verdict, loss sparkline, start, duration,
+// last step, open alerts, tags, configuration), sorted by a click on a header; filters and
+// the sort kept in the address, so a view can be bookmarked; tick runs to compare.
 // Refreshed every few seconds (the collector caches sparklines and reads only new frames).
 
-import { API, ago, el, getPage, query, sparkline, wireText } from "./api.js";
+import { API, el, getPage, query } from "./api.js";
 import { needsLogin, showLogin } from "./login.js";
+import { COLUMNS, headerRow, parseSort, sorted } from "./runs_table.js";
 
 const REFRESH_MS = 3000;
 
@@ -23,6 +25,8 @@ $("f-status").value = start.get("status") || "";
 $("f-alerting").checked = start.get("alerting") === "true";
 for (const id of (start.get("compare") || "").split(",")) if (id) selected.add(id);
 let wantedProject = start.get("project") || "";
+let sort = parseSort(start.get("sort"));
+let lastRuns = [];
 
 function filters() {
   return {
@@ -52,7 +56,9 @@ function row(run) {
   const tr = el("tr");
   tr.dataset.runId = String(run.id);
   tr.dataset.status = run.status;
+  tr.dataset.verdict = run.verdict;
   const name = el("td", "name");
+  name.dataset.col = "name";
   const tick = el("input");
   tick.type = "checkbox";
   tick.className = "pick";
@@ -66,27 +72,24 @@ function row(run) {
   const link = el("a", null, run.name);
   link.href = `/runs/${encodeURIComponent(run.id)}`;
   name.append(tick, link);
-  const state = el("td");
-  state.append(el("span", `state ${run.status}`, run.status));
-  const spark = el("td", "spark-cell");
-  const wrap = el("div", "spark-wrap");
-  wrap.append(sparkline(run.loss_steps, run.loss_values), el("span", "last", run.last_loss == null ? "" : wireText(run.last_loss, 4)));
-  spark.append(wrap);
-  spark.title = run.loss_steps.length ? `loss over steps ${run.loss_steps[0]}–${run.loss_steps.at(-1)}` : "no loss yet";
-  const alerts = el("td", "num");
-  const badge = el("span", run.open_alerts > 0 ? "badge firing" : "badge ok", run.open_alerts);
-  badge.title = run.open_alerts > 0 ? `${run.open_alerts} alert(s) firing` : "no alert firing";
-  alerts.append(badge);
-  tr.append(
-    name,
-    el("td", null, run.project),
-    state,
-    spark,
-    el("td", "num", run.last_step ?? "—"),
-    el("td", "num", ago(run.last_time)),
-    alerts,
-  );
+  tr.append(name);
+  for (const c of COLUMNS.slice(1)) {
+    const td = c.cell(run);
+    td.dataset.col = c.key;
+    tr.append(td);
+  }
   return tr;
+}
+
+function draw() {
+  table.tHead.replaceChildren(headerRow(sort, onSort));
+  body.replaceChildren(...sorted(lastRuns, sort).map(row));
+}
+
+function onSort(key) {
+  sort = sort?.key === key ? { key, desc: !sort.desc } : { key, desc: ["started", "duration", "step", "seen", "alerts"].includes(key) };
+  writeAddress();
+  draw();
 }
 
 async function refresh() {
@@ -99,7 +102,8 @@ async function refresh() {
     for (const r of runs) projects.add(r.project);
     showProjects();
     wantedProject = "";
-    body.replaceChildren(...runs.map(row));
+    lastRuns = runs;
+    draw();
     const filtered = Boolean(f.q || f.project || f.status || f.alerting);
     table.hidden = runs.length === 0;
     $("runs-empty").hidden = runs.length !== 0 || filtered;
@@ -127,9 +131,13 @@ async function refresh() {
   }
 }
 
+function writeAddress() {
+  const s = sort ? `${sort.key}-${sort.desc ? "desc" : "asc"}` : "";
+  history.replaceState(null, "", `/${query({ ...filters(), sort: s, compare: [...selected].join(",") })}`);
+}
+
 function onFilter() {
-  const f = filters();
-  history.replaceState(null, "", `/${query({ ...f, compare: [...selected].join(",") })}`);
+  writeAddress();
   refresh();
 }
 

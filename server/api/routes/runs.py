@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from sqlalchemy import select
 
 from logitwatch.server.api.deps import (
@@ -137,6 +137,26 @@ def delete_run(
                          f"confirm: run {run_id} is named {have!r}, not {confirm!r}; nothing "
                          "was deleted", field="confirm")
     return queries.delete_run(session, run_id)
+
+
+@router.put(
+    "/runs/{run_id}/config",
+    responses={404: {"description": "no such run (`run-not-found`)"},
+               422: {"description": "not a JSON object, or too large (`config-too-large`)"}},
+)
+def set_config(
+    run_id: Annotated[int, Depends(writable_run)],
+    session: SessionDep,
+    config: Annotated[dict[str, Any], Body(description="a JSON object: hyperparameters, "
+                                           "model, data... (replaces the previous one)")],
+) -> dict[str, Any]:
+    """Set what a run's job says about itself, shown in the runs list (``config`` of
+    ``GET /runs``). Needs an ``ingest`` token of the run's project (or open mode); at most
+    256 keys and 16 KiB of JSON."""
+    try:
+        return queries.set_config(session, run_id, config)
+    except ValueError:
+        raise BadRequest("bad-config", "config: numbers must be finite", field="config") from None
 
 
 @router.get("/runs/{run_id}/metrics", response_model=list[MetricOut])
