@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import pytest
@@ -96,6 +97,17 @@ def ingest(url: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
     r = httpx.post(f"{url}/api/v1/ingest", json={"frames": batch}, timeout=10)
     assert r.status_code == 200, r.text
     return r.json()
+
+
+def figures_asked(url: str) -> list[str]:
+    """The figures a request asks for, each as "kind=...&...": one for
+    ``/figures/{kind}?...``, each ``f`` of a batched ``/figures?f=...&f=...``."""
+    u = urlsplit(url)
+    if "/figures/" in u.path:
+        return [f"kind={u.path.rsplit('/', 1)[1]}&{u.query}"]
+    if u.path.endswith("/figures"):
+        return [v for k, v in parse_qsl(u.query) if k == "f"]
+    return []
 
 
 # --- screenshots, checked without image libraries -------------------------------------------
@@ -366,8 +378,8 @@ def test_dashboard_views_zoom_drill_compare(collector: str, tab: Any, tmp_path: 
 
     # Zoom by dragging on the loss chart: the page asks the server for that step range and
     # every step chart shows it at full resolution, spike included.
-    asked: list[str] = []
-    page.on("request", lambda r: asked.append(r.url) if "/figures/" in r.url else None)
+    asked: list[str] = []  # each figure asked for, as "kind=loss&start=...": batched or not
+    page.on("request", lambda r: asked.extend(figures_asked(r.url)))
     page.locator("#loss").scroll_into_view_if_needed()  # below the heads, now
     box = page.locator("#loss .nsewdrag").bounding_box()
     assert box is not None
@@ -385,15 +397,15 @@ def test_dashboard_views_zoom_drill_compare(collector: str, tab: Any, tmp_path: 
     page.mouse.up()
     page.wait_for_function("""() => { const x = document.getElementById('loss').data[0].x;
         return x.length > 100 && x[0] >= 13000 && x[x.length - 1] <= 17000; }""", timeout=WAIT_MS)
-    zoomed = [u for u in asked if "/figures/loss" in u and "start=" in u]
+    zoomed = [u for u in asked if "kind=loss&" in u and "start=" in u]
     assert zoomed, asked
     xs = page.evaluate("document.getElementById('loss').data[0].x")
     assert xs == list(range(xs[0], xs[-1] + 10, 10))  # every sample: full resolution
     assert 50.0 in page.evaluate("document.getElementById('loss').data[0].y")
     page.wait_for_function("""() => { const x = document.getElementById('grad_norm').data[0].x;
         return x.length && x[0] >= 13000; }""", timeout=WAIT_MS)
-    assert any("/figures/grad_norm" in u and "start=" in u for u in asked)
-    assert any("/figures/heads_time" in u and "start=" in u for u in asked)
+    assert any("kind=grad_norm&" in u and "start=" in u for u in asked)
+    assert any("kind=heads_time&" in u and "start=" in u for u in asked)
     assert page.locator("#zoom-state").get_attribute("data-zoomed") == "1"
 
     # Drill down from the worst-heads table to one head, drawn over the run's envelope.

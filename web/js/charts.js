@@ -5,7 +5,9 @@
 // Zoom re-queries the server for the visible step range (see ZoomSync), so the min/max
 // downsampling keeps every spike at every zoom level.
 
-import { getJSON, plotValue, wireText } from "./api.js";
+import { plotValue, wireText } from "./api.js";
+import { getFigure } from "./batch.js";
+import { addSmoothTrace, smoothed } from "./smooth.js";
 
 /* global Plotly */
 
@@ -79,8 +81,9 @@ class Chart {
     this.loading = (async () => {
       try {
         this.lastReload = Date.now();
-        const fig = await getJSON(this.url);
+        const fig = await getFigure(this.url);
         fig.data.forEach(markFewPoints);
+        this.shapeData(fig.data);
         this.shapeLayout(fig.layout);
         await Plotly.react(this.el, fig.data, fig.layout, CONFIG);
         this.listen();
@@ -106,6 +109,9 @@ class Chart {
       this.reload().catch((e) => console.warn(e));
     }, wait);
   }
+
+  /** Traces the browser adds to the server's (the smoothed line). */
+  shapeData() {}
 
   /** Keep the zoom the server was asked for (a programmatic range is not kept by uirevision),
    * the log y axis when asked for, and a hover at the step under the pointer. */
@@ -167,6 +173,17 @@ export class LineChart extends Chart {
     this.lastStep = -Infinity;
     this.recent = [];
     this.hoverX = true; // the step under the pointer, on every line chart at once
+    this.smooth = null; // { mode, amount } (smooth.js): a smoothed line over the faint raw one
+  }
+
+  shapeData(data) {
+    if (this.smooth) addSmoothTrace(data, this.smooth);
+  }
+
+  /** Smoothing on ({ mode, amount }) or off (null): redrawn from the server's points. */
+  setSmooth(s) {
+    this.smooth = s;
+    return this.el.data ? this.reload() : Promise.resolve();
   }
 
   afterDraw() {
@@ -231,6 +248,9 @@ export class LineChart extends Chart {
     const line = this.el.data[this.roles.series];
     if (line.mode === "lines+markers" && line.x.length >= FEW_POINTS) {
       Plotly.restyle(this.el, { mode: "lines" }, [this.roles.series]); // enough for a line
+    }
+    if ("smooth" in this.roles) {
+      Plotly.restyle(this.el, { x: [[...line.x]], y: [smoothed(line.y, this.smooth)] }, [this.roles.smooth]);
     }
     if (add.nonfinite[0].length && "nonfinite" in this.roles) {
       const [x, y, text] = add.nonfinite;

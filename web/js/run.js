@@ -12,6 +12,7 @@ import { loadWorst } from "./heads.js";
 import { alertActions } from "./inbox_actions.js";
 import { LiveStream } from "./live.js";
 import { needsLogin, showLogin } from "./login.js";
+import { smoothControl } from "./smooth.js";
 import { readState, writeState } from "./state.js";
 import { showRunState, showVerdict } from "./verdict.js";
 
@@ -47,6 +48,7 @@ const charts = {
   headsTime: zoom.add(new StepHeatmapChart($("heads_time"), `${base}/figures/heads_time`, { name: DEFAULT_STAT, ...rankParams(), color: state.color })),
 };
 charts.loss.logY = charts.gradNorm.logY = state.log;
+charts.loss.smooth = charts.gradNorm.smooth = state.smooth;
 const scalarCharts = new Map(); // metric name (or "clip_rate") -> LineChart
 const monitorCharts = new Map(); // drawn once the fold is opened
 let drill = null; // the single head's chart, when open
@@ -107,6 +109,7 @@ function makeChart(name, into) {
     ? new LineChart(div, `${base}/figures/clip_rate`, null, { params: rankParams() })
     : new LineChart(div, `${base}/figures/series`, scalarPoints(name), { params: { name, ...rankParams() } });
   chart.logY = state.log && LOG_Y(name);
+  chart.smooth = state.smooth;
   return zoom.add(chart);
 }
 
@@ -202,6 +205,10 @@ function refreshWorst() {
 }
 const refreshWorstSoon = throttle(() => refreshWorst().catch(report), WORST_EVERY_MS);
 
+function lineCharts() {
+  return [charts.loss, charts.gradNorm, ...scalarCharts.values(), ...[...monitorCharts.values()].filter(Boolean), ...(drill ? [drill] : [])];
+}
+
 function allCharts() {
   return [charts.loss, charts.gradNorm, charts.heatmap, charts.headsTime, ...scalarCharts.values(), ...[...monitorCharts.values()].filter(Boolean), ...(drill ? [drill] : [])];
 }
@@ -239,6 +246,7 @@ function openHead(layer, head) {
     drill.params = params;
   }
   drill.logY = state.log && LOG_Y(stat);
+  drill.smooth = state.smooth;
   state.head = [layer, head];
   writeState(state);
   $("drill").dataset.layer = String(layer);
@@ -365,6 +373,11 @@ $("color").addEventListener("change", (e) => {
   writeState(state);
   charts.heatmap.params.color = charts.headsTime.params.color = state.color;
   Promise.all([charts.heatmap.reload(), charts.headsTime.reload()]).catch(report);
+});
+smoothControl({ select: $("smooth"), range: $("smooth-amount"), box: $("smooth-amount-label"), value: $("smooth-value") }, state.smooth, (s) => {
+  state.smooth = s;
+  writeState(state);
+  Promise.all(lineCharts().map((c) => c.setSmooth(s))).catch(report);
 });
 $("log-y").checked = state.log;
 $("log-y").addEventListener("change", (e) => {

@@ -1,8 +1,10 @@
 // The run page's view in its address, so a link opens the same view:
-//   ?rank=1&stat=attn.logit_p99&layer=1&head=1.3&zoom=200-480&log=1&color=log
+//   ?rank=1&stat=attn.logit_p99&layer=1&head=1.3&zoom=200-480&log=1&color=log&smooth=ema-60
 // Read once at load; written (replaceState, no history entries) on every change.
 
-const KEYS = ["rank", "stat", "layer", "head", "zoom", "log", "color"];
+import { parseSmooth, smoothText } from "./smooth.js";
+
+const KEYS = ["rank", "stat", "layer", "head", "zoom", "log", "color", "smooth"];
 
 export function readState() {
   const q = new URLSearchParams(location.search);
@@ -20,6 +22,7 @@ export function readState() {
   out.zoom = zoom && Number(zoom[1]) < Number(zoom[2]) ? [Number(zoom[1]), Number(zoom[2])] : null;
   out.log = q.get("log") === "1";
   out.color = ["log", "linear", "auto"].includes(q.get("color")) ? q.get("color") : "auto";
+  out.smooth = parseSmooth(q.get("smooth")); // null: off
   return out;
 }
 
@@ -34,6 +37,7 @@ export function writeState(state) {
   if (state.zoom) q.set("zoom", `${Math.max(0, Math.floor(state.zoom[0]))}-${Math.ceil(state.zoom[1])}`);
   if (state.log) q.set("log", "1");
   if (state.color && state.color !== "auto") q.set("color", state.color);
+  if (state.smooth) q.set("smooth", smoothText(state.smooth));
   const s = q.toString();
   const url = `${location.pathname}${s ? `?${s}` : ""}${location.hash}`;
   if (url !== `${location.pathname}${location.search}${location.hash}`) history.replaceState(null, "", url);
