@@ -15,7 +15,8 @@ fetch) for the run page.
 ``--browser DB`` instead opens every run page of a collector's database (e.g. the demo's:
 ``logitwatch demo --exit --db sqlite:///demo.db``) in headless Chromium, on a copy, and
 prints the median time from navigation to the verdict shown and to every initial chart
-drawn, the requests and bytes the page fetched; ``--shots DIR`` saves each run page at
+drawn, the requests (all, and those for data: ``/api/``, the live stream apart) and bytes
+the page fetched before it was ready; ``--shots DIR`` saves each run page at
 1440x900 and 390x844 (first screen and full page):
 
     python bench/bench_dashboard.py --browser .logitwatch/demo.db --shots /tmp/shots
@@ -138,12 +139,15 @@ def browser_bench(db: str, repeat: int, shots: str | None) -> None:
             print(f"run page in Chromium, median of {repeat} loads (fresh page, warm cache "
                   "after the first)")
             for r in runs:
-                verdict, ready, reqs, size = [], [], [], []
+                verdict, ready, reqs, data, size = [], [], [], [], []
                 for _ in range(repeat):
                     page = b.new_page(viewport={"width": 1440, "height": 900})
                     got: list[int] = []
+                    api: list[str] = []
                     page.on("requestfinished", lambda q, got=got: got.append(
                         q.sizes()["responseBodySize"]))
+                    page.on("request", lambda q, api=api: api.append(q.url)
+                            if "/api/" in q.url and "/stream" not in q.url else None)
                     page.goto(f"{col.url}/runs/{r['id']}")
                     page.wait_for_function("document.body.dataset.ready === '1'",
                                            timeout=30_000)
@@ -151,12 +155,14 @@ def browser_bench(db: str, repeat: int, shots: str | None) -> None:
                     verdict.append(float(d["verdictMs"]))
                     ready.append(float(d["readyMs"]))
                     reqs.append(len(got))
+                    data.append(len(api))
                     size.append(sum(got))
                     page.close()
                 v_ms = statistics.median(verdict)
                 print(f"  {r['name']:<32} {r['status']:<9} verdict {v_ms:6.0f} ms"
                       f"  ready {statistics.median(ready):6.0f} ms  {statistics.median(reqs):4.0f} "
-                      f"requests  {statistics.median(size) / 1024:7.0f} KiB")
+                      f"requests ({statistics.median(data):.0f} for data)"
+                      f"  {statistics.median(size) / 1024:7.0f} KiB")
                 for name, vp in (("desktop", (1440, 900)), ("phone", (390, 844))):
                     if not out:
                         continue
