@@ -168,6 +168,17 @@ def bias(args: argparse.Namespace) -> list[dict[str, Any]]:
 # -- cost ---------------------------------------------------------------------------------
 
 
+class Unscreened(QKClip):
+    """QK-clip whose max-only steps compute every head's logits (no CPU screen): the cost
+    of an accelerator, where the screen is off, or of heads near tau."""
+
+    def step_end(self, step: int, sampled: bool) -> None:
+        super().step_end(step, sampled)
+        mon = self.fuses.monitor if self.fuses is not None else None
+        if mon is not None:
+            mon._max_below = None
+
+
 def cost(args: argparse.Namespace) -> dict[str, Any]:
     import bench_hooks
 
@@ -177,8 +188,12 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
     configs = {
         "none": None,
         "default": {},
-        "qk_clip armed (every step)": {"fuses": [QKClip(tau=1e9, mode="auto")]},
-        "qk_clip armed (every 10)": {"fuses": [QKClip(tau=1e9, mode="auto", every=10)]},
+        "qk_clip armed, max-only (default)": {"fuses": [QKClip(tau=1e9, mode="auto")]},
+        "qk_clip armed, max-only, unscreened": {"fuses": [Unscreened(tau=1e9, mode="auto")]},
+        "qk_clip armed, measure=full": {"fuses": [QKClip(tau=1e9, mode="auto",
+                                                         measure="full")]},
+        "qk_clip armed, full, every 10": {"fuses": [QKClip(tau=1e9, mode="auto", every=10,
+                                                           measure="full")]},
         "qk_clip suggest": {"fuses": [QKClip(tau=1e9)]},
     }
     ratios: dict[str, list[float]] = {k: [] for k in configs if k != "none"}

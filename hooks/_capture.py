@@ -12,6 +12,7 @@ import torch
 from . import _adapter
 from ._final import final_stats
 from ._logits import attention_head_stats
+from ._maxlogit import head_max
 from ._sdpa import SdpaCapture, parse_call
 
 __all__ = ["CaptureMixin", "attention_dtype_max"]
@@ -67,6 +68,9 @@ class CaptureMixin:
             if self._depth > 1 or not self.sampled:
                 if self.capturing:  # a nested call of the model (Lightning's training_step)
                     self._padding.capture(args, kwargs)
+                elif (self._depth == 1 and getattr(self, "_max_step", False)
+                      and module.training and torch.is_grad_enabled()):
+                    self._start_max(args, kwargs)
                 return
             if not (module.training and torch.is_grad_enabled()):
                 return
@@ -92,6 +96,11 @@ class CaptureMixin:
             if self._depth:
                 return
             if not self.capturing:
+                if module.training and torch.is_grad_enabled() and self._keeps_history():
+                    self._history_loss(output)
+                return
+            if self.max_only:  # a max-only forward: its loss goes to the history
+                self._stop_capture()
                 if module.training and torch.is_grad_enabled() and self._keeps_history():
                     self._history_loss(output)
                 return
@@ -124,7 +133,7 @@ class CaptureMixin:
             self._fail("history")
 
     def _head_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self.capturing or "final" in self.disabled or _compiling():
+        if not self.capturing or self.max_only or "final" in self.disabled or _compiling():
             return
         t0 = _clock()
         try:
@@ -134,8 +143,22 @@ class CaptureMixin:
             self._fail("final")
         self._cost.add_host(_clock() - t0)
 
+    def _start_max(self, args: Any, kwargs: dict[str, Any] | None) -> None:
+        """Start a max-only capture of this training forward (a step a fuse asked for with
+        :meth:`request_max`, outside the monitor's samples): the attention calls give their
+        per-head max logit only (:mod:`~logitwatch.hooks._maxlogit`), nothing else."""
+        self.capturing = True
+        self.max_only = True
+        _adapter.push(self)
+        self._calls = 0
+        self._padding.capture(args, kwargs)
+        if "attention" not in self.disabled:
+            self._mode = SdpaCapture(self._record_call)
+            self._mode.__enter__()
+
     def _stop_capture(self) -> None:
         self.capturing = False
+        self.max_only = False
         self._padding.clear()
         _adapter.pop(self)
         mode, self._mode = self._mode, None
@@ -189,6 +212,10 @@ class CaptureMixin:
         query_valid: torch.Tensor | None = None,
         key_valid: torch.Tensor | None = None,
     ) -> None:
+        if self.max_only:
+            self._record_max(layer, query, key, mask, is_causal, scale, query_valid,
+                             key_valid)
+            return
         t0 = _clock()
         try:
             index = self._calls if layer is None else layer
@@ -214,3 +241,35 @@ class CaptureMixin:
             self._fail("attention")
         self._cost.add_host(_clock() - t0)
 
+
+    def _record_max(
+        self,
+        layer: int | None,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        mask: torch.Tensor | None,
+        is_causal: bool,
+        scale: float | None,
+        query_valid: torch.Tensor | None,
+        key_valid: torch.Tensor | None,
+    ) -> None:
+        """One attention call of a max-only forward: its per-head max, pooled per layer
+        over the step's forwards into :attr:`maxima` (on the device, nothing read)."""
+        try:
+            index = self._calls if layer is None else layer
+            self._calls += 1
+            if getattr(query, "is_nested", False):
+                return
+            if query.dim() in (3, 4) and (query_valid is None or key_valid is None):
+                rows, cols = self._padding.for_call(query.shape[0], query.shape[-2],
+                                                    key.shape[-2])
+                query_valid = rows if query_valid is None else query_valid
+                key_valid = cols if key_valid is None else key_valid
+            m = head_max(query, key, attn_mask=mask, is_causal=is_causal, scale=scale,
+                         budget=self.memory_budget, query_valid=query_valid,
+                         key_valid=key_valid, below=self._max_below)
+            old = self.maxima.get(index)
+            self.maxima[index] = m if old is None or old.shape != m.shape else (
+                torch.maximum(old, m))
+        except Exception:
+            self._fail("attention")

@@ -135,6 +135,10 @@ class Monitor(CaptureMixin, FramesMixin):
         self._send_history = True
         self._frames = 0
         self.capturing = False  # read by the eager wrapper
+        self.max_only = False  # capturing the per-head max logit only (``request_max``)
+        self.maxima: dict[int, torch.Tensor] = {}  # per layer, this step's max-only capture
+        self._max_next = self._max_step = False
+        self._max_below: float | None = None
         self.eager_depth = 0  # > 0 while inside a wrapped eager attention call
         self.disabled: set[str] = set()
         self._closed = False
@@ -247,6 +251,11 @@ class Monitor(CaptureMixin, FramesMixin):
     def request_sample(self) -> None:
         """Sample the next step to start, whatever the interval (e.g. after an alert)."""
         self._force_next = True
+
+    def request_max(self, below: float | None = None) -> None:
+        """Measure the next step's per-head max logit only, if it is not sampled (a fuse
+        acting: ``hooks/_maxlogit.py``), into :attr:`maxima`; ``below``: the CPU screen."""
+        self._max_next, self._max_below = True, below
 
     def request_sample_at(self, step: int) -> None:
         """Sample the step with index ``step`` (counted from attach, as
@@ -419,8 +428,9 @@ class Monitor(CaptureMixin, FramesMixin):
         vec = None
         self._end_history(step)
         try:
-            if scheduled:
+            if scheduled or self.max_only:
                 self._stop_capture()
+            if scheduled:
                 self._last_sampled = step
         except Exception:
             self._fail("step")
@@ -447,6 +457,7 @@ class Monitor(CaptureMixin, FramesMixin):
                 self._buffer = StepBuffer()
             self._clip_seen = False
             self._grad_local = None
+            self.maxima = {}
             self._step = step + 1
         try:
             self._cost.step_end(scheduled)
@@ -455,6 +466,7 @@ class Monitor(CaptureMixin, FramesMixin):
         self._watch_lr(step)
         self._watch_spikes()
         self._reschedule(agree=scheduled)
+        self._max_step, self._max_next = self._max_next and not self._sampled, False
 
     def _lr(self) -> Any:
         """The optimizer's learning rate: a float (a CPU tensor read as one: no sync), a

@@ -65,6 +65,9 @@ __all__ = [
     "MAX_MATRIX_VALUES",
     "MAX_SCALARS",
     "CONTROL_DETAIL_RANKS",
+    "CONTROL_FUSES",
+    "FUSE_RULES",
+    "fuses_for",
     "RANK_OF_MAX",
     "NAME_RE",
     "NONFINITE",
@@ -94,6 +97,24 @@ MAX_MATRIX_VALUES: Final = 65_536
 #: answer's ``control`` key naming the ranks asked to send their own frames too.
 RANK_OF_MAX: Final = "attn.logit_max_rank"
 CONTROL_DETAIL_RANKS: Final = "detail_ranks"
+#: The ingest answer's ``control`` key carrying ``{fuse: "apply" | "undo"}`` (docs/FUSES.md).
+CONTROL_FUSES: Final = "fuses"
+#: The alert rules each fuse addresses (a trailing ``*``: a prefix): the job's fuses offer
+#: themselves on these alerts, and the collector stores them with the alert.
+FUSE_RULES: Final[dict[str, tuple[str, ...]]] = {
+    "qk_clip": ("attn_logit*", "attn_p99*", "q_bias_refuge*", "k_bias_refuge*"),
+    "lr_backoff": ("lr_jump", "lr_above_peak", "grad_norm_rising", "grad_blowup",
+                   "grad_spike", "loss_jump", "attn_logit_departure", "attn_logit_forecast"),
+}
+
+
+def fuses_for(rule: str) -> list[str]:
+    """The fuses (:data:`FUSE_RULES`) that address alert rule ``rule``."""
+    out = []
+    for fuse, rules in FUSE_RULES.items():
+        if any(rule.startswith(r[:-1]) if r.endswith("*") else rule == r for r in rules):
+            out.append(fuse)
+    return out
 
 NONFINITE: Final[dict[str, float]] = {
     "NaN": math.nan,

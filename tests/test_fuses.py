@@ -81,6 +81,7 @@ def run(model: nn.Module, steps: int, fuses, lr: float = 0.0, forward=None, **kw
     client, frames = capturing_client()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     forward = forward or (lambda m: m(IDS))
+    kw.setdefault("sample_every", 1)  # a frame a step (max-only capture: its own test)
     mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
                  fuses=fuses, **kw)
     for _ in range(steps):
@@ -127,6 +128,63 @@ def test_qk_clip_scales_fused_linear_rows_and_biases_and_caps_the_next_max() -> 
     assert first["scalars"]["fuse.qk_clip.heads"] == 4
     assert second["scalars"]["fuse.qk_clip.heads"] == 0  # at tau: left alone
     assert [e.action for e in mon.fuses.events] == ["clip"]
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_max_only_steps_clip_exactly_as_full_samples(layers: int) -> None:
+    """Acting, the steps outside the monitor's samples are measured max-only (no frame):
+    the weights end exactly where sampling every step puts them, and the next frame says
+    what the clip did since the previous one (head-steps, steps, the factors' product)."""
+    tau, steps = 3.0, 12
+    full = Net(layers)
+    frames_full, _ = run(full, steps, [QKClip(tau=tau, mode="auto", measure="full")],
+                         lr=0.05, sample_every=10)
+    cheap = Net(layers)
+    frames, mon = run(cheap, steps, [QKClip(tau=tau, mode="auto")], lr=0.05,
+                      sample_every=10)
+    for a, b in zip(full.parameters(), cheap.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert [f["step"] for f in frames_full] == list(range(steps))
+    assert [f["step"] for f in frames][:2] == [0, 10]
+    w = frames[1]["scalars"]
+    assert w["fuse.qk_clip.steps"] == sum(
+        f["scalars"]["fuse.qk_clip.heads"] > 0 for f in frames_full[1:11])
+    assert w["fuse.qk_clip.heads"] == sum(
+        f["scalars"]["fuse.qk_clip.heads"] for f in frames_full[1:11])
+    prod = [[math.prod(f["heads"]["fuse.qk_clip.factor"][r][h] for f in frames_full[1:11])
+             for h in range(4)] for r in range(layers)]
+    for r in range(layers):
+        assert frames[1]["heads"]["fuse.qk_clip.factor"][r] == pytest.approx(prod[r],
+                                                                             rel=1e-4)
+    clips = [e for e in mon.fuses.events if e.action == "clip"]
+    assert clips[1].step == 10 and clips[1].detail["steps"] == w["fuse.qk_clip.steps"]
+
+
+def test_head_max_matches_the_full_statistics_and_screens_on_cpu() -> None:
+    from logitwatch.hooks._logits import attention_head_stats
+    from logitwatch.hooks._maxlogit import head_max
+
+    g = torch.Generator().manual_seed(0)
+    for b, h, hk, t, s, causal, masked, pad in [(2, 4, 4, 16, 16, True, False, False),
+                                                (2, 8, 2, 12, 12, True, False, True),
+                                                (1, 4, 4, 10, 14, False, True, False),
+                                                (3, 4, 2, 9, 9, False, True, True)]:
+        q = torch.randn(b, h, t, 8, generator=g) * 3
+        k = torch.randn(b, hk, s, 8, generator=g)
+        am = torch.rand(b, h, t, s, generator=g) > 0.3 if masked else None
+        qv = kv = None
+        if pad:
+            qv = torch.ones(b, t, dtype=torch.bool)
+            qv[0, -3:] = False
+            kv = qv.clone()
+        kw = dict(attn_mask=am, is_causal=causal, query_valid=qv, key_valid=kv)
+        ref = attention_head_stats(q, k, **kw).maximum
+        torch.testing.assert_close(head_max(q, k, budget=4096, **kw), ref)
+        below = float(ref.median())
+        got = head_max(q, k, below=below, **kw)  # screened heads: their bound, >= max
+        assert (got >= ref - 1e-5).all()
+        torch.testing.assert_close(got[ref > below], ref[ref > below])
+        assert ((got > below) == (ref > below)).all()  # the same clip decisions
 
 
 def test_weights_only_leaves_the_bias_path_and_misses_tau() -> None:
@@ -392,13 +450,16 @@ def test_hf_and_lightning_callbacks_pass_fuses_through(tmp_path) -> None:
     callback = HFCallback(run="r", client=client, overhead_budget=None,
                           fuses={"qk_clip": {"tau": 0.01, "mode": "auto"}})
     hf_trainer(tmp_path, callback).train()  # type: ignore[attr-defined]
-    assert [f["step"] for f in frames] == list(range(5))  # armed: every step measured
+    # armed: steps 1-3 are measured max-only (no frame), the last step is sampled
+    assert [f["step"] for f in frames] == [0, 4]
     assert frames[0]["scalars"]["fuse.qk_clip.heads"] == 8  # 2 layers x 4 heads
+    assert frames[1]["scalars"]["fuse.qk_clip.steps"] == 4  # steps 1-4 clipped
+    assert frames[1]["scalars"]["fuse.qk_clip.heads"] >= 4
     assert all(f["scalars"]["fuse.qk_clip.state"] == 2 for f in frames)
 
     client, frames = capturing_client()
     callback = PLCallback(run="r", client=client, overhead_budget=None,
-                          fuses=[QKClip(tau=0.05, mode="auto"),
+                          fuses=[QKClip(tau=0.05, mode="auto", measure="full"),
                                  LRBackoff(factor=0.5, steps=50, mode="auto")])
     lightning_fit(callback)
     assert [f["step"] for f in frames] == [0, 1, 2]

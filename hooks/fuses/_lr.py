@@ -24,13 +24,14 @@ from typing import Any
 
 import torch
 
+from logitwatch.wire import FUSE_RULES
+
 from ._base import Fuse, log, multi_rank
 
 __all__ = ["LRBackoff"]
 
 #: Alert rules that trigger (auto) or suggest a backoff.
-DEFAULT_RULES = ("lr_jump", "lr_above_peak", "grad_norm_rising", "grad_blowup", "grad_spike",
-                 "loss_jump", "attn_logit_departure", "attn_logit_forecast")
+DEFAULT_RULES = FUSE_RULES["lr_backoff"]
 SHAPES = ("cosine", "linear")
 
 

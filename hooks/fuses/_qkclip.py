@@ -19,10 +19,14 @@ scale by at most ``r_h`` and no projection ever grows.
 A non-finite max: NaN does nothing; ``inf`` (an overflowed score) scales by the floor
 ``min_scale`` per projection. Everything happens on the device (a ``where`` and an
 in-place multiply per projection, factors of exactly 1 for heads under ``tau``): no
-host-device sync beyond the sampled frame's one transfer, which carries the factors as
-``fuse.qk_clip.factor`` (layers x heads) and ``fuse.qk_clip.heads`` (how many were clipped).
-While acting, the monitor samples every ``every`` steps (default every step: the heads'
-max logits are measured every step, at the cost of a full sample, ``bench/README.md``).
+host-device sync beyond the sampled frame's one transfer, which carries what the clip did
+since the previous frame: ``fuse.qk_clip.factor`` (layers x heads, the product of the
+factors), ``fuse.qk_clip.heads`` (head-steps clipped) and ``fuse.qk_clip.steps`` (steps
+with a clip). While acting, every ``every`` steps (default every step) the heads' max
+logits are measured: on the monitor's sampled steps from its statistics, on the others by
+a max-only capture (``measure="max"``, the default: ``hooks/_maxlogit.py``, the per-head
+max and nothing else, no frame, no read-back); ``measure="full"`` samples those steps
+instead (the whole catalog and a frame each, ``bench/README.md``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from typing import Any
 
 import torch
 
+from logitwatch.wire import FUSE_RULES
+
 from .._qk import Part, QKSource
 from ._base import Fuse, multi_rank
 
@@ -40,7 +46,7 @@ __all__ = ["QKClip"]
 
 #: Alerts this fuse addresses (rules on the attention logits, and the bias refuge, which
 #: QK-clip with biases avoids).
-RULE_PREFIXES = ("attn_logit", "attn_p99", "q_bias_refuge", "k_bias_refuge")
+RULE_PREFIXES = tuple(r.rstrip("*") for r in FUSE_RULES["qk_clip"])
 #: A head within this fraction of tau is left alone (a head clipped to tau measures tau
 #: again, give or take rounding).
 TOLERANCE = 1e-4
@@ -75,12 +81,15 @@ class QKClip(Fuse):
         every: While acting, measure and clip every this many steps (default 1).
         min_scale: Floor of one projection's factor in one step (default 0.1: logits at
             most 100x smaller per step; an overflowed, infinite max takes it).
+        measure: How acting steps outside the monitor's samples are measured: ``"max"``
+            (default: the per-head max only, no frame) or ``"full"`` (sampled: the whole
+            catalog and a frame every step).
     """
 
     name = "qk_clip"
 
     def __init__(self, tau: float = 100.0, *, mode: str = "suggest", biases: bool = True,
-                 every: int = 1, min_scale: float = 0.1) -> None:
+                 every: int = 1, min_scale: float = 0.1, measure: str = "max") -> None:
         super().__init__(mode)
         if not (isinstance(tau, (int, float)) and not isinstance(tau, bool)
                 and math.isfinite(tau) and tau > 0):
@@ -89,13 +98,16 @@ class QKClip(Fuse):
             raise ValueError(f"QKClip: every must be an int >= 1, got {every!r}")
         if not (isinstance(min_scale, (int, float)) and 0 < min_scale <= 1):
             raise ValueError(f"QKClip: min_scale must be in (0, 1], got {min_scale!r}")
+        if measure not in ("max", "full"):
+            raise ValueError(f"QKClip: measure must be 'max' or 'full', got {measure!r}")
+        self.measure = measure
         self.tau = float(tau)
         self.biases = bool(biases)
         self.every = every
         self.min_scale = float(min_scale)
         self.clipped_heads = 0  # head-steps clipped so far
         self._cum: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per layer: q, k
-        self._frame: dict[str, Any] = {}
+        self._frame: dict[str, Any] = {}  # what happened since the last frame (device)
         self._idle_samples = 0
         self._last_suggest: int | None = None
 
@@ -120,19 +132,24 @@ class QKClip(Fuse):
     # -- the step --------------------------------------------------------------------------
 
     def step_end(self, step: int, sampled: bool) -> None:
-        self._frame = {}
         mon = self.fuses.monitor if self.fuses is not None else None
         if mon is None:
             return
         if self.engaged and (step + 1) % self.every == 0:
-            mon.request_sample()  # measure the next step's max logits
-        if not sampled:
-            return
-        if "attention" in mon.disabled:
+            if self.measure == "max":  # the next step's max logits, unless it is sampled
+                mon.request_max(below=self.tau)
+            else:
+                mon.request_sample()
+        if sampled and "attention" in mon.disabled:
             self.cannot(step, "the monitor's attention capture is off (it failed)")
             return
-        attn = mon._buffer.attn
-        if not attn:
+        if sampled:
+            maxima = {layer: st.maximum for layer, st in mon._buffer.attn.items()}
+        else:
+            maxima = dict(getattr(mon, "maxima", {}) or {})
+            if not maxima:
+                return
+        if not maxima:
             self._idle_samples += 1
             if self._idle_samples >= 3:
                 self.cannot(step, "no attention call was measured in three sampled "
@@ -140,7 +157,7 @@ class QKClip(Fuse):
             return
         self._idle_samples = 0
         sources: list[QKSource] = list(mon._qk or [])
-        layers = sorted(attn)
+        layers = sorted(maxima)
         if len(sources) != len(layers):
             self.cannot(step, f"{len(layers)} attention layers measured but q/k projections "
                         f"found for {len(sources)} (the attach log line says which; "
@@ -149,17 +166,26 @@ class QKClip(Fuse):
         factors, hits = [], []
         with torch.no_grad():
             for row, (layer, src) in enumerate(zip(layers, sources, strict=True)):
-                maxes = attn[layer].maximum
-                out = self._layer(step, row, src, maxes)
+                out = self._layer(step, row, src, maxima[layer])
                 if out is None:
                     return
                 factors.append(out[0])
                 hits.append(out[1])
-        hit = torch.stack(hits).sum().float()
-        key = "fuse.qk_clip.heads" if self.engaged else "fuse.qk_clip.suggested"
-        self._frame = {"factors": factors, "scalars": {
-            key: hit, "fuse.qk_clip.factor_min": torch.stack([f.min() for f in factors])
-            .min()}}
+        self._accumulate(factors, torch.stack(hits).sum().float())
+
+    def _accumulate(self, factors: list[torch.Tensor], hit: torch.Tensor) -> None:
+        """Add one measured step to what the next frame says (device tensors only)."""
+        acc = self._frame
+        if not acc or len(acc["factors"]) != len(factors):
+            acc = self._frame = {"factors": factors, "hits": hit,
+                                 "steps": (hit > 0).float(), "engaged": self.engaged,
+                                 "min": torch.stack([f.min() for f in factors]).min()}
+            return
+        acc["factors"] = [a * f for a, f in zip(acc["factors"], factors, strict=True)]
+        acc["hits"] = acc["hits"] + hit
+        acc["steps"] = acc["steps"] + (hit > 0).float()
+        acc["min"] = torch.minimum(acc["min"], torch.stack([f.min() for f in factors]).min())
+        acc["engaged"] = self.engaged
 
     def _layer(self, step: int, row: int, src: QKSource, maxes: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -195,10 +221,15 @@ class QKClip(Fuse):
 
     def before_frame(self, scalars: dict[str, Any], heads: dict[str, list[torch.Tensor]]
                      ) -> None:
-        if self._frame:
-            heads["fuse.qk_clip.factor"] = self._frame["factors"]
-            scalars.update(self._frame["scalars"])
-        self._frame = {}
+        acc, self._frame = self._frame, {}
+        if acc:
+            heads["fuse.qk_clip.factor"] = acc["factors"]
+            if acc["engaged"]:
+                scalars["fuse.qk_clip.heads"] = acc["hits"]
+                scalars["fuse.qk_clip.steps"] = acc["steps"]
+            else:
+                scalars["fuse.qk_clip.suggested"] = acc["hits"]
+            scalars["fuse.qk_clip.factor_min"] = acc["min"]
 
     def after_frame(self, step: int, scalars: dict[str, float],
                     heads: dict[str, list[list[float]]]) -> None:
@@ -208,9 +239,9 @@ class QKClip(Fuse):
         named = _clipped(heads.get("fuse.qk_clip.factor"))
         if n > 0:
             self.clipped_heads += n
-            self.record(step, "clip", heads=n, clipped=named,
-                        factor_min=scalars.get("fuse.qk_clip.factor_min"),
-                        biases=self.biases)
+            self.record(step, "clip", heads=n, steps=int(scalars.get(
+                "fuse.qk_clip.steps", 1.0) or 1), clipped=named,
+                factor_min=scalars.get("fuse.qk_clip.factor_min"), biases=self.biases)
             if self.fuses is not None:
                 self.fuses.trigger("lr_backoff", step, "qk_clip")
         elif would > 0 and (self._last_suggest is None or step - self._last_suggest >= 100):
