@@ -381,6 +381,12 @@ class AlertOut(BaseModel):
         None, description="The heads it fired on, sorted (kept when it fired: `heads` "
         "grows as more heads breach while it is open); for an alert over every head, the "
         "head holding the max (`evidence.at_head`); null for a run-level alert.")
+    fuses: list[dict[str, Any]] | None = Field(
+        None, description="The fuses that address this alert (kept when it fired), each "
+        "`{fuse, job, control, actions, apply}`: the job's state of it (`suggesting`, "
+        "`acting`, `off`, `unavailable`; null: the job never said it has it), what a person "
+        "last asked (`apply`/`undo`, `POST /runs/{run}/fuses`), those actions, and the "
+        "control that applies it (docs/FUSES.md).")
 
 
 class IngestOut(BaseModel):

@@ -65,6 +65,8 @@ class Run(Base):
     diverged_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # 0009: what its job says about itself (hyperparameters, model, data): a JSON object
     config: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
+    # 0010: its fuses: what people asked, what the job says (store/fuses.py)
+    control: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
 
 
 class RunTag(Base):

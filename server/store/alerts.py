@@ -8,6 +8,10 @@ event on insert: every writer of alerts, whatever it is, gets it). ``alert_out``
 ``fired_layer``/``fired_heads``: that snapshot; for an alert over every head (``over:
 max``) the layer and head holding the max (``evidence.at_layer``/``at_head``); for rows
 written before the snapshot existed, the ``heads`` column (or ``head``).
+
+The fuses that address the alert's rule (``logitwatch.wire.fuses_for``) are kept the same
+way, as ``evidence.fuses``; ``alert_out`` exposes them as ``fuses`` with what the job and
+people did with each (``store/fuses.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from sqlalchemy.orm import Session
 
 from logitwatch.server.db.models import Alert, Run
 from logitwatch.server.schemas import AlertOut
+from logitwatch.server.store.fuses import alert_fuses
+from logitwatch.wire import fuses_for
 
 __all__ = ["alert_out", "fired_at", "firing_alerts", "list_alerts"]
 
@@ -28,6 +34,9 @@ __all__ = ["alert_out", "fired_at", "firing_alerts", "list_alerts"]
 def _keep_fired_heads(_mapper: Any, _conn: Any, a: Alert) -> None:
     if a.heads and "fired_heads" not in (a.evidence or {}):
         a.evidence = {**(a.evidence or {}), "fired_heads": sorted(set(a.heads))}
+    fuses = fuses_for(a.rule or "")
+    if fuses and "fuses" not in (a.evidence or {}):
+        a.evidence = {**(a.evidence or {}), "fuses": fuses}
 
 
 def _int(v: object) -> int | None:
@@ -61,7 +70,7 @@ def alert_out(a: Alert, run: Run) -> AlertOut:
         evidence=dict(a.evidence), remedies=list(a.remedies),
         heads=list(a.heads) if a.heads else None, suppressed=a.suppressed,
         acked_at=a.acked_at, acked_by=a.acked_by, fired_layer=fired_layer,
-        fired_heads=fired_heads,
+        fired_heads=fired_heads, fuses=alert_fuses(a, run),
     )
 
 

@@ -57,7 +57,7 @@ function numbers(value, baseline, limit) {
   return parts.join(" · ");
 }
 
-const SHOWN_APART = new Set(["latest", "breaches", "reopened", "last_breach_step", "params", "page", "fired_heads"]);
+const SHOWN_APART = new Set(["latest", "breaches", "reopened", "last_breach_step", "params", "page", "fired_heads", "fuses"]);
 
 export function evidenceText(v) {
   if (Array.isArray(v)) {

@@ -57,7 +57,7 @@ export class AlertsPanel {
     let changed = false;
     for (const a of alerts) {
       const old = this.alerts.get(a.id);
-      if (!old || old.state !== a.state || old.acked_at !== a.acked_at || old._silenced !== a._silenced) {
+      if (!old || old.state !== a.state || old.acked_at !== a.acked_at || old._silenced !== a._silenced || JSON.stringify(old.fuses) !== JSON.stringify(a.fuses)) {
         changed = true;
       }
       this.alerts.set(a.id, a);

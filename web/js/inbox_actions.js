@@ -3,6 +3,7 @@
 //   GET|POST /api/v1/alerts/silences      -> silences (null fields match anything)
 
 import { API, ApiError, el, getJSON } from "./api.js";
+import { fuseActions } from "./fuse_actions.js";
 
 const DURATIONS = [
   ["1 h", 3600],
@@ -53,7 +54,7 @@ export function alertActions(_base, rerender) {
     .catch((e) => console.warn("silences unavailable", e));
 
   return (a) => {
-    const out = [];
+    const out = fuseActions(a, rerender);
     if (a.acked_at != null) {
       out.push(el("span", "acked", `acknowledged${a.acked_by ? ` by ${a.acked_by}` : ""}`));
     } else if (a.state === "firing") {

@@ -16,8 +16,9 @@ from logitwatch.server.schemas import AlertOut, IngestIn, IngestOut
 from logitwatch.server.store import lifecycle
 from logitwatch.server.store.alerts import alert_out, firing_alerts
 from logitwatch.server.store.detail import detail_ranks
+from logitwatch.server.store.fuses import answer_control, note_job_states
 from logitwatch.server.store.parse import ingest_openapi_body, parse_ingest
-from logitwatch.wire import CONTROL_DETAIL_RANKS
+from logitwatch.wire import CONTROL_DETAIL_RANKS, CONTROL_FUSES
 
 router = APIRouter(tags=["ingest"])
 
@@ -78,7 +79,9 @@ def ingest(
             run = session.get(Run, a.run_id)
             assert run is not None
             changed.append(alert_out(a, run))
+        note_job_states(session, result.new_frames)  # before the alerts read them
         firing = firing_alerts(session, result.run_ids)
+        fuses = answer_control(session, result.run_ids)
     if state.notifier is not None:
         for a in changed:
             state.notifier.notify(a)
@@ -87,6 +90,8 @@ def ingest(
     ranks = detail_ranks(body.frames, firing) if firing else []
     if ranks:  # a job that reduces its ranks: the alerting heads' ranks send their own
         control[CONTROL_DETAIL_RANKS] = ranks
+    if fuses:  # what people asked of the run's fuses (store/fuses.py)
+        control[CONTROL_FUSES] = fuses
     return IngestOut(
         accepted=result.accepted, duplicates=result.duplicates, alerts=firing, control=control
     )
