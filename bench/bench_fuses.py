@@ -15,6 +15,7 @@
     nice -n 10 python bench/bench_fuses.py demo            # ~3 runs of <= 1200 steps
     nice -n 10 python bench/bench_fuses.py bias --steps 800
     nice -n 10 python bench/bench_fuses.py cost --rounds 3 --steps 8
+    nice -n 10 python bench/bench_fuses.py interleaved --rounds 40
     python bench/bench_fuses.py all --json out.json
 
 One thread (``torch.set_num_threads(1)``); frames are kept in memory (no collector).
@@ -217,9 +218,52 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def cost_interleaved(args: argparse.Namespace) -> dict[str, Any]:
+    """Every configuration attached once, their steps interleaved (one step of each in
+    turn, ``rounds`` turns): per configuration the min and the median step time (thread
+    CPU), as ratios to no hooks; the min is what load on a shared machine inflates least."""
+    import bench_hooks
+
+    hargs = argparse.Namespace(d_model=256, layers=4, heads=4, seq=256, vocab=512, batch=2,
+                               attn="sdpa", clock="thread", tmp=None)
+    state = bench_hooks.build(hargs).state_dict()
+    fuses: dict[str, Any] = {
+        "none": None,
+        "default": [],
+        "qk_clip armed, max-only (default)": [QKClip(tau=1e9, mode="auto")],
+        "qk_clip armed, max-only, unscreened": [Unscreened(tau=1e9, mode="auto")],
+        "qk_clip armed, measure=full": [QKClip(tau=1e9, mode="auto", measure="full")],
+        "qk_clip suggest": [QKClip(tau=1e9)],
+    }
+    runners = {}
+    for name, fl in fuses.items():
+        r = bench_hooks.Runner("none", hargs, state)
+        if fl is not None:
+            r.mon = attach(r.model, r.opt, run="bench", client=Client(None, run="bench"),
+                           fuses=fl or None)
+        for _ in range(2):
+            r.step()
+        runners[name] = r
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(args.rounds):
+        for name, r in runners.items():
+            t0 = time.thread_time()
+            r.step()
+            times[name].append(time.thread_time() - t0)
+    for r in runners.values():
+        if r.mon is not None:
+            r.mon.close()
+    base_min, base_med = min(times["none"]), statistics.median(times["none"])
+    out = {name: {"min": round(min(t) / base_min - 1, 4),
+                  "median": round(statistics.median(t) / base_med - 1, 4),
+                  "ms_min": round(1e3 * min(t), 1)} for name, t in times.items()}
+    print(json.dumps({"interleaved": out}), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=("demo", "bias", "cost", "all"))
+    p.add_argument("what", choices=("demo", "bias", "cost", "interleaved", "all"))
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--tau", type=float, default=50.0, help="demo: QK-clip tau")
     p.add_argument("--bias-tau", type=float, default=5.0)
@@ -235,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         result["bias"] = bias(args)
     if args.what in ("cost", "all"):
         result["cost"] = cost(argparse.Namespace(rounds=args.rounds, steps=args.steps or 8))
+    if args.what == "interleaved":
+        result["interleaved"] = cost_interleaved(args)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)
