@@ -3,7 +3,8 @@
 The URL comes from, in order: a connection passed in ``config.attributes["connection"]``
 (how the collector migrates at start), the ``sqlalchemy.url`` main option, or the
 ``LOGITWATCH_DB_URL`` environment variable (for the ``alembic`` command line).
-``render_as_batch`` keeps ALTERs workable on SQLite.
+``render_as_batch`` keeps ALTERs workable on SQLite; ``include_object`` leaves out what time
+partitioning adds on PostgreSQL (``server/db/partitions.py``), which the models do not say.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from alembic import context
 from sqlalchemy import create_engine
 
 from logitwatch.server.db.models import Base
+from logitwatch.server.db.partitions import include_object
 
 config = context.config
 target_metadata = Base.metadata
@@ -39,13 +41,15 @@ def run_migrations_online() -> None:
     connection = config.attributes.get("connection")
     if connection is not None:
         context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=True)
+                          render_as_batch=True,
+                          include_object=include_object(connection.dialect.name))
         with context.begin_transaction():
             context.run_migrations()
         return
     engine = create_engine(_url())
     with engine.connect() as conn:
-        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
+        context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True,
+                          include_object=include_object(conn.dialect.name))
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

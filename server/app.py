@@ -31,6 +31,7 @@ from logitwatch.server.api.routes import (
 )
 from logitwatch.server.api.routes.pages import WEB
 from logitwatch.server.auth import Authenticator, bind_refusal
+from logitwatch.server.db.partitions import PartitionWorker, ensure_partitions, is_partitioned
 from logitwatch.server.db.session import make_engine, migrate, write_lock
 from logitwatch.server.errors import ApiError
 from logitwatch.server.guards import CsrfCheck, FrameHeaders, HostCheck
@@ -70,11 +71,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                             retries=settings.webhook_retries, sessions=app.state.sessions)
             if settings.webhook_url else None
         )
+        # PostgreSQL: the day partitions of frames and points, made ahead of time.
+        ensure_partitions(engine)
+        partitions = PartitionWorker(engine).start() if is_partitioned(engine) else None
+        days, drop_days = settings.retention_days, settings.retention_drop_days
         retention = (
-            RetentionWorker(app.state.sessions, older_than=settings.retention_days * 86400,
+            RetentionWorker(app.state.sessions, older_than=days * 86400 if days else None,
                             bucket_steps=settings.retention_bucket_steps,
-                            interval=settings.retention_interval).start()
-            if settings.retention_days else None
+                            interval=settings.retention_interval,
+                            drop_older_than=drop_days * 86400 if drop_days else None).start()
+            if days or drop_days else None
         )
         stop_alerts = start_background(app)
         try:
@@ -83,6 +89,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             stop_alerts()
             if retention is not None:
                 retention.stop()
+            if partitions is not None:
+                partitions.stop()
             if app.state.notifier is not None:
                 app.state.notifier.close()
             engine.dispose()

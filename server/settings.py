@@ -62,13 +62,21 @@ class Settings(BaseSettings):
         description="Thin the per-head matrices of frames older than this many days (None: "
         "keep everything). Scalars (loss, grad norm, lr) are always kept at full resolution.",
     )
+    retention_drop_days: float | None = Field(
+        None, gt=0,
+        description="Delete frames older than this many days with all their values, scalars "
+        "included (None: never). On PostgreSQL whole day partitions are dropped, once the "
+        "whole day is older; on SQLite rows are deleted.",
+    )
     retention_bucket_steps: int = Field(
         100, ge=1,
         description="After thinning, one frame's matrices per this many steps remain: the "
         "frame with the bucket's largest value (non-finite first), so spikes survive.",
     )
     retention_interval: float = Field(
-        3600.0, gt=0, description="Seconds between retention passes (when retention_days is set)."
+        3600.0, gt=0,
+        description="Seconds between retention passes (when retention_days or "
+        "retention_drop_days is set)."
     )
     run_active_seconds: float = Field(
         600.0, gt=0,
@@ -210,7 +218,7 @@ class Settings(BaseSettings):
             )
         return self
 
-    @field_validator("retention_days", mode="before")
+    @field_validator("retention_days", "retention_drop_days", mode="before")
     @classmethod
     def _empty_is_none(cls, v: object) -> object:
         # docker-compose passes an unset variable as "": retention off.

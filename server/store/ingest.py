@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, insert, or_, select, update
+from sqlalchemy import column, func, insert, or_, select, table, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from logitwatch.server.db.models import Frame, Metric, Point, Run
+from logitwatch.server.db.partitions import is_partitioned
 from logitwatch.server.errors import BadRequest
 from logitwatch.server.schemas import FrameIn
 
@@ -203,6 +204,30 @@ def _history_steps(f: FrameIn) -> list[_Step]:
     return out
 
 
+#: ``points`` with its ``time`` column, which only the partitioned PostgreSQL store has.
+TIMED_POINTS = table("points", column("metric_id"), column("frame_id"), column("time"),
+                     column("data"))
+
+
+def _unstored_history(session: Session, run_id: int,
+                      history: dict[tuple[int, int], _Step]) -> dict[tuple[int, int], _Step]:
+    """``history`` without the steps stored already. With time in the dedup key, a step
+    sent again by a later frame (a job restarted from a checkpoint) would not conflict
+    with its first row, whose carrying frame had another time: the first values stored
+    are kept, as on SQLite. Two collectors storing one step from two different frames at
+    the same instant may both keep it (a series then shows that step twice)."""
+    by_rank: dict[int, list[int]] = defaultdict(list)
+    for rank, seq in sorted(history):
+        by_rank[rank].append(seq)
+    stored: set[tuple[int, int]] = set()
+    for rank, seqs in by_rank.items():  # (run, rank, seq...): the dedup index's prefix
+        for i in range(0, len(seqs), 5000):
+            stored.update((rank, s) for s in session.scalars(
+                select(Frame.seq).where(Frame.run_id == run_id, Frame.rank == rank,
+                                        Frame.seq.in_(seqs[i:i + 5000]))))
+    return {k: h for k, h in history.items() if k not in stored}
+
+
 def ingest_frames(
     session: Session, frames: Sequence[FrameIn], *, max_metrics_per_run: int | None = None
 ) -> IngestResult:
@@ -215,6 +240,10 @@ def ingest_frames(
     new are in :attr:`IngestResult.new_frames` too, in (rank, step) order with the rest.
     """
     result = IngestResult()
+    # PostgreSQL partitioned by time (server/db/partitions.py): the dedup key carries the
+    # frame's time, and each value row its frame's time.
+    by_time = is_partitioned(session.connection())
+    dedup_key = ["run_id", "rank", "seq", *(["time"] if by_time else [])]
     by_run: dict[tuple[str, str], list[FrameIn]] = defaultdict(list)
     for f in frames:
         by_run[(f.project, f.run)].append(f)
@@ -243,11 +272,13 @@ def ingest_frames(
             for k in h.scalars:
                 _want(shapes, k, (0, 0))
         metric_ids = _metric_ids(session, run_id, shapes, max_metrics_per_run)
+        if history and by_time:
+            history = _unstored_history(session, run_id, history)
         rows: list[FrameIn | _Step] = [*unique.values(), *history.values()]
         rows.sort(key=lambda f: (f.rank, f.step, f.seq))
         inserted = session.execute(
             _insert(session, Frame)
-            .on_conflict_do_nothing(index_elements=["run_id", "rank", "seq"])
+            .on_conflict_do_nothing(index_elements=dedup_key)
             .returning(Frame.id, Frame.rank, Frame.seq),
             [{"run_id": run_id, "rank": f.rank, "seq": f.seq, "step": f.step, "time": f.time}
              for f in rows],
@@ -261,6 +292,7 @@ def ingest_frames(
         points = []
         for f in fresh_rows:
             fid = ids[(f.rank, f.seq)]
+            n_before = len(points)
             scalars = dict(f.scalars)
             if scalars:
                 values = _saturated(np.array(list(scalars.values()), dtype=np.float64))
@@ -281,6 +313,9 @@ def ingest_frames(
                 # that the envelope series reads instead of every matrix.
                 points.append({"metric_id": metric_ids[k + ENVELOPE], "frame_id": fid,
                                "data": np.max(a).astype(_F32).tobytes()})
+            if by_time:
+                for p in points[n_before:]:
+                    p["time"] = f.time
             result.new_frames.append(
                 NewFrame(run_id, f.rank, f.step, f.time, scalars,
                          {k: _as_lists(m) for k, m in heads.items()})
@@ -291,7 +326,7 @@ def ingest_frames(
             # per 16 KiB) instead of leaving a matrix-sized hole at the end of each frame,
             # and a batch's scalars end up side by side.
             points.sort(key=lambda p: (len(p["data"]) <= 4, p["metric_id"], p["frame_id"]))
-            session.execute(insert(Point), points)
+            session.execute(insert(TIMED_POINTS if by_time else Point), points)
         result.accepted += len(fresh)
         if not fresh:
             continue

@@ -9,6 +9,11 @@ themselves stay, so step counts and series stay whole.
 
 A pass is idempotent and safe to run from several collectors at once: it only deletes, and
 the frame it keeps in a bucket is the same every time.
+
+After ``drop_older_than`` seconds (:func:`drop_old_frames`), frames go whole, with every
+value: on PostgreSQL, where ``frames`` and ``points`` are partitioned by day
+(``server/db/partitions.py``), a day's partitions are dropped once the whole day is older
+than that (and the default partitions' older rows deleted); on SQLite the rows are deleted.
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import delete, select, text
+from sqlalchemy import Engine, delete, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.server.db.models import Frame, Metric, Point
+from logitwatch.server.db.partitions import drop_partitions, is_partitioned
 from logitwatch.server.db.session import session_scope
 from logitwatch.server.errors import ApiError
 
-__all__ = ["RetentionResult", "RetentionWorker", "thin_old_frames", "vacuum"]
+__all__ = ["DropResult", "RetentionResult", "RetentionWorker", "drop_old_frames",
+           "thin_old_frames", "vacuum"]
 
 log = logging.getLogger("logitwatch.retention")
 
@@ -99,6 +106,47 @@ def thin_old_frames(
     return out
 
 
+@dataclass(slots=True)
+class DropResult:
+    """What :func:`drop_old_frames` did: partitions dropped (PostgreSQL), rows deleted
+    (SQLite; on PostgreSQL the default partition's)."""
+
+    partitions: list[str]
+    frames_deleted: int = 0
+
+
+#: Frames deleted per statement on the row-wise path.
+DROP_CHUNK = 2000
+
+
+def drop_old_frames(engine: Engine, *, older_than: float,
+                    now: float | None = None) -> DropResult:
+    """Delete frames older than ``older_than`` seconds with all their values: whole day
+    partitions on a partitioned PostgreSQL, rows elsewhere (in chunks, each a transaction
+    of its own, so that writers are never held up for long)."""
+    cutoff = (_time.time() if now is None else now) - older_than
+    if is_partitioned(engine):
+        got = drop_partitions(engine, cutoff=cutoff)
+        return DropResult(got.partitions, got.default_frames)
+    out = DropResult([])
+    sessions = sessionmaker(engine)
+    while True:
+        with session_scope(sessions) as s:
+            rows = s.execute(select(Frame.id, Frame.run_id).where(Frame.time < cutoff)
+                             .limit(DROP_CHUNK)).all()
+            if not rows:
+                return out
+            ids = [r.id for r in rows]
+            # Points are keyed (metric, frame): the chunk's runs' metrics, one lookup each.
+            metric_ids = s.scalars(select(Metric.id).where(
+                Metric.run_id.in_({r.run_id for r in rows}))).all()
+            for mid in metric_ids:
+                s.execute(delete(Point).where(Point.metric_id == mid,
+                                              Point.frame_id.in_(ids)))
+            s.execute(delete(Frame).where(Frame.id.in_(ids)))
+            out.frames_deleted += len(ids)
+
+
 def vacuum(session: Session) -> None:
     """Give freed pages back to the file system (SQLite: incremental vacuum; PostgreSQL's
     autovacuum does this itself)."""
@@ -107,12 +155,15 @@ def vacuum(session: Session) -> None:
 
 
 class RetentionWorker:
-    """Runs :func:`thin_old_frames` every ``interval`` seconds in a daemon thread."""
+    """Runs :func:`thin_old_frames` (with ``older_than``) and :func:`drop_old_frames` (with
+    ``drop_older_than``) every ``interval`` seconds in a daemon thread."""
 
-    def __init__(self, sessions: sessionmaker[Session], *, older_than: float,
-                 bucket_steps: int, interval: float) -> None:
+    def __init__(self, sessions: sessionmaker[Session], *, older_than: float | None,
+                 bucket_steps: int, interval: float,
+                 drop_older_than: float | None = None) -> None:
         self.sessions = sessions
         self.older_than, self.bucket_steps, self.interval = older_than, bucket_steps, interval
+        self.drop_older_than = drop_older_than
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="logitwatch-retention",
                                         daemon=True)
@@ -126,9 +177,17 @@ class RetentionWorker:
         self._thread.join(10)
 
     def run_once(self) -> RetentionResult:
-        with session_scope(self.sessions) as s:
-            result = thin_old_frames(s, older_than=self.older_than,
-                                     bucket_steps=self.bucket_steps)
+        if self.drop_older_than is not None:
+            dropped = drop_old_frames(self.sessions.kw["bind"],
+                                      older_than=self.drop_older_than)
+            if dropped.partitions or dropped.frames_deleted:
+                log.info("retention: dropped partitions %s, deleted %d old frames",
+                         ", ".join(dropped.partitions) or "none", dropped.frames_deleted)
+        result = RetentionResult()
+        if self.older_than is not None:
+            with session_scope(self.sessions) as s:
+                result = thin_old_frames(s, older_than=self.older_than,
+                                         bucket_steps=self.bucket_steps)
         if result.matrices_deleted:
             with session_scope(self.sessions) as s:
                 vacuum(s)
