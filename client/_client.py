@@ -23,6 +23,7 @@ from logitwatch.wire import NAME_RE
 from ._codec import NameBudget, Packed, encode, pack
 from ._http import IngestTransport, shared_ssl_context
 from ._queue import Backlog
+from ._runconfig import ConfigSender, clean_config
 from ._spool import WriterDir
 from ._url import normalize_url
 from ._worker import Sender, Spooler
@@ -148,6 +149,8 @@ class Client:
         self._warned: set[str] = set()
         # the run's metric names so far (a forked child inherits them: same run)
         self._names = NameBudget(self.config.max_metrics)
+        self._answered = threading.Event()  # the collector answered a batch: the run exists
+        self._config_sender: ConfigSender | None = None
         self._build()
         if url is not None:
             self._start()
@@ -204,6 +207,7 @@ class Client:
     def _after_fork(self) -> None:
         """In a forked child: drop everything inherited; threads start on the first send."""
         self._spool.forget()
+        self._config_sender = None  # the parent's to send
         self._build()
 
     # -- training thread -----------------------------------------------------------------
@@ -263,6 +267,30 @@ class Client:
         except Exception:
             self._warn_once("send", "logitwatch: Client.send failed; frame dropped",
                             exc_info=True)
+
+    def set_config(self, config: Mapping[str, Any]) -> None:
+        """Send the run's configuration (a dict of JSON values: hyperparameters, model,
+        data), shown in ``GET /runs``: once, in the background, after the collector's
+        first answer, retried as frames are (``client/_runconfig.py``). Never blocks or
+        raises; values JSON cannot carry are left out. A later call replaces it."""
+        try:
+            if self._closed or self.url is None:
+                return
+            body, left = clean_config(config)
+            if left:
+                self._warn_once("config-left", "logitwatch: the run's config leaves out %s "
+                                "(not JSON values, or past 256 keys / 16 KiB)",
+                                ", ".join(left[:10]) + (" ..." if len(left) > 10 else ""))
+            http = self._http if self._http_pid == os.getpid() else None
+            self._config_sender = ConfigSender(
+                self.url, run=self.run, project=self.project, body=body,
+                token=self.config.token, timeout=self.config.timeout,
+                max_backoff=self.config.max_backoff, http=http, ready=self._answered,
+                user_agent=f"logitwatch-client (rank {self.rank}; pid {os.getpid()})",
+            ).start()
+        except Exception:
+            self._warn_once("config", "logitwatch: Client.set_config failed; the config is "
+                            "not sent", exc_info=True)
 
     def on_alert(self, callback: AlertCallback) -> AlertCallback:
         """Call ``callback(alert)`` once per new alert id the collector reports for this
@@ -379,6 +407,9 @@ class Client:
             timeout = timeout if math.isfinite(timeout) else 3600.0
             deadline = _time.monotonic() + max(0.0, timeout)
             self._sender.stop(deadline)
+            config = self._config_sender
+            if config is not None and not config.done.is_set():
+                config.finish(deadline)  # the frames are in: one last try
             assert self._spooler is not None
             self._spooler.stop(max(0.5, deadline - _time.monotonic()))
             spooled, lost = self._backlog.close()
@@ -435,6 +466,7 @@ class Client:
     # -- sender thread -------------------------------------------------------------------
 
     def _handle_answer(self, answer: dict[str, Any]) -> None:
+        self._answered.set()
         control = answer.get("control")
         if isinstance(control, dict):
             self._control = dict(control)  # replaced whole: readers never see a mix

@@ -16,7 +16,7 @@ from ._monitor import Monitor
 from ._qk_find import QKLayout
 from .fuses import FusesArg, parse_fuses
 
-__all__ = ["attach", "resolve_rank"]
+__all__ = ["attach", "config_option", "resolve_rank"]
 
 
 class _Default:
@@ -43,6 +43,17 @@ def resolve_rank(rank: int | None) -> int:
     return 0
 
 
+def config_option(options: dict[str, object], found: Mapping[str, object]) -> None:
+    """Set ``options["config"]`` for :func:`attach` from what a trainer integration
+    ``found`` (its arguments, hyperparameters), under the keys the caller gave in
+    ``config=``; ``config=None`` sends none."""
+    given = options.get("config", DEFAULT)
+    if given is DEFAULT:
+        options["config"] = dict(found) or None
+    elif isinstance(given, Mapping):
+        options["config"] = {**found, **given}
+
+
 def attach(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
@@ -62,6 +73,7 @@ def attach(
     max_sample_every: int = MAX_INTERVAL,
     fuses: FusesArg | None = None,
     reduce_ranks: bool | None | object = None,
+    config: Mapping[str, object] | None = None,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
 
@@ -130,6 +142,9 @@ def attach(
             own frames; True: over the whole job; a process group: over that group (the
             data-parallel one under tensor or pipeline parallelism). The same on every
             rank.
+        config: The run's configuration, a dict of JSON values (hyperparameters, model,
+            data), shown in the collector's runs list; sent once by rank 0 in the
+            background (``Client.set_config``). Values JSON cannot carry are left out.
 
     Raises:
         TypeError, ValueError: An argument is invalid (checked here, never later).
@@ -176,13 +191,17 @@ def attach(
         raise TypeError(f"attach: qk_layout must map names to dicts or None, got {qk_layout!r}")
     if lm_head is not None and not isinstance(lm_head, (bool, torch.nn.Module)):
         raise TypeError(f"attach: lm_head must be a Module, a bool or None, got {lm_head!r}")
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"attach: config must be a dict, got {type(config).__name__}")
     fuses = parse_fuses(fuses) or None  # checked before anything is hooked
     owns_client = client is None
     if client is None:
-        config = ClientConfig.from_env(**({"token": token} if token else {}))
-        client = Client(url, run=run, project=project, rank=resolve_rank(rank), config=config)
+        client = Client(url, run=run, project=project, rank=resolve_rank(rank),
+                        config=ClientConfig.from_env(**({"token": token} if token else {})))
     elif client.run != run:
         raise ValueError(f"attach: run={run!r} but the given client sends as {client.run!r}")
+    if config is not None and client.rank == 0:
+        client.set_config(config)
     return Monitor(
         model,
         optimizer,

@@ -15,18 +15,32 @@ plain loop, reads ``args.max_grad_norm`` as the clip threshold, the rank from
 becomes ``finished`` on the collector). The loss comes from the model outputs' ``.loss``.
 The run's last step (``state.max_steps``) is sampled whatever the interval
 (:meth:`Monitor.request_sample_at`), so the last frame is a full one at the last step.
+The run's config (``GET /runs``) is the ``TrainingArguments`` (``to_dict()``, its numbers,
+strings and booleans), under what ``config=`` gives.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import TrainerCallback
 
-from ._attach import attach
+from ._attach import attach, config_option
 from ._monitor import Monitor
 
 __all__ = ["LogitwatchCallback"]
+
+
+def training_config(args: Any) -> dict[str, Any]:
+    """``TrainingArguments.to_dict()`` filtered to JSON scalars (no None, no empty text)."""
+    try:
+        values = args.to_dict()
+    except Exception:  # not TrainingArguments after all
+        return {}
+    return {k: v for k, v in values.items()
+            if (isinstance(v, (bool, int, str)) and v != "")
+            or (isinstance(v, float) and math.isfinite(v))}
 
 
 class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
@@ -55,6 +69,7 @@ class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
             options.setdefault("max_grad_norm", float(max_norm))
         if "client" not in options:
             options.setdefault("rank", int(getattr(args, "process_index", 0)))
+        config_option(options, training_config(args))
         self.monitor = attach(model, optimizer, run=self.run, url=self.url, **options)
         max_steps = getattr(state, "max_steps", 0)
         if isinstance(max_steps, int) and max_steps > 0:

@@ -20,7 +20,8 @@ The fit's last optimizer step (``trainer.estimated_stepping_batches``, when fini
 sampled whatever the interval (:meth:`Monitor.request_sample_at`), so the last frame is a
 full one at the last step. ``on_fit_end`` closes the monitor, which says the job ended
 (the run becomes ``finished`` on the collector); a fit that raises closes it without
-(``on_exception``), so the run is reported ``stopped`` once no data comes.
+(``on_exception``), so the run is reported ``stopped`` once no data comes. The run's
+config (``GET /runs``) is the module's ``hparams``, under what ``config=`` gives.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from ._attach import attach
+from ._attach import attach, config_option
 from ._monitor import Monitor
 
 __all__ = ["LogitwatchCallback"]
@@ -62,6 +63,7 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
             options.setdefault("max_grad_norm", float(clip))
         if "client" not in options:
             options.setdefault("rank", int(trainer.global_rank))
+        config_option(options, dict(getattr(pl_module, "hparams", None) or {}))
         self.monitor = attach(pl_module, None, run=self.run, url=self.url, **options)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self._lr_source = optimizer

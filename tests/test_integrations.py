@@ -82,9 +82,10 @@ def test_hf_trainer_last_step_is_a_full_sample(tmp_path) -> None:
     assert "final.logz" in frames[-1]["scalars"]
 
 
-def lightning_fit(callback, fail_at: int | None = None) -> None:
+def lightning_fit(callback, fail_at: int | None = None, hparams: dict | None = None) -> None:
     """A tiny attention model under ``lightning.Trainer`` for 3 optimizer steps (two
-    batches each); ``fail_at``: the training step raises at that batch."""
+    batches each); ``fail_at``: the training step raises at that batch; ``hparams``: the
+    module saves them (``save_hyperparameters``)."""
     pl = pytest.importorskip("lightning.pytorch")
 
     class Attn(nn.Module):
@@ -106,6 +107,8 @@ def lightning_fit(callback, fail_at: int | None = None) -> None:
             self.emb = nn.Embedding(32, 16)
             self.attn = Attn()
             self.lm_head = nn.Linear(16, 32)
+            if hparams:
+                self.save_hyperparameters(hparams)
 
         def training_step(self, batch, batch_idx):  # does not go through forward()
             if batch_idx == fail_at:
