@@ -502,6 +502,8 @@ class Monitor(CaptureMixin, FramesMixin):
             return
         try:
             got = self._history.peek()
+            if got is not None and self.fuses:
+                self.fuses.observe(got[0], got[1])  # the rollback's non-finite loss
             if got is not None and self._spike_watch.step(*got):
                 self._force_next = True
         except Exception:

@@ -17,6 +17,13 @@ The run's last step (``state.max_steps``) is sampled whatever the interval
 (:meth:`Monitor.request_sample_at`), so the last frame is a full one at the last step.
 The run's config (``GET /runs``) is the ``TrainingArguments`` (``to_dict()``, its numbers,
 strings and booleans), under what ``config=`` gives.
+
+Fuses (``fuses=``, docs/FUSES.md): the rollback fuse snapshots the Trainer's LR scheduler
+too and restores inside the optimizer's ``step()`` (before the scheduler's step and
+``on_step_end``); the Trainer cannot skip a batch from a callback, so the batches to skip
+are trained forward and backward but their update is dropped (the optimizer's step leaves
+the weights and its state alone; the scheduler and ``state.global_step`` still advance;
+under gradient accumulation one skipped batch is one optimizer step's micro-batches).
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
             options.setdefault("rank", int(getattr(args, "process_index", 0)))
         config_option(options, training_config(args))
         self.monitor = attach(model, optimizer, run=self.run, url=self.url, **options)
+        if self.monitor.fuses:  # the rollback's snapshots carry the schedule
+            self.monitor.fuses.bind_scheduler(kwargs.get("lr_scheduler"))
         max_steps = getattr(state, "max_steps", 0)
         if isinstance(max_steps, int) and max_steps > 0:
             self.monitor.request_sample_at(max_steps - int(state.global_step or 0) - 1)

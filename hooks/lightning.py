@@ -22,6 +22,11 @@ full one at the last step. ``on_fit_end`` closes the monitor, which says the job
 (the run becomes ``finished`` on the collector); a fit that raises closes it without
 (``on_exception``), so the run is reported ``stopped`` once no data comes. The run's
 config (``GET /runs``) is the module's ``hparams``, under what ``config=`` gives.
+
+Fuses (``fuses=``, docs/FUSES.md): the callback hands the optimizer and the first LR
+scheduler to them; a rollback restores at the step's end (``on_train_batch_end``), and a
+batch to skip has its update dropped in ``on_before_optimizer_step`` (after its backward:
+its forward and backward still run; Lightning's loop cannot skip a batch from a callback).
 """
 
 from __future__ import annotations
@@ -68,7 +73,10 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self._lr_source = optimizer
         if optimizer is not None and self.monitor.fuses:
-            self.monitor.fuses.bind_optimizer(optimizer)  # LR backoff acts on it
+            self.monitor.fuses.bind_optimizer(optimizer)  # LR backoff, rollback act on it
+            configs = getattr(trainer, "lr_scheduler_configs", None) or []
+            if configs:
+                self.monitor.fuses.bind_scheduler(getattr(configs[0], "scheduler", None))
         try:
             total = trainer.estimated_stepping_batches
         except Exception:  # no estimate (an iterable of unknown length...): close() still
@@ -95,6 +103,13 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
             if opt is not None and opt.param_groups:
                 mon.log(lr=float(opt.param_groups[0]["lr"]))
             mon.step()
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: torch.optim.Optimizer) -> None:
+        """In a rollback's skip window, drop the batch's update (gradients set to None:
+        the step leaves the weights and the optimizer's state alone)."""
+        if self.monitor is not None and self.monitor.fuses:
+            self.monitor.fuses.drop_update(optimizer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.monitor is not None:

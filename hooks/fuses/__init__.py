@@ -9,5 +9,7 @@ from ._base import MODES, Event, Fuse, FusesArg, FuseSet
 from ._base import parse as parse_fuses
 from ._lr import LRBackoff
 from ._qkclip import QKClip
+from ._rollback import Rollback
 
-__all__ = ["MODES", "Event", "Fuse", "FuseSet", "FusesArg", "LRBackoff", "QKClip", "parse_fuses"]
+__all__ = ["MODES", "Event", "Fuse", "FuseSet", "FusesArg", "LRBackoff", "QKClip", "Rollback",
+           "parse_fuses"]

@@ -50,8 +50,9 @@ FusesArg = Sequence["Fuse"] | Mapping[str, "str | Mapping[str, Any]"]
 @dataclass
 class Event:
     """One thing a fuse did (or would do): ``action`` is ``"suggest"``, ``"apply"``,
-    ``"clip"``, ``"backoff"``, ``"restored"``, ``"undo"``, ``"unavailable"`` or
-    ``"failed"``; ``detail`` says on what, with which factors."""
+    ``"clip"``, ``"backoff"``, ``"restored"``, ``"armed"``, ``"rollback"``, ``"skipped"``,
+    ``"no_snapshot"``, ``"limit"``, ``"undo"``, ``"unavailable"`` or ``"failed"``;
+    ``detail`` says on what, with which factors."""
 
     step: int
     fuse: str
@@ -115,7 +116,8 @@ class Fuse:
 
     def record(self, step: int, action: str, **detail: Any) -> None:
         """Add an event of the run (counted in the next frame)."""
-        if action not in ("suggest", "unavailable", "failed"):
+        if action not in ("suggest", "unavailable", "failed", "armed", "no_snapshot",
+                          "limit"):
             self.actions += 1
         if self.fuses is not None:
             self.fuses.events.append(Event(step, self.name, action, detail))
@@ -233,7 +235,54 @@ class FuseSet:
                 if callable(trig):
                     self._guard(fuse, trig, step, reason)
 
+    # -- the loop's calls (rollback; never raise) -------------------------------------------
+
+    def skip_batch(self) -> bool:
+        """Whether the training loop should skip its next batch (a rollback's skip window):
+        ``if mon.fuses.skip_batch(): continue``. False without a rollback fuse."""
+        for fuse in self._fuses:
+            skip = getattr(fuse, "skip_batch", None)
+            if callable(skip) and fuse.live:
+                if self._guard(fuse, skip):
+                    return True
+        return False
+
+    def rollback_pending(self) -> dict[str, Any] | None:
+        """Once per rollback, ``{"from_step", "to_step", "skip"}`` (for a loop that rewinds
+        its data); None otherwise."""
+        for fuse in self._fuses:
+            pending = getattr(fuse, "rollback_pending", None)
+            if callable(pending):
+                got = self._guard(fuse, pending)
+                if got is not None:
+                    return got
+        return None
+
+    def drop_update(self, optimizer: Any) -> bool:
+        """In a rollback's skip window, drop this step's update (every gradient of
+        ``optimizer`` set to None; the Lightning callback calls it before the step)."""
+        for fuse in self._fuses:
+            drop = getattr(fuse, "drop_update", None)
+            if callable(drop) and fuse.live and self._guard(fuse, drop, optimizer):
+                return True
+        return False
+
+    def bind_scheduler(self, scheduler: Any) -> None:
+        """The job's LR scheduler (the callbacks hand theirs), for the rollback's
+        snapshots."""
+        for fuse in self._fuses:
+            bind = getattr(fuse, "bind_scheduler", None)
+            if callable(bind) and fuse.live:
+                self._guard(fuse, bind, scheduler)
+
     # -- the monitor's calls (never raise) -------------------------------------------------
+
+    def observe(self, step: int, loss: float | None) -> None:
+        """A step's loss the monitor read without a device sync (its spike watch)."""
+        for fuse in self._fuses:
+            seen = getattr(fuse, "observe", None)
+            if callable(seen) and fuse.live:
+                self._guard(fuse, seen, step, loss)
 
     def bind_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """The Lightning callback's optimizer (attached without one)."""
@@ -340,8 +389,10 @@ def parse(spec: FusesArg | None) -> list[Fuse]:
     """Fuse objects from ``attach(fuses=...)`` (see :data:`FusesArg`)."""
     from ._lr import LRBackoff
     from ._qkclip import QKClip
+    from ._rollback import Rollback
 
-    known: dict[str, type[Fuse]] = {QKClip.name: QKClip, LRBackoff.name: LRBackoff}
+    known: dict[str, type[Fuse]] = {QKClip.name: QKClip, LRBackoff.name: LRBackoff,
+                                    Rollback.name: Rollback}
     if spec is None:
         return []
     out: list[Fuse] = []

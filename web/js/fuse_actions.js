@@ -5,7 +5,7 @@
 
 import { API, ApiError, el } from "./api.js";
 
-const NAMES = { qk_clip: "QK-clip", lr_backoff: "LR backoff" };
+const NAMES = { qk_clip: "QK-clip", lr_backoff: "LR backoff", rollback: "Rollback" };
 
 async function post(url, body) {
   const res = await fetch(url, {

@@ -19,7 +19,7 @@ router = APIRouter(tags=["fuses"])
 
 
 class FuseIn(BaseModel):
-    fuse: str = Field(max_length=64, description="the fuse: `qk_clip`, `lr_backoff`")
+    fuse: str = Field(max_length=64, description="the fuse: `qk_clip`, `lr_backoff`, `rollback`")
     action: Literal["apply", "undo"]
     alert_id: int | None = Field(None, ge=1, description="the alert it answers (shown there)")
 
