@@ -4,6 +4,7 @@ several collectors at once, retention dropping whole days. The row-wise drop on 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -111,6 +112,8 @@ def test_migration_moves_existing_rows_into_day_partitions(pg_url: str, pg: Engi
     assert count(pg, partition_name("frames", TODAY - 3)) == 2
     assert count(pg, partition_name("points", TODAY)) == 2
     assert count(pg, "frames_p19700101") == 1 and count(pg, "frames_default") == 0
+    with pg.connect() as conn:  # 0012: the run's time bounds, the reads' pruning
+        assert conn.execute(text("SELECT time_min, time_max FROM runs")).one() == (1000.0, NOW)
     with pg.begin() as conn:  # ids go on from the same sequence
         new = conn.execute(text("INSERT INTO frames (run_id, rank, seq, step, time) "
                                 "VALUES (1, 0, 99, 99, :t) RETURNING id"), {"t": NOW}).scalar()
@@ -143,6 +146,9 @@ def test_ingest_and_queries_on_partitions(pg_url: str, pg: Engine) -> None:
         worst = c.get("/api/v1/runs/1/worst_heads", params={"name": "attn.logit_max"})
         assert worst.status_code == 200 and worst.json()["step"] == 110
         assert c.get("/api/v1/runs").json()[0]["last_step"] == 110
+        with pg.connect() as conn:  # the run's time bounds, kept by ingest
+            assert conn.execute(text("SELECT time_min, time_max FROM runs")).one() == (
+                old, NOW - 10)
         # Rows sit in their day's partitions.
         times = [f["time"] for f in frames] + [NOW - 50] * 2 + [NOW - 10] * 2  # + history
         yesterday = sum(int(t // DAY) == TODAY - 1 for t in times)
@@ -152,6 +158,43 @@ def test_ingest_and_queries_on_partitions(pg_url: str, pg: Engine) -> None:
         r = c.delete("/api/v1/runs/1", params={"confirm": "r"})
         assert r.status_code == 200 and r.json()["frames"] == 12 + 3
     assert count(pg, "frames") == 0 and count(pg, "points") == 0
+
+
+def test_reads_plan_only_the_runs_days(pg_url: str, pg: Engine) -> None:
+    """The reads carry the run's time bounds: PostgreSQL plans only the partitions of the
+    days the run covers (here yesterday's), not the week ahead nor the default one."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    from logitwatch.server.store.queries import get_heatmap, get_series
+    from logitwatch.server.store.views import heads_over_time, worst_heads
+
+    old = (TODAY - 1) * DAY + 100
+    with TestClient(create_app(Settings(db_url=pg_url, rate_limit_per_second=0))) as c:
+        assert post(c, [frame(i, old + i) for i in range(4)])["accepted"] == 4
+    statements: list[tuple[str, Any]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if "points" in statement and statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, params))
+
+    event.listen(pg, "before_cursor_execute", seen)
+    with Session(pg) as s:
+        assert get_series(s, run_id=1, name="loss").total == 4
+        assert get_series(s, run_id=1, name="attn.logit_max", layer=1, head=2).total == 4
+        assert get_heatmap(s, run_id=1, name="attn.logit_max").step == 30
+        assert get_heatmap(s, run_id=1, name="attn.logit_max", agg="max").frames == 4
+        assert worst_heads(s, run_id=1, name="attn.logit_max").step == 30
+        assert heads_over_time(s, run_id=1, name="attn.logit_max").total == 4
+    event.remove(pg, "before_cursor_execute", seen)
+    assert len(statements) >= 6
+    yesterday = {partition_name(t, TODAY - 1) for t in ("frames", "points")}
+    with pg.connect() as conn:
+        for statement, params in statements:
+            plan = "\n".join(r[0] for r in conn.exec_driver_sql(
+                "EXPLAIN " + statement, params).all())
+            scanned = set(re.findall(r"\b(?:frames|points)_(?:p\d{8}|default)\b", plan))
+            assert scanned and scanned <= yesterday, (statement, plan)
 
 
 def test_two_collectors_create_partitions_at_once(pg_url: str) -> None:

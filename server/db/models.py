@@ -67,6 +67,10 @@ class Run(Base):
     config: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
     # 0010: its fuses: what people asked, what the job says (store/fuses.py)
     control: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
+    # 0012: the least and greatest time of its stored frames (ingest keeps them): the
+    # bounds that let PostgreSQL prune time partitions in the reads (store/pruning.py)
+    time_min: Mapped[float | None] = mapped_column(Float, nullable=True)
+    time_max: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class RunTag(Base):

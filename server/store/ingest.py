@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sqlalchemy import column, func, insert, or_, select, table, update
+from sqlalchemy import case, column, func, insert, or_, select, table, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -328,12 +328,20 @@ def ingest_frames(
             points.sort(key=lambda p: (len(p["data"]) <= 4, p["metric_id"], p["frame_id"]))
             session.execute(insert(TIMED_POINTS if by_time else Point), points)
         result.accepted += len(fresh)
+        # The run's time bounds (the reads prune time partitions with them, pruning.py).
+        lo, hi = min(f.time for f in fresh_rows), max(f.time for f in fresh_rows)
+        pg = session.get_bind().dialect.name == "postgresql"
+        least, greatest = (func.least, func.greatest) if pg else (func.min, func.max)
+        bounds = {"time_min": least(func.coalesce(Run.time_min, lo), lo),
+                  "time_max": greatest(func.coalesce(Run.time_max, hi), hi)}
         if not fresh:
+            session.execute(update(Run).where(Run.id == run_id).values(**bounds))
             continue
         last = max(fresh, key=lambda f: (f.step, f.time))
+        moves = or_(Run.last_step.is_(None), Run.last_step <= last.step)
         session.execute(
-            update(Run)
-            .where(Run.id == run_id, or_(Run.last_step.is_(None), Run.last_step <= last.step))
-            .values(last_step=last.step, last_time=last.time)
+            update(Run).where(Run.id == run_id)
+            .values(last_step=case((moves, last.step), else_=Run.last_step),
+                    last_time=case((moves, last.time), else_=Run.last_time), **bounds)
         )
     return result

@@ -21,6 +21,7 @@ from logitwatch.server.store.codec import decode
 from logitwatch.server.store.downsample import minmax_downsample
 from logitwatch.server.store.ingest import ENVELOPE
 from logitwatch.server.store.lifecycle import run_status
+from logitwatch.server.store.pruning import Bounds, prune_join, run_bounds
 
 __all__ = [
     "Agg",
@@ -244,13 +245,13 @@ def _metric(session: Session, run_id: int, name: str) -> Metric:
 
 def _frames_query(
     cols: list[Any], metric_id: int, rank: int | None, start: int | None, end: int | None,
-    start_time: float | None, end_time: float | None,
+    start_time: float | None, end_time: float | None, bounds: Bounds | None = None,
 ) -> Any:
     q = (
         select(*cols)
         .join(Point, (Point.frame_id == Frame.id) & (Point.metric_id == metric_id))
     )
-    return _where_frames(q, rank, start, end, start_time, end_time)
+    return prune_join(_where_frames(q, rank, start, end, start_time, end_time), bounds)
 
 
 def _where_frames(
@@ -274,12 +275,14 @@ def _where_frames(
 def _read_series(
     session: Session, metric_id: int, data: Any, *, scalar: bool, rank: int | None,
     start: int | None, end: int | None, start_time: float | None, end_time: float | None,
+    bounds: Bounds | None = None,
 ) -> tuple[np.ndarray, list[bytes]]:
     """(steps, blobs) of one metric, in (step, rank, seq) order.
 
     Driven from ``points`` by metric id (scalars: from the covering partial index alone)
     and sorted in numpy, which is several times faster than walking frames in step order
-    and fetching each frame's row.
+    and fetching each frame's row. ``bounds``: the run's time bounds on a store partitioned
+    by time (:mod:`.pruning`).
     """
     q = (
         select(Frame.step, Frame.rank, Frame.seq, data)
@@ -289,7 +292,7 @@ def _read_series(
     )
     if scalar:
         q = q.where(func.length(Point.data) == 4)  # the partial index's condition
-    q = _where_frames(q, rank, start, end, start_time, end_time)
+    q = prune_join(_where_frames(q, rank, start, end, start_time, end_time), bounds)
     rows = session.connection().execute(q).all()
     n = len(rows)
     steps = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
@@ -361,7 +364,8 @@ def get_series(
             source, scalar = env, True
     steps, blobs = _read_series(session, source.id, data, scalar=scalar,
                                 rank=None if merge else rank, start=start, end=end,
-                                start_time=start_time, end_time=end_time)
+                                start_time=start_time, end_time=end_time,
+                                bounds=run_bounds(session, run_id, start_time, end_time))
     blob = b"".join(blobs)
     if not blobs:
         values = np.zeros(0, dtype=np.float64)
@@ -405,8 +409,9 @@ def get_heatmap(
     m = _metric(session, run_id, name)
     if not m.layers:
         raise BadRequest("not-per-head", f"{name!r} is a scalar series, not per head")
+    bounds = run_bounds(session, run_id)
     if agg is None:
-        q = _frames_query([Frame.step, Point.data], m.id, rank, None, step, None, None)
+        q = _frames_query([Frame.step, Point.data], m.id, rank, None, step, None, None, bounds)
         row = session.execute(
             q.where(Frame.run_id == run_id)
             .order_by(Frame.step.desc(), Frame.seq.desc()).limit(1)
@@ -415,7 +420,7 @@ def get_heatmap(
             return HeatmapOut(name=name, rank=rank, step=None, values=[], frames=0)
         mat = decode(row[1], m.layers, m.heads).astype(np.float64)
         return HeatmapOut(name=name, rank=rank, step=row[0], values=mat.tolist())
-    q = _frames_query([Frame.step, Point.data], m.id, rank, start, end, None, None)
+    q = _frames_query([Frame.step, Point.data], m.id, rank, start, end, None, None, bounds)
     rows = session.execute(q.where(Frame.run_id == run_id)).all()
     if not rows:
         return HeatmapOut(name=name, rank=rank, step=None, values=[], agg=agg, frames=0)

@@ -25,6 +25,7 @@ from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import AlertOut, SeriesOut, WireFloat
 from logitwatch.server.store import queries
 from logitwatch.server.store.downsample import minmax_downsample
+from logitwatch.server.store.pruning import prune_frames, prune_join, prune_points, run_bounds
 from logitwatch.server.store.runs_view import (
     RunSummaryOut,
     SparklineCache,
@@ -176,22 +177,28 @@ def _newest_rows(session: Session, run_id: int, metric_id: int, rank: int, n: in
     first. Frame ids through the (run, step) index first, then their points by key: a join
     ordered by step would visit every point of the metric. Sampled frames only: the history
     steps between them (seq < 0, store/ingest.py) carry no matrices."""
-    q = (select(Frame.id, Frame.step)
+    bounds = run_bounds(session, run_id)
+    q = (select(Frame.id, Frame.step, Frame.time)
          .where(Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0)
          .order_by(Frame.step.desc(), Frame.seq.desc()).limit(n))
     if until is not None:
         q = q.where(Frame.step <= until)
-    recent = session.execute(q).all()
-    data = dict(session.execute(
+    recent = session.execute(prune_frames(q, bounds)).all()
+    if not recent:
+        return []
+    times = [f.time for f in recent]  # their points lie in those frames' days only
+    data = dict(session.execute(prune_points(
         select(Point.frame_id, Point.data)
-        .where(Point.metric_id == metric_id, Point.frame_id.in_([f.id for f in recent]))
+        .where(Point.metric_id == metric_id, Point.frame_id.in_([f.id for f in recent])),
+        (min(times), max(times)) if bounds else None)
     ).all())
     return [_Row(f.step, data[f.id]) for f in recent if f.id in data]
 
 
 def _next_step(session: Session, run_id: int, rank: int, step: int) -> int | None:
-    return session.scalar(select(func.min(Frame.step)).where(
-        Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0, Frame.step > step))
+    return session.scalar(prune_frames(select(func.min(Frame.step)).where(
+        Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0, Frame.step > step),
+        run_bounds(session, run_id)))
 
 
 #: Frames read per query while looking back for the last finite matrix, and at most.
@@ -222,8 +229,9 @@ def last_finite_step(session: Session, *, run_id: int, metric_id: int, rank: int
 
 def ranks(session: Session, run_id: int) -> list[int]:
     """The ranks that sent frames for the run, in order."""
-    return list(session.scalars(select(Frame.rank).where(Frame.run_id == run_id)
-                                .distinct().order_by(Frame.rank)))
+    return list(session.scalars(prune_frames(
+        select(Frame.rank).where(Frame.run_id == run_id).distinct().order_by(Frame.rank),
+        run_bounds(session, run_id))))
 
 
 class HeadsTimeOut(BaseModel):
@@ -288,7 +296,7 @@ def heads_over_time(
         q = q.where(Frame.step >= start)
     if end is not None:
         q = q.where(Frame.step <= end)
-    rows = session.execute(q).all()
+    rows = session.execute(prune_join(q, run_bounds(session, run_id))).all()
     n = len(rows)
     if not n:
         return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=m.layers, heads=m.heads,
