@@ -73,6 +73,8 @@ def attach(
     max_sample_every: int = MAX_INTERVAL,
     fuses: FusesArg | None = None,
     reduce_ranks: bool | None | object = None,
+    tp_group: object | None = None,
+    tp_rank: int | None = None,
     config: Mapping[str, object] | None = None,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
@@ -140,8 +142,13 @@ def attach(
             asks. None (default): on when ``torch.distributed`` runs more than one rank
             (off for DTensors on a multi-dimensional mesh); False: every rank sends its
             own frames; True: over the whole job; a process group: over that group (the
-            data-parallel one under tensor or pipeline parallelism). The same on every
-            rank.
+            data-parallel one under pipeline parallelism). The same on every rank.
+        tp_group: Under tensor parallelism, the process group whose ranks each compute
+            ``H / tp`` heads of every attention layer: the reduced frame then holds the
+            full layer x head matrix, each rank's heads at their place (rank r of the group
+            holds heads ``[r * H / tp, (r + 1) * H / tp)``; ``tp_rank`` when the order is
+            another). Found from DTensor placements when not given (q/k projection weights
+            sharded by head on a mesh dimension named like ``tp``). Needs reduction on.
         config: The run's configuration, a dict of JSON values (hyperparameters, model,
             data), shown in the collector's runs list; sent once by rank 0 in the
             background (``Client.set_config``). Values JSON cannot carry are left out.
@@ -194,6 +201,8 @@ def attach(
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"attach: config must be a dict, got {type(config).__name__}")
     fuses = parse_fuses(fuses) or None  # checked before anything is hooked
+    if tp_rank is not None and tp_group is None:
+        raise ValueError("attach: tp_rank needs tp_group")
     owns_client = client is None
     if client is None:
         client = Client(url, run=run, project=project, rank=resolve_rank(rank),
@@ -216,4 +225,6 @@ def attach(
         max_sample_every=max_sample_every,
         fuses=fuses,
         reduce_ranks=reduce_ranks,
+        tp_group=tp_group,
+        tp_rank=tp_rank,
     )

@@ -29,6 +29,7 @@ from ._reduce import RankReduce, Reduced, find_reduce
 from ._sdpa import SdpaCapture
 from ._shard import find_sharding
 from ._stats import global_grad_norm
+from ._tp import find_tp
 from .fuses import FusesArg, FuseSet
 
 __all__ = ["Monitor", "attention_dtype_max"]
@@ -101,6 +102,8 @@ class Monitor(CaptureMixin, FramesMixin):
         max_sample_every: int = MAX_INTERVAL,
         fuses: FusesArg | None = None,
         reduce_ranks: Any = None,
+        tp_group: Any = None,
+        tp_rank: int | None = None,
     ) -> None:
         self.model = model
         self._ranks: RankReduce | None = None  # reduce-before-send (``_reduce``)
@@ -170,7 +173,8 @@ class Monitor(CaptureMixin, FramesMixin):
         try:
             device = self._shard.device if self._shard is not None else next(
                 (p.device for p in model.parameters()), torch.device("cpu"))
-            self._ranks = find_reduce(reduce_ranks, device, self._shard)
+            tp = find_tp(model, tp_group, tp_rank) if reduce_ranks is not False else None
+            self._ranks = find_reduce(reduce_ranks, device, self._shard, tp)
         except Exception:  # every rank sends its own frames
             log.warning("logitwatch: ranks not reduced: the group could not be read",
                         exc_info=True)

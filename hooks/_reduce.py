@@ -31,6 +31,12 @@ collector asks for their own frames.
   ``loss.ranks_min``. The leader's own ``loss`` stays its own, as in its history.
 * ``reduce.ranks``: the group's size; ``reduce.attn_ranks``: ranks that measured attention.
 
+**Tensor parallelism** (:mod:`._tp`): where each rank computes ``H / tp`` heads of every
+layer, it writes its statistics at its heads' place in a row of ``H``, the others' places
+"missing" (MAX-neutral, zero counts), so the same collectives assemble the full layer x
+head matrix while they reduce over the data-parallel replicas of each slice. The group
+then spans the TP ranks too (the whole job by default).
+
 The steps between samples travel in the leader's history only (its own loss; the gradient
 norm, clip flag and lr are global under DDP and FSDP).
 
@@ -65,6 +71,7 @@ import torch
 from logitwatch.wire import CONTROL_DETAIL_RANKS, RANK_OF_MAX
 
 from ._logits import HeadStats
+from ._tp import TensorParallel
 
 __all__ = ["CONTROL_KEY", "DETAIL_SLOTS", "GATHERED", "RankReduce", "Reduced", "find_reduce",
            "pack", "unpack"]
@@ -126,8 +133,12 @@ class Reduced:
 class RankReduce:
     """The group's reduction, rank and detail state; see the module docstring."""
 
-    def __init__(self, group: Any, device: torch.device) -> None:
+    def __init__(self, group: Any, device: torch.device,
+                 tp: TensorParallel | None = None) -> None:
         import torch.distributed as dist
+
+        #: Where this rank's heads sit in each layer's row (tensor parallel), or None.
+        self.tp = tp
 
         self._dist = dist
         self.group = group
@@ -174,10 +185,10 @@ class RankReduce:
         collectives as the other ranks; None when a collective failed."""
         layers = sorted(attn)
         try:
-            header = _header(attn, layers, scalars)
+            header = _header(attn, layers, scalars, self.tp)
         except Exception:
             warn("reduce-local", "this rank's attention statistics could not be reduced")
-            layers, header = [], _header({}, [], {})
+            layers, header = [], _header({}, [], {}, self.tp)
         t = torch.tensor(header, dtype=torch.int64, device=self.device)
         try:
             self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
@@ -248,24 +259,26 @@ class RankReduce:
         for i, layer in enumerate(layers):
             s = attn[layer]
             h = s.maximum.numel()
+            a = h * self.tp.rank if self.tp is not None else 0  # this rank's heads
+            b = a + h
             for j, (name, sign) in enumerate(maxes):
                 v = getattr(s, name).reshape(-1).to(self.device).float() * sign
                 if name == "ent_min":  # a head without rows has no entropy
                     has = s.rows.reshape(-1).to(self.device) > 0
-                    view[j, i, :h] = torch.where(has, pack(v, self.rank),
-                                                 torch.full_like(view[j, i, :h], _MISSING))
+                    view[j, i, a:b] = torch.where(has, pack(v, self.rank),
+                                                  torch.full_like(view[j, i, a:b], _MISSING))
                 else:
-                    view[j, i, :h] = pack(v, self.rank)
+                    view[j, i, a:b] = pack(v, self.rank)
             count = s.count.reshape(-1).to(self.device).double()
             mean = torch.where(count > 0, s.mean.reshape(-1).to(self.device).double(),
                                torch.zeros_like(count))
             m2 = torch.where(count > 0, s.m2.reshape(-1).to(self.device).double(),
                              torch.zeros_like(count))
-            sview[0, i, :h] = count
-            sview[1, i, :h] = count * mean
-            sview[2, i, :h] = m2 + count * mean * mean
-            sview[3, i, :h] = s.rows.reshape(-1).to(self.device).double()
-            sview[4, i, :h] = s.ent_sum.reshape(-1).to(self.device).double()
+            sview[0, i, a:b] = count
+            sview[1, i, a:b] = count * mean
+            sview[2, i, a:b] = m2 + count * mean * mean
+            sview[3, i, a:b] = s.rows.reshape(-1).to(self.device).double()
+            sview[4, i, a:b] = s.ent_sum.reshape(-1).to(self.device).double()
 
     def _put_scalars(self, scalars: Mapping[str, Any], sums: torch.Tensor, start: int) -> None:
         n = len(GATHERED)
@@ -303,14 +316,16 @@ class RankReduce:
 
 
 def _header(attn: Mapping[int, HeadStats], layers: list[int],
-            scalars: Mapping[str, Any]) -> list[int]:
+            scalars: Mapping[str, Any], tp: TensorParallel | None = None) -> list[int]:
     """``[layers, width, capped, checksum]``, their negations (one MAX gives both the
     largest and the smallest; a rank without attention says nothing: MAX-neutral), then
-    whether this rank measured each of :data:`GATHERED`."""
+    whether this rank measured each of :data:`GATHERED`. Widths are the full rows' under
+    tensor parallelism (``tp.size`` times this rank's heads)."""
     present = [int(scalars.get(name) is not None) for name in GATHERED]
     if not layers:
         return [0, 0, 0, 0] + [_MISSING] * 4 + present
-    widths = [attn[layer].maximum.numel() for layer in layers]
+    widths = [attn[layer].maximum.numel() * (tp.size if tp is not None else 1)
+              for layer in layers]
     capped = int(all(attn[layer].capped_max is not None and attn[layer].capped_p99 is not None
                      for layer in layers))
     check = sum((layer + 1) * 65_537 + w for layer, w in zip(layers, widths, strict=True))
@@ -347,15 +362,17 @@ def _attn_metrics(packed: torch.Tensor, sums: torch.Tensor, n_layers: int, width
     return {name: [row.float() for row in m] for name, m in out.items()}
 
 
-def find_reduce(arg: Any, device: torch.device, shard: Any = None) -> RankReduce | None:
+def find_reduce(arg: Any, device: torch.device, shard: Any = None,
+                tp: TensorParallel | None = None) -> RankReduce | None:
     """The reduction ``attach(reduce_ranks=arg)`` asks for, or None (every rank sends its
     own frames).
 
     ``None`` (default): on when ``torch.distributed`` is initialised with more than one rank,
     over the whole job, except for DTensor parameters on a mesh of more than one dimension
-    (tensor or pipeline parallel: heads or layers differ by rank; pass the data-parallel
-    group); ``True``: on over the whole job; ``False``: off; a process group: on over it.
-    Decide alike on every rank.
+    with no tensor-parallel placement found (``tp``; pipeline parallel: layers differ by
+    rank; pass the data-parallel group); ``True``: on over the whole job; ``False``: off; a
+    process group: on over it (with ``tp``: a group that holds whole TP groups). Decide
+    alike on every rank.
     """
     if arg is False:
         return None
@@ -363,10 +380,10 @@ def find_reduce(arg: Any, device: torch.device, shard: Any = None) -> RankReduce
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     group = None if arg is None or arg is True else arg
-    if arg is None and shard is not None and shard.dtensor and shard.group is None:
+    if arg is None and tp is None and shard is not None and shard.dtensor and shard.group is None:
         log.info("logitwatch: parameters on a multi-dimensional device mesh: every rank sends "
                  "its own frames (attach(reduce_ranks=<data-parallel group>) reduces them)")
         return None
     if dist.get_world_size(group) < 2:
         return None
-    return RankReduce(group, device)
+    return RankReduce(group, device, tp)
