@@ -21,7 +21,10 @@ frame (relation sizes before and after) and so bytes per sampled step and per da
         [--values 1500000] [--ranks 1,64,1024] [--modes reduced,per-rank] [--threads 4]
 
 Each scenario sends about ``--values`` values (at least one sampled step); the per-rank
-1,024 one sends all 1,024 frames of its sampled step(s). Figures: bench/README.md.
+1,024 one sends all 1,024 frames of its sampled step(s). ``--quick`` (a few minutes on a
+loaded 2-core machine): ``--values 300000``, per rank at 1 and 64 ranks, reduced at 64 and
+1,024 (the per-rank 1,024 case is 1,024 first frames of new (run, rank)s and 8.4 M values
+a sampled step). Figures: bench/README.md.
 """
 
 from __future__ import annotations
@@ -182,7 +185,11 @@ def main() -> None:
                     help="values sent per scenario (at least one sampled step)")
     ap.add_argument("--threads", type=int, default=4, help="sender threads")
     ap.add_argument("--json", default=None, help="write the rows here too")
+    ap.add_argument("--quick", action="store_true",
+                    help="--values 300000; per rank up to 64 ranks, reduced at 64 and 1,024")
     args = ap.parse_args()
+    if args.quick and args.values == ap.get_default("values"):
+        args.values = 300_000
     if not args.pg:
         sys.exit("--pg (or LOGITWATCH_TEST_PG_URL) is needed: the bench is about PostgreSQL")
     servers = [Server(args.pg), Server(args.pg)]
@@ -193,6 +200,8 @@ def main() -> None:
                 for ranks in [int(r) for r in args.ranks.split(",")]:
                     if mode == "reduced" and ranks == 1:
                         continue  # a one-rank job sends its own frames
+                    if args.quick and mode == "per-rank" and ranks > 64:
+                        continue
                     row = scenario(args.pg, servers, ranks, mode == "reduced", args.values,
                                    args.threads)
                     rows.append(row)
