@@ -20,12 +20,21 @@ only. See ``docs/HOOKS.md``.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass, fields
 
 import torch
 
+from ._fused import fused_stats, plan_rows
 from ._stats import MASKED_BELOW, quantile_from_top
+from ._stats import TOPK_ROW as _TOPK_ROW  # noqa: F401  (re-exported: tests)
+from ._stats import block_top as _block_top
+from ._stats import causal_pairs as _causal_pairs
+from ._workspace import (
+    _local,  # noqa: F401  (re-exported: bench_hooks reads it)
+    _Workspace,
+    release_workspace,
+    workspace,
+)
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -133,17 +142,31 @@ def _cap(x: torch.Tensor, softcap: float) -> torch.Tensor:
     return torch.tanh(x / softcap) * softcap
 
 
+def _block_elements(budget: int, block_elements: int | None = None) -> int:
+    """Logits per block: three quarters of ``budget`` over :data:`_TEMPS` float32 copies
+    (a quarter is kept for the top 1 %), at most ``block_elements`` when given."""
+    elements = max(1, (budget - budget // 4) // (4 * _TEMPS))
+    return elements if block_elements is None else min(elements, block_elements)
+
+
+def _top_bytes(b: int, t: int, s: int) -> int:
+    """Bytes of one head's kept top 1 % (the values, a merge's concatenation, its topk)."""
+    per_head = b * t * s
+    return 4 * 3 * min(per_head, ((100 - PERCENT) * per_head + 99) // 100 + 2)
+
+
+def _top_heads(b: int, t: int, s: int, budget: int) -> int:
+    """Heads whose kept top values fit in a quarter of ``budget`` (at least one)."""
+    return max(1, (budget // 4) // _top_bytes(b, t, s))
+
+
 def _plan(b: int, h: int, t: int, s: int, budget: int,
           block_elements: int | None = None) -> tuple[int, int, bool]:
     """(heads per block, query rows per block, exact p99?) for ``budget`` bytes, blocks
     of at most ``block_elements`` logits when given (see :data:`CPU_BLOCK_ELEMENTS`)."""
-    elements = max(1, (budget - budget // 4) // (4 * _TEMPS))  # a quarter for the top 1 %
-    if block_elements is not None:
-        elements = min(elements, block_elements)
+    elements = _block_elements(budget, block_elements)
     per_head = b * t * s
-    k_top = min(per_head, ((100 - PERCENT) * per_head + 99) // 100 + 2)
-    top_bytes = 4 * 3 * k_top  # kept top values, the merge's concatenation, its topk
-    exact = top_bytes <= budget // 4
+    exact = _top_bytes(b, t, s) <= budget // 4
     if per_head * h <= elements:
         hc, tq = h, t
     elif per_head <= elements:
@@ -151,7 +174,7 @@ def _plan(b: int, h: int, t: int, s: int, budget: int,
     else:
         hc, tq = 1, max(1, elements // max(1, b * s))
     if exact:
-        hc = max(1, min(hc, (budget // 4) // top_bytes))
+        hc = max(1, min(hc, _top_heads(b, t, s, budget)))
     return hc, tq, exact
 
 
@@ -226,9 +249,20 @@ def attention_head_stats(
         cap = CPU_BLOCK_ELEMENTS if q.device.type == "cpu" else None
         hc, tq, exact = _plan(b, h, t, s, budget, cap)
         parts: list[HeadStats] = []
-        for h0 in range(0, h, hc):
-            h1 = min(h, h0 + hc)
-            parts.append(_head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact))
+        if exact and softcap is None and (valid is None or valid.causal_only) and t and s:
+            # the valid pairs follow from shapes: one fused pass over the visible keys
+            causal = valid is not None
+            elements = _block_elements(budget, cap)
+            hc, tq = plan_rows(b, h, t, s, causal, elements, _top_heads(b, t, s, budget))
+            for h0 in range(0, h, hc):
+                h1 = min(h, h0 + hc)
+                parts.append(HeadStats(*fused_stats(q, k, group, h0, h1, tq, scale, causal,
+                                                    2 * elements // (h1 - h0))))
+        else:
+            for h0 in range(0, h, hc):
+                h1 = min(h, h0 + hc)
+                parts.append(_head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap,
+                                         exact))
         if len(parts) == 1:
             return parts[0]
         return HeadStats(**{
@@ -284,73 +318,6 @@ class _Mask:
         return v  # broadcastable to (b, h1 - h0, t1 - t0, s), never expanded
 
 
-class _Workspace:
-    """Block-sized scratch tensors reused across blocks and, on CPU, across calls.
-
-    A fresh multi-MB CPU tensor is often served by a new ``mmap`` whose pages fault in on
-    first touch; in the first profile of the bench model that cost as much as the arithmetic
-    itself (a layer's statistics 2.4 ms with reused memory, 5-6 ms without). So every
-    full-size temporary is written with ``out=`` into one of a few named buffers. On CPU
-    they are kept per thread between calls (a few blocks of :data:`CPU_BLOCK_ELEMENTS`
-    float32 values, 6.3 MiB on the bench model) and freed by :func:`release_workspace`;
-    elsewhere the device's caching allocator already reuses memory, and the buffers live
-    for one call.
-    """
-
-    def __init__(self) -> None:
-        self._flat: dict[str, torch.Tensor] = {}
-        self._masks: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def get(self, name: str, shape: torch.Size | tuple[int, ...], dtype: torch.dtype,
-            device: torch.device, limit: int = 0) -> torch.Tensor:
-        """A ``shape`` tensor of uninitialised values from buffer ``name``; an existing
-        buffer is reused if it has between ``n`` and ``max(n, limit)`` values, so no more
-        than one planned block per buffer stays allocated (the memory budget holds)."""
-        n = math.prod(shape)
-        buf = self._flat.get(name)
-        if (buf is None or not n <= buf.numel() <= max(n, limit) or buf.dtype != dtype
-                or buf.device != device):
-            self._flat.pop(name, None)
-            buf = torch.empty(n, dtype=dtype, device=device)
-            self._flat[name] = buf
-        return (buf if buf.numel() == n else buf[:n]).view(shape)
-
-    def mask_parts(self, v: torch.Tensor, shapes_only: bool,
-                   key: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(0/1 float mask, additive 0/-inf bias)`` of a bool "attend" block ``v``;
-        kept for the next call when ``v`` depends on shapes only (a causal mask)."""
-        if shapes_only:
-            hit = self._masks.get(key)
-            if hit is not None and hit[0].device == v.device:
-                return hit
-        vf = v.to(torch.float32)
-        bias = torch.zeros((), dtype=torch.float32, device=v.device).expand(
-            v.shape).masked_fill(~v, -math.inf)
-        if shapes_only:
-            if len(self._masks) >= 2:  # bounded: a model has one or two such shapes
-                self._masks.clear()
-            self._masks[key] = (vf, bias)
-        return vf, bias
-
-
-_local = threading.local()
-
-
-def workspace(device: torch.device) -> _Workspace:
-    """This thread's scratch buffers on CPU; fresh ones (for one call) elsewhere."""
-    if device.type != "cpu":
-        return _Workspace()
-    ws = getattr(_local, "workspace", None)
-    if ws is None:
-        ws = _local.workspace = _Workspace()
-    return ws
-
-
-def release_workspace() -> None:
-    """Free this thread's cached CPU scratch buffers (the monitor calls it on close)."""
-    _local.workspace = None
-
-
 def _blocks(q, k, valid, group, h0, h1, tq, scale, ws: _Workspace | None = None):
     """Yield ``(logits, valid_block)`` for heads ``h0:h1`` in query blocks of ``tq``.
 
@@ -383,13 +350,6 @@ def _blocks(q, k, valid, group, h0, h1, tq, scale, ws: _Workspace | None = None)
             logits = torch.matmul(qs, kt, out=out)
         v = None if valid is None else valid.block(b, h0, h1, t0, t1, s, q.device)
         yield logits, v
-
-
-def _causal_pairs(t0: int, t1: int, s: int) -> int:
-    """Number of causal pairs of query rows ``t0..t1-1``: ``sum(min(i + 1, s))``."""
-    lo, hi = t0 + 1, min(t1, s)  # rows whose count i + 1 is below the key count
-    ramp = (lo + hi) * (hi - lo + 1) // 2 if hi >= lo else 0
-    return ramp + max(0, t1 - max(t0, s)) * s
 
 
 def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadStats:
@@ -507,60 +467,6 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
     return HeadStats(count=count, mean=mean, m2=m2, maximum=maximum, p99=p99, rows=rows,
                      ent_sum=ent_sum, ent_min=ent_min, capped_max=capped_max,
                      capped_p99=capped_p99)
-
-
-#: Group size of :func:`_block_top`'s levels.
-_GROUP = 4
-#: Row length up to which ``topk`` is fast on CPU (measured, torch 2.x: ~1 ns per value up
-#: to 4,096 values a row, 5-10 ns beyond); :func:`_block_top` groups until it gets there.
-_TOPK_ROW = 4096
-
-
-def _block_top(masked: torch.Tensor, k_top: int, ws: _Workspace | None = None) -> torch.Tensor:
-    """``(hn, kk)``: the ``kk = min(k_top, B·T·S)`` largest values of each head of a
-    ``(B, hn, T, S)`` block (``-inf`` for masked pairs), in any order. Exact.
-
-    Each head's ``n = T·S`` values of a batch row are split into groups of ``g``
-    (strided: member ``i`` of group ``j`` is value ``i·n/g + j``, so that the group maxima
-    are one elementwise pass over a view, no copy), and the group maxima again, level by
-    level, until a level is short enough for a fast ``topk`` (:data:`_TOPK_ROW`). The
-    ``kk`` largest values of a level all lie in the ``kk`` groups of the next level with
-    the largest maxima (every value above the ``kk``-th group maximum ``tau`` is in a
-    group with a larger maximum, and the chosen groups hold at least ``kk`` values
-    ``>= tau``). So the selection walks back down: ``topk`` of the top level, then of the
-    ``g·kk`` members of the chosen groups, level by level, down to the values. Fixed
-    shapes, no host sync.
-    """
-    b, hn = masked.shape[:2]
-    n = masked[0, 0].numel()
-    kk = min(k_top, b * n)
-    g = _GROUP
-    levels = [masked.reshape(b, hn, n)]  # a view of a contiguous block
-    size = n
-    while b * size > _TOPK_ROW and size % g == 0 and b * (size // g) >= 2 * kk:
-        size //= g
-        out = None if ws is None else ws.get(f"level{len(levels)}", (b, hn, size),
-                                             masked.dtype, masked.device)
-        levels.append(torch.amax(levels[-1].view(b, hn, g, size), dim=2, out=out))
-    top = levels.pop()
-    flat = top.transpose(0, 1).reshape(hn, b * size)
-    if not levels:
-        return flat.topk(kk, dim=1, sorted=False).values
-    chosen = flat.topk(kk, dim=1, sorted=False).indices  # (hn, kk) groups (batch, j)
-    rows, cols = chosen // size, chosen % size
-    heads = torch.arange(hn, device=masked.device).view(hn, 1, 1)
-    members = torch.arange(g, device=masked.device) * size  # group j: j + i·size
-    while levels:
-        below = levels.pop()
-        pos = cols.unsqueeze(-1) + members  # (hn, kk, g)
-        cand = below[rows.unsqueeze(-1).expand_as(pos), heads, pos].reshape(hn, kk * g)
-        if not levels:
-            return cand.topk(kk, dim=1, sorted=False).values
-        pick = cand.topk(kk, dim=1, sorted=False).indices
-        rows = rows.gather(1, pick // g)
-        cols = pos.reshape(hn, kk * g).gather(1, pick)
-        members = torch.arange(g, device=masked.device) * below.shape[2]
-    raise AssertionError("unreachable")
 
 
 def _hist_p99(q, k, valid, group, h0, h1, tq, scale, minimum, maximum, count) -> torch.Tensor:

@@ -13,12 +13,18 @@ from collections.abc import Iterable
 import torch
 
 from ._shard import plain
+from ._workspace import _Workspace
 
 __all__ = [
+    "GROUP",
     "MASKED_BELOW",
+    "TOPK_ROW",
+    "block_top",
+    "causal_pairs",
     "global_grad_norm",
     "quantile_from_top",
     "top_quantile",
+    "top_values",
     "valid_pairs",
 ]
 
@@ -119,3 +125,119 @@ def global_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor | None:
         device = grads[0].device
         norms = [n.to(device) for n in torch._foreach_norm(grads, 2.0)]
         return torch.linalg.vector_norm(torch.stack(norms).float(), 2.0)
+
+
+def causal_pairs(t0: int, t1: int, s: int) -> int:
+    """Number of causal pairs of query rows ``t0..t1-1`` (top-left aligned, ``s`` keys):
+    ``sum(min(i + 1, s))``."""
+    lo, hi = t0 + 1, min(t1, s)  # rows whose count i + 1 is below the key count
+    ramp = (lo + hi) * (hi - lo + 1) // 2 if hi >= lo else 0
+    return ramp + max(0, t1 - max(t0, s)) * s
+
+
+#: Group size of :func:`block_top`'s levels.
+GROUP = 4
+#: Row length up to which ``topk`` is fast on CPU (measured, torch 2.x: ~1 ns per value up
+#: to 4,096 values a row, 5-10 ns beyond); :func:`_block_top` groups until it gets there.
+TOPK_ROW = 4096
+
+
+def block_top(masked: torch.Tensor, k_top: int, ws: _Workspace | None = None) -> torch.Tensor:
+    """``(hn, kk)``: the ``kk = min(k_top, B·T·S)`` largest values of each head of a
+    ``(B, hn, T, S)`` block (``-inf`` for masked pairs), in any order. Exact.
+
+    Each head's ``n = T·S`` values of a batch row are split into groups of ``g``
+    (strided: member ``i`` of group ``j`` is value ``i·n/g + j``, so that the group maxima
+    are one elementwise pass over a view, no copy), and the group maxima again, level by
+    level, until a level is short enough for a fast ``topk`` (:data:`TOPK_ROW`). The
+    ``kk`` largest values of a level all lie in the ``kk`` groups of the next level with
+    the largest maxima (every value above the ``kk``-th group maximum ``tau`` is in a
+    group with a larger maximum, and the chosen groups hold at least ``kk`` values
+    ``>= tau``). So the selection walks back down: ``topk`` of the top level, then of the
+    ``g·kk`` members of the chosen groups, level by level, down to the values. Fixed
+    shapes, no host sync.
+    """
+    b, hn = masked.shape[:2]
+    n = masked[0, 0].numel()
+    kk = min(k_top, b * n)
+    g = GROUP
+    levels = [masked.reshape(b, hn, n)]  # a view of a contiguous block
+    size = n
+    while b * size > TOPK_ROW and size % g == 0 and b * (size // g) >= 2 * kk:
+        size //= g
+        out = None if ws is None else ws.get(f"level{len(levels)}", (b, hn, size),
+                                             masked.dtype, masked.device)
+        levels.append(torch.amax(levels[-1].view(b, hn, g, size), dim=2, out=out))
+    top = levels.pop()
+    flat = top.transpose(0, 1).reshape(hn, b * size)
+    if not levels:
+        return flat.topk(kk, dim=1, sorted=False).values
+    chosen = flat.topk(kk, dim=1, sorted=False).indices  # (hn, kk) groups (batch, j)
+    rows, cols = chosen // size, chosen % size
+    heads = torch.arange(hn, device=masked.device).view(hn, 1, 1)
+    members = torch.arange(g, device=masked.device) * size  # group j: j + i·size
+    while levels:
+        below = levels.pop()
+        pos = cols.unsqueeze(-1) + members  # (hn, kk, g)
+        cand = below[rows.unsqueeze(-1).expand_as(pos), heads, pos].reshape(hn, kk * g)
+        if not levels:
+            return cand.topk(kk, dim=1, sorted=False).values
+        pick = cand.topk(kk, dim=1, sorted=False).indices
+        rows = rows.gather(1, pick // g)
+        cols = pos.reshape(hn, kk * g).gather(1, pick)
+        members = torch.arange(g, device=masked.device) * below.shape[2]
+    raise AssertionError("unreachable")
+
+
+_MEMBERS: dict[tuple[int, int, str], torch.Tensor] = {}
+
+
+def _members(g: int, size: int, device: torch.device) -> torch.Tensor:
+    """``arange(g) * size`` (kept: a few small tensors, one per level size seen)."""
+    key = (g, size, str(device))
+    hit = _MEMBERS.get(key)
+    if hit is None:
+        if len(_MEMBERS) > 256:
+            _MEMBERS.clear()
+        hit = _MEMBERS[key] = torch.arange(0, g * size, size, device=device)
+    return hit
+
+
+def top_values(flat: torch.Tensor, k_top: int, ws: _Workspace | None = None,
+               final: bool = True) -> torch.Tensor:
+    """``(R, kk)``: the ``kk = min(k_top, n)`` largest values of each row of ``flat``
+    (``(R, n)``, rows may be strided views), in any order. Exact. With ``final=False``
+    the last ``topk`` after a grouping is left out: ``(R, m)`` values (a new tensor),
+    ``m >= kk``, that hold the ``kk`` largest (for a caller that selects from them anyway).
+
+    The same grouped selection as :func:`block_top` on one flat row per head, walked back
+    down with ``gather`` (no advanced indexing): group maxima of :data:`GROUP` strided
+    slabs, level by level while a row is longer than :data:`TOPK_ROW`, ``topk`` of the
+    top level, then ``topk`` of the ``GROUP * kk`` members of the chosen groups at each
+    level below. A row whose length is not a multiple of ``GROUP`` at some level stops
+    the grouping there (pad with ``-inf`` to keep it going). Fixed shapes, no host sync.
+    """
+    r, n = flat.shape
+    kk = min(k_top, n)
+    g = GROUP
+    levels = [flat]
+    size = n
+    while size > TOPK_ROW and size % g == 0 and size // g >= 2 * kk:
+        size //= g
+        out = None if ws is None else ws.get(f"sel{len(levels)}", (r, size), flat.dtype,
+                                             flat.device)
+        levels.append(torch.amax(levels[-1].view(r, g, size), dim=1, out=out))
+    top = levels.pop()
+    if not levels:
+        return top.topk(kk, dim=1, sorted=False).values
+    idx = top.topk(kk, dim=1, sorted=False).indices  # (R, kk) groups of the level below
+    while levels:
+        below = levels.pop()
+        members = _members(g, size, flat.device)  # group j: j + i·size
+        pos = (idx.unsqueeze(-1) + members).view(r, kk * g)
+        cand = below.gather(1, pos)
+        if not levels:
+            return cand.topk(kk, dim=1, sorted=False).values if final else cand
+        idx = pos.gather(1, cand.topk(kk, dim=1, sorted=False).indices)
+        size *= g
+    raise AssertionError("unreachable")

@@ -345,3 +345,105 @@ def test_a_long_sequence_stays_within_the_memory_budget() -> None:
     ref = (q[0, 1] @ k[0, 1].T * d**-0.5).masked_fill(
         ~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
     torch.testing.assert_close(got.maximum[1], ref.max())
+
+
+def _spy_fused(monkeypatch) -> list[tuple]:
+    """Record the calls of the fused pass (the path taken when the pairs follow from shapes)."""
+    calls: list[tuple] = []
+    real = _logits.fused_stats
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_logits, "fused_stats", spy)
+    return calls
+
+
+@pytest.mark.parametrize(("b", "h", "hk", "t", "s", "causal"), [
+    (2, 4, 4, 67, 67, True),   # several query blocks, a short last one
+    (1, 2, 2, 5, 9, True),     # more keys than queries (top-left, as SDPA)
+    (2, 3, 3, 40, 17, True),   # more queries than keys: the last rows see every key
+    (2, 8, 2, 33, 33, True),   # GQA
+    (3, 2, 1, 21, 30, False),  # no mask at all
+    (1, 1, 1, 1, 1, True),     # one pair
+])
+def test_fused_pass_matches_numpy(monkeypatch, b, h, hk, t, s, causal) -> None:
+    calls = _spy_fused(monkeypatch)
+    gen = torch.Generator().manual_seed(b * 100 + t)
+    q = torch.randn(b, h, t, 6, generator=gen) * 2
+    k = torch.randn(b, hk, s, 6, generator=gen) * 2
+    got = attention_head_stats(q, k, is_causal=causal, scale=0.4).metrics()
+    assert calls, "the fused pass was not taken"
+    pattern = np.tril(np.ones((t, s), bool)) if causal else np.ones((t, s), bool)
+    ref = full_reference(q, k, np.broadcast_to(pattern, (b, h, t, s)), 0.4)
+    assert set(got) == set(ref)
+    for name, values in ref.items():
+        np.testing.assert_allclose(got[name].numpy(), values, rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+
+
+def test_fused_pass_std_is_exact_far_from_zero_mean(monkeypatch) -> None:
+    """Logits with a mean ~40 std away from 0: the centred sums keep M2 exact."""
+    calls = _spy_fused(monkeypatch)
+    gen = torch.Generator().manual_seed(9)
+    b, h, t, d = 2, 2, 64, 8
+    q = torch.randn(b, h, t, d, generator=gen) * 0.1 + 3.0
+    k = torch.randn(b, h, t, d, generator=gen) * 0.1 + 3.0
+    got = attention_head_stats(q, k, is_causal=True, scale=1.0).metrics()
+    assert calls
+    ref = full_reference(q, k, np.broadcast_to(np.tril(np.ones((t, t), bool)), (b, h, t, t)),
+                         1.0)
+    assert min(ref["attn.logit_mean"]) > 30 * max(ref["attn.logit_std"])
+    for name in ("attn.logit_mean", "attn.logit_std", "attn.logit_p99", "attn.entropy_mean"):
+        np.testing.assert_allclose(got[name].numpy(), ref[name], rtol=1e-5, err_msg=name)
+
+
+def test_fused_pass_with_a_full_selection_buffer_stays_exact(monkeypatch) -> None:
+    """A budget small enough that the kept top values are selected several times."""
+    calls = _spy_fused(monkeypatch)
+    gen = torch.Generator().manual_seed(10)
+    b, h, t, d = 1, 2, 600, 4
+    q, k = torch.randn(b, h, t, d, generator=gen), torch.randn(b, h, t, d, generator=gen)
+    budget = 400_000
+    assert _logits._plan(b, h, t, t, budget)[2]  # exact
+    got = attention_head_stats(q, k, is_causal=True, budget=budget).metrics()
+    assert calls and calls[0][5] < t  # several query blocks
+    ref = full_reference(q, k, np.broadcast_to(np.tril(np.ones((t, t), bool)), (b, h, t, t)),
+                         d**-0.5)
+    for name, values in ref.items():
+        np.testing.assert_allclose(got[name].numpy(), values, rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+
+
+def test_fused_pass_computes_only_the_visible_keys(monkeypatch) -> None:
+    """Causal blocks of query rows multiply only the keys they see: about 5/8 of T x S."""
+    sizes: list[int] = []
+    real = torch.matmul
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is real:
+                sizes.append(out.numel())
+            return out
+
+    q, k = torch.randn(2, 4, 256, 16), torch.randn(2, 4, 256, 16)
+    with Spy():
+        attention_head_stats(q, k, is_causal=True)
+    assert sum(sizes) <= 0.65 * 2 * 4 * 256 * 256, sizes
+
+
+@pytest.mark.parametrize("k_top", [1, 123, 2 * 64 * 96 // 100 + 2, 2 * 64 * 96])
+def test_top_values_equals_topk(k_top: int) -> None:
+    from logitwatch.hooks._stats import top_values
+
+    for i, block in enumerate(_hard_blocks() + _deep_blocks()):
+        flat = block.transpose(0, 1).reshape(block.shape[1], -1)
+        kk = min(k_top, flat.shape[1])
+        want = flat.topk(kk, dim=1).values
+        got = top_values(flat, k_top).sort(dim=1, descending=True).values
+        assert torch.equal(got, want), i
+        superset = top_values(flat, k_top, final=False)  # holds the kk largest
+        assert superset.shape[1] >= kk
+        assert torch.equal(superset.topk(kk, dim=1).values, want), i
