@@ -5,10 +5,15 @@ max, p99, mean, std, and the entropy of the softmax rows (mean and min over quer
 rows); with a soft-cap also the post-cap max and p99. The logits are materialised one
 block of ``(B, heads, query rows, S)`` at a time, sized so that a block and its
 temporaries stay within ``budget`` bytes: a 32k-token sequence never holds a full
-``T x T`` matrix per head.
+``T x T`` matrix per head. When the valid pairs follow from shapes (a causal mask or
+none, no padding, no soft-cap) the work goes to the fused pass of
+:mod:`~logitwatch.hooks._fused` (only the keys each query block sees, one set of passes
+per block, the top 1 % selected once per call); everything else takes the general path
+below.
 
 p99 is **exact** (NumPy's 'linear' percentile) while the top 1 % of one head's pairs fits
-in a quarter of the budget (selected per block by :func:`_block_top`, kept across query
+in a quarter of the budget (selected per block by
+:func:`~logitwatch.hooks._stats.block_top`, kept across query
 blocks and merged with ``topk``); beyond
 that it comes from a 4096-bin histogram over ``[min, max]`` in a second pass over the
 blocks, with an absolute error of at most one bin width, ``(max - min) / 4096``.

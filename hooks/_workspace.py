@@ -20,7 +20,7 @@ class _Workspace:
     full-size temporary is written with ``out=`` into one of a few named buffers. On CPU
     they are kept per thread between calls (a few blocks of
     :data:`~logitwatch.hooks._logits.CPU_BLOCK_ELEMENTS`
-    float32 values, 6.3 MiB on the bench model) and freed by :func:`release_workspace`;
+    float32 values, 5.9 MiB on the bench model) and freed by :func:`release_workspace`;
     elsewhere the device's caching allocator already reuses memory, and the buffers live
     for one call.
     """
