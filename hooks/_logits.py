@@ -254,7 +254,7 @@ def attention_head_stats(
         cap = CPU_BLOCK_ELEMENTS if q.device.type == "cpu" else None
         hc, tq, exact = _plan(b, h, t, s, budget, cap)
         parts: list[HeadStats] = []
-        if exact and softcap is None and (valid is None or valid.causal_only) and t and s:
+        if exact and softcap is None and (valid is None or valid.causal_only) and b * t * s:
             # the valid pairs follow from shapes: one fused pass over the visible keys
             causal = valid is not None
             elements = _block_elements(budget, cap)
