@@ -31,6 +31,7 @@ from ._shard import find_sharding
 from ._stats import global_grad_norm
 from ._tp import find_tp
 from .fuses import FusesArg, FuseSet
+from .fuses._base import parse as parse_fuses
 
 __all__ = ["Monitor", "attention_dtype_max"]
 
@@ -105,6 +106,8 @@ class Monitor(CaptureMixin, FramesMixin):
         tp_group: Any = None,
         tp_rank: int | None = None,
     ) -> None:
+        # checked before anything is installed: a bad ``fuses`` raises with the model untouched
+        fuse_list = parse_fuses(fuses)
         self.model = model
         self._ranks: RankReduce | None = None  # reduce-before-send (``_reduce``)
         self._reduced: Reduced | None = None
@@ -195,7 +198,7 @@ class Monitor(CaptureMixin, FramesMixin):
         self._eager_token = _eager.install(model, self)
         _clip.add_listener(self._on_clip)
         #: The fuses (``attach(fuses=...)``, docs/FUSES.md); empty and free by default.
-        self.fuses = FuseSet.build(fuses, self)
+        self.fuses = FuseSet(fuse_list, self)
 
     # -- public --------------------------------------------------------------------------
 

@@ -373,7 +373,21 @@ def test_attach_checks_fuses() -> None:
         QKClip(mode="on")
     with pytest.raises(ValueError, match="named twice"):
         attach(model, run="r", fuses=[QKClip(), QKClip()])
-    assert not attach(model, run="r").fuses  # off by default
+    mon = attach(model, run="r")
+    try:
+        assert not mon.fuses  # off by default
+    finally:
+        mon.close()
+    # a refused spec leaves nothing installed (the clip patch is the global one to check)
+    import torch
+
+    from logitwatch.hooks import _clip
+
+    listeners, clip_fn = len(_clip._listeners), torch.nn.utils.clip_grad_norm_
+    with pytest.raises((TypeError, ValueError)):
+        attach(model, run="r", fuses={"qk_norm": "auto"})
+    assert len(_clip._listeners) == listeners and torch.nn.utils.clip_grad_norm_ is clip_fn
+    assert not model._forward_pre_hooks and not model._forward_hooks
 
 
 # -- LR backoff ----------------------------------------------------------------------------
