@@ -26,3 +26,18 @@ def test_collector_uses_the_postgres_service() -> None:
     assert col["environment"]["LOGITWATCH_DB_URL"].startswith("postgresql+psycopg://")
     assert col["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert "healthcheck" in pg and (ROOT / "Dockerfile").exists()
+
+
+def test_the_collectors_sit_behind_one_address() -> None:
+    spec = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = spec["services"]
+    collectors = [n for n, s in services.items() if "logitwatch" in str(s.get("command"))]
+    assert len(collectors) >= 2
+    assert all("ports" not in services[n] for n in collectors)  # reached through the proxy
+    proxy = services["proxy"]
+    assert proxy["ports"] == ["8000:80"] and set(proxy["depends_on"]) == set(collectors)
+    mount = proxy["volumes"][0].split(":")[0]
+    conf = (ROOT / mount).read_text()
+    for name in collectors:  # every collector is an upstream of the one address
+        assert f"server {name}:8000" in conf
+    assert "proxy_buffering off" in conf  # the live stream is not held back
