@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from logitwatch.server.db.models import Alert, Frame, Metric, Point, Run, RunTag
 from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import DeletedOut, HeatmapOut, MetricOut, RunOut, SeriesOut
+from logitwatch.server.store.buckets import bucketed
 from logitwatch.server.store.codec import decode
 from logitwatch.server.store.downsample import minmax_downsample
 from logitwatch.server.store.ingest import ENVELOPE
@@ -340,7 +341,8 @@ def get_series(
     end_time: float | None = None,
     max_points: int = 2000,
 ) -> SeriesOut:
-    """One series over a step (and/or time) range, min/max-preserving downsampled.
+    """One series over a step (and/or time) range, min/max-preserving downsampled (one
+    rank's long series in SQL, :mod:`.buckets`).
 
     For a per-head metric, ``layer`` and ``head`` pick one head (only its 4 bytes of each
     stored matrix leave the database); without them the series is the maximum over all
@@ -362,10 +364,18 @@ def get_series(
                                                   Metric.name == name + ENVELOPE))
         if env is not None:  # the stored rollup: one scalar per frame
             source, scalar = env, True
+    bounds = run_bounds(session, run_id, start_time, end_time)
+    if not merge and (scalar or one_head):  # a long series: min/max buckets in SQL
+        got = bucketed(session, run_id=run_id, metric_id=source.id, data=Point.data,
+                       byte=(layer * m.heads + head) * 4 if one_head else 0,  # type: ignore[operator]
+                       scalar=scalar, rank=rank, bounds=bounds, max_points=max_points,
+                       where=lambda q: _where_frames(q, rank, start, end, start_time, end_time))
+        if got is not None:
+            return SeriesOut(name=name, rank=rank, merge=None, layer=layer, head=head,
+                             total=got[2], steps=got[0].tolist(), values=got[1].tolist())
     steps, blobs = _read_series(session, source.id, data, scalar=scalar,
                                 rank=None if merge else rank, start=start, end=end,
-                                start_time=start_time, end_time=end_time,
-                                bounds=run_bounds(session, run_id, start_time, end_time))
+                                start_time=start_time, end_time=end_time, bounds=bounds)
     blob = b"".join(blobs)
     if not blobs:
         values = np.zeros(0, dtype=np.float64)
