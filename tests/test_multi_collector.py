@@ -155,8 +155,9 @@ def test_compose_runs_several_collectors_on_one_postgres() -> None:
     assert len(collectors) >= 2, list(spec["services"])
     urls = {v["environment"]["LOGITWATCH_DB_URL"] for v in collectors.values()}
     assert len(urls) == 1 and "@postgres:5432/" in urls.pop()
-    ports = [p.split(":")[0] for v in collectors.values() for p in v["ports"]]
-    assert len(set(ports)) == len(ports)  # each on its own host port
+    # reached through one address: no collector publishes a port, the proxy does
+    assert all("ports" not in v for v in collectors.values())
+    assert [p.split(":")[0] for p in spec["services"]["proxy"]["ports"]] == ["8000"]
     env = next(iter(collectors.values()))["environment"]
     s = Settings(db_url="sqlite:///x.db", pool_size=int(env["LOGITWATCH_POOL_SIZE"]),
                  pool_max_overflow=int(env["LOGITWATCH_POOL_MAX_OVERFLOW"]))
