@@ -222,35 +222,10 @@ def attention_head_stats(
         A :class:`HeadStats` on the query's device.
     """
     with torch.no_grad():
-        full_shape = tuple(query.shape[:-1]) + (key.shape[-2],)
-        q = _as_bhtd(query.detach())
-        k = _as_bhtd(key.detach())
-        b, h, t, d = q.shape
+        q, k, group, scale, valid = prepare_attention(
+            query, key, attn_mask, is_causal, scale, query_valid, key_valid)
+        b, h, t, _ = q.shape
         s = k.shape[2]
-        if k.shape[0] != b and k.shape[0] == 1:
-            k = k.expand(b, *k.shape[1:])
-        group = 1
-        if k.shape[1] != h:
-            if k.shape[1] == 0 or h % k.shape[1]:
-                raise ValueError(f"{h} query heads cannot share {k.shape[1]} key heads")
-            group = h // k.shape[1]
-        scale = d**-0.5 if scale is None else float(scale)
-        valid: _Mask | None = None
-        rows = cols = None
-        if query_valid is not None:
-            rows = _token_mask(query_valid, b, t, "query_valid")
-        if key_valid is not None:
-            cols = _token_mask(key_valid, b, s, "key_valid")
-        if attn_mask is not None or is_causal or rows is not None or cols is not None:
-            mask = None
-            if attn_mask is not None:
-                mask = attn_mask.detach()
-                if mask.shape[-1] > s:
-                    mask = mask[..., :s]  # as HF eager does with a longer mask
-                if query.dim() != 4:
-                    mask = _as_bhtd(torch.broadcast_to(mask, full_shape))
-                mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-            valid = _Mask(mask, is_causal, rows, cols)
         cap = CPU_BLOCK_ELEMENTS if q.device.type == "cpu" else None
         hc, tq, exact = _plan(b, h, t, s, budget, cap)
         parts: list[HeadStats] = []
@@ -275,6 +250,39 @@ def attention_head_stats(
             else torch.cat([getattr(p, f.name) for p in parts])
             for f in fields(HeadStats)
         })
+
+
+def prepare_attention(
+    query: torch.Tensor, key: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
+    scale: float | None, query_valid: torch.Tensor | None, key_valid: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, int, float, _Mask | None]:
+    """``(q, k, group, scale, valid)`` for a statistics pass: q and k detached as ``(B, H,
+    T, D)`` / ``(B, H_kv, S, D)`` (a key batch of one broadcast), the query heads per key
+    head (GQA), the logit scale (default ``D ** -0.5``) and the valid pairs (None: all)."""
+    full_shape = tuple(query.shape[:-1]) + (key.shape[-2],)
+    q = _as_bhtd(query.detach())
+    k = _as_bhtd(key.detach())
+    b, h, t, d = q.shape
+    s = k.shape[2]
+    if k.shape[0] != b and k.shape[0] == 1:
+        k = k.expand(b, *k.shape[1:])
+    if k.shape[1] == 0 or h % k.shape[1]:
+        raise ValueError(f"{h} query heads cannot share {k.shape[1]} key heads")
+    group = h // k.shape[1]
+    scale = d**-0.5 if scale is None else float(scale)
+    rows = None if query_valid is None else _token_mask(query_valid, b, t, "query_valid")
+    cols = None if key_valid is None else _token_mask(key_valid, b, s, "key_valid")
+    if attn_mask is None and not is_causal and rows is None and cols is None:
+        return q, k, group, scale, None
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask.detach()
+        if mask.shape[-1] > s:
+            mask = mask[..., :s]  # as HF eager does with a longer mask
+        if query.dim() != 4:
+            mask = _as_bhtd(torch.broadcast_to(mask, full_shape))
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    return q, k, group, scale, _Mask(mask, is_causal, rows, cols)
 
 
 def _token_mask(valid: torch.Tensor, b: int, n: int, what: str) -> torch.Tensor:

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from ._logits import CPU_BLOCK_ELEMENTS, DEFAULT_BUDGET, _as_bhtd, _Mask, _token_mask
+from ._logits import CPU_BLOCK_ELEMENTS, DEFAULT_BUDGET, _Mask, prepare_attention
 
 __all__ = ["head_max"]
 
@@ -52,30 +52,10 @@ def head_max(
     ``below`` gets its bound (>= its max) instead (module docstring).
     """
     with torch.no_grad():
-        full_shape = tuple(query.shape[:-1]) + (key.shape[-2],)
-        q = _as_bhtd(query.detach())
-        k = _as_bhtd(key.detach())
-        b, h, t, d = q.shape
+        q, k, group, scale, valid = prepare_attention(
+            query, key, attn_mask, is_causal, scale, query_valid, key_valid)
+        b, h, t, _ = q.shape
         s = k.shape[2]
-        if k.shape[0] != b and k.shape[0] == 1:
-            k = k.expand(b, *k.shape[1:])
-        if k.shape[1] == 0 or h % k.shape[1]:
-            raise ValueError(f"{h} query heads cannot share {k.shape[1]} key heads")
-        group = h // k.shape[1]
-        scale = d**-0.5 if scale is None else float(scale)
-        rows = None if query_valid is None else _token_mask(query_valid, b, t, "query_valid")
-        cols = None if key_valid is None else _token_mask(key_valid, b, s, "key_valid")
-        valid: _Mask | None = None
-        if attn_mask is not None or is_causal or rows is not None or cols is not None:
-            mask = None
-            if attn_mask is not None:
-                mask = attn_mask.detach()
-                if mask.shape[-1] > s:
-                    mask = mask[..., :s]
-                if query.dim() != 4:
-                    mask = _as_bhtd(torch.broadcast_to(mask, full_shape))
-                mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-            valid = _Mask(mask, is_causal, rows, cols)
         out = torch.full((h,), -math.inf, device=q.device)
         idx: torch.Tensor | None = None  # the heads computed (None: all)
         if below is not None and q.device.type == "cpu":
