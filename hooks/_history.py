@@ -101,6 +101,8 @@ class StepHistory:
         self.watch = True
         self._last_row: tuple[int, int] | None = None
         self._pinned: torch.Tensor | None = None
+        self._event: Any = None
+        self._pinned_view: Any = None
         self._pending: tuple[int, Any, Any] | None = None
         self._host_view: Any = None  # a CPU buffer's memory, as numpy
         self._staged_meta: tuple[int, dict[int, float]] = (0, {})
@@ -253,16 +255,18 @@ class StepHistory:
         if (buf is None or buf.device.type == "cpu" or not self._masks[row] & 0b11
                 or self._pending is not None or not self.watch):
             return
+        if buf.device.type != "cuda":
+            self.watch = False  # another accelerator: no event to poll, left unwatched
+            return
         try:
-            if self._pinned is None:
+            if self._pinned is None:  # made once: one pinned pair, one event, one view
                 self._pinned = torch.empty(2, dtype=torch.float32, pin_memory=True)
+                self._event = torch.cuda.Event()
+                self._pinned_view = self._pinned.numpy()
             self._pinned.copy_(buf[row, :2], non_blocking=True)
-            event = torch.cuda.Event() if buf.device.type == "cuda" else None
-            if event is None:
-                return  # another accelerator: no event to poll, left unwatched
-            event.record()
-            self._pending = (step, event, self._pinned.numpy())
-            self._staged_meta = (self._masks[row], dict(self._host[row]))
+            self._event.record()
+            self._pending = (step, self._event, self._pinned_view)
+            self._staged_meta = (self._masks[row], self._host[row])
         except Exception:
             self.watch = False  # no pinned memory or events here: the watch stays off
 
