@@ -42,7 +42,10 @@ Held-out numbers are printed only with ``--split holdout`` or ``--split both``: 
 tunes the rules looks at the tuning half alone until the tuning is done. The first held-out
 half was read once (after which its misses were fixed, so it is seen data now); the
 ``fresh`` set (``scenario_specs_fresh.py``, new seeds and settings) was fixed and recorded
-before those fixes and is the held-out set for them (``--split fresh``).
+before those fixes and is the held-out set for them (``--split fresh``). Once it had been
+read too, a third set (``scenario_specs_fresh2.py``, split ``fresh2``) was fixed and
+recorded before round three's changes, which were chosen on the 180 seen runs
+(``--split seen``).
 
 Usage::
 
@@ -50,6 +53,8 @@ Usage::
     python bench/bench_alerts.py --intervals 1,10,40 --jobs 2 --json /tmp/alerts.json
     python bench/bench_alerts.py --split holdout           # only once tuning is over
     python bench/bench_alerts.py --split fresh             # the second held-out set
+    python bench/bench_alerts.py --split seen              # round three's tuning data
+    python bench/bench_alerts.py --split fresh2            # the third held-out set
 """
 
 from __future__ import annotations
@@ -370,11 +375,15 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenarios", type=Path, default=HERE / "scenarios")
-    p.add_argument("--split", choices=("tune", "holdout", "both", "fresh", "all"),
+    p.add_argument("--split",
+                   choices=("tune", "holdout", "both", "fresh", "seen", "fresh2", "all"),
                    default="tune",
                    help="which runs to report: tune (default), holdout (the first held-out "
                    "half), both (the two halves), fresh (the second held-out set, recorded "
-                   "after the first held-out half had been read), all")
+                   "after the first held-out half had been read), seen (tune, holdout and "
+                   "fresh: every run a rule has been read against, the tuning data of round "
+                   "three), fresh2 (the third held-out set, recorded after fresh had been "
+                   "read), all")
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)),
                    help="sampling intervals to replay at (default 1,10,25,40,50)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
@@ -384,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every row and summary here")
     a = p.parse_args(argv)
     intervals = sorted({int(x) for x in a.intervals.split(",") if x.strip()})
-    splits = {"both": ("tune", "holdout"), "all": ("tune", "holdout", "fresh")}.get(
+    splits = {"both": ("tune", "holdout"), "seen": ("tune", "holdout", "fresh"),
+              "all": ("tune", "holdout", "fresh", "fresh2")}.get(
         a.split, (a.split,))
     files = sorted(a.scenarios.glob("*.jsonl.gz"))
     headers = {f: read_header(f) for f in files}

@@ -64,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scenario_models import RunSpec, train  # noqa: E402
 from scenario_specs import SCENARIOS, Scenario  # noqa: E402
 from scenario_specs_fresh import FRESH  # noqa: E402
+from scenario_specs_fresh2 import FRESH2  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -75,7 +76,7 @@ DEGRADED_NATS = 0.25
 STOP_NONFINITE = 10  # stop after this many non-finite losses in a row
 STOP_DIVERGED = 100  # stop this many steps after a divergence that has not recovered
 
-ALL: list[Scenario] = [*SCENARIOS, *FRESH]
+ALL: list[Scenario] = [*SCENARIOS, *FRESH, *FRESH2]
 BY_NAME = {s.name: s for s in ALL}
 
 
@@ -202,7 +203,9 @@ def assign_splits(scenarios: list[Scenario]) -> dict[str, str]:
 SPLITS = assign_splits(SCENARIOS)
 #: the second held-out set, recorded after the first held-out half had been read
 SPLITS.update({s.name: "fresh" for s in FRESH})
-SPLIT_NAMES = ("tune", "holdout", "fresh")
+#: the third held-out set, recorded after the second had been read
+SPLITS.update({s.name: "fresh2" for s in FRESH2})
+SPLIT_NAMES = ("tune", "holdout", "fresh", "fresh2")
 
 
 # -- recording ----------------------------------------------------------------------------
