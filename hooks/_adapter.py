@@ -14,7 +14,8 @@ just before the kernel::
         return my_kernel(q, k, v)
 
 Outside a sampled training forward it returns at once (no tensor is touched); under
-``torch.compile`` tracing it is skipped.
+``torch.compile`` tracing it is skipped. It returns the ``q, k`` to use (changed only
+while a temporary QK-norm fuse is inserted on that layer).
 """
 
 from __future__ import annotations
@@ -61,8 +62,13 @@ def record_attention(
     layer: int | None = None,
     query_mask: torch.Tensor | None = None,
     key_mask: torch.Tensor | None = None,
-) -> None:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Hand one attention call's ``q`` and ``k`` to every monitor capturing on this thread.
+
+    Returns the ``(q, k)`` to run the kernel with: ``(query, key)`` themselves, unless a
+    temporary QK-norm fuse is inserted on this layer (docs/FUSES.md); a caller that wants
+    that fuse writes ``q, k = record_attention(q, k, ...)``. A soft-cap fuse cannot reach
+    a caller's kernel (it says so once).
 
     Args:
         query: ``(B, H, T, D)`` (or SDPA's other layouts), after RoPE and QK-norm.
@@ -83,11 +89,15 @@ def record_attention(
     Never raises into the caller; a failure disables the monitor's attention part.
     """
     if torch.compiler.is_compiling():
-        return
+        return query, key
     active = getattr(_local, "monitors", None)
     if not active:
-        return
+        return query, key
+    out = query, key
     for monitor in list(active):
-        monitor.record(query, key, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                       softcap=softcap, layer=layer, query_mask=query_mask,
-                       key_mask=key_mask)
+        got = monitor.record(query, key, attn_mask=attn_mask, is_causal=is_causal,
+                             scale=scale, softcap=softcap, layer=layer, query_mask=query_mask,
+                             key_mask=key_mask)
+        if got is not None:
+            out = got
+    return out

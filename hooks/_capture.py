@@ -71,15 +71,19 @@ class CaptureMixin:
                 elif (self._depth == 1 and getattr(self, "_max_step", False)
                       and module.training and torch.is_grad_enabled()):
                     self._start_max(args, kwargs)
+                elif self._depth == 1 and self._rewriting():
+                    self._start_max(args, kwargs, measure=False)
                 return
             if not (module.training and torch.is_grad_enabled()):
+                if self._rewriting():  # a fuse's rewrite holds in evaluation forwards too
+                    self._start_max(args, kwargs, measure=False)
                 return
             t0 = _clock()
             self.capturing = True
             _adapter.push(self)
             self._calls = 0
             self._padding.capture(args, kwargs)  # a reference only: read when measured
-            if "attention" not in self.disabled:
+            if "attention" not in self.disabled or self._rewriting():
                 self._mode = SdpaCapture(self._record_call)
                 self._mode.__enter__()
         except Exception:
@@ -143,16 +147,25 @@ class CaptureMixin:
             self._fail("final")
         self._cost.add_host(_clock() - t0)
 
-    def _start_max(self, args: Any, kwargs: dict[str, Any] | None) -> None:
+    def _rewriting(self) -> bool:
+        """Whether a fuse rewrites attention calls now (QK-norm, soft-cap: every forward is
+        intercepted, ``hooks/fuses/_rewrite.py``)."""
+        rewrite = getattr(self, "attn_rewrite", None)
+        return rewrite is not None and rewrite.active
+
+    def _start_max(self, args: Any, kwargs: dict[str, Any] | None,
+                   measure: bool = True) -> None:
         """Start a max-only capture of this training forward (a step a fuse asked for with
         :meth:`request_max`, outside the monitor's samples): the attention calls give their
-        per-head max logit only (:mod:`~logitwatch.hooks._maxlogit`), nothing else."""
+        per-head max logit only (:mod:`~logitwatch.hooks._maxlogit`), nothing else.
+        ``measure=False``: the calls are only rewritten by a fuse (nothing measured)."""
         self.capturing = True
         self.max_only = True
+        self._max_measure = measure
         _adapter.push(self)
         self._calls = 0
         self._padding.capture(args, kwargs)
-        if "attention" not in self.disabled:
+        if "attention" not in self.disabled or self._rewriting():
             self._mode = SdpaCapture(self._record_call)
             self._mode.__enter__()
 
@@ -170,19 +183,41 @@ class CaptureMixin:
             mode.retire()
             self._fail("attention", RuntimeError("the SDPA capture mode is not innermost"))
 
-    def _record_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if self.eager_depth or "attention" in self.disabled:
-            return
+    def _record_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Measure one SDPA/MHA call; returns a fuse's rewrite of it (or None)."""
+        if self.eager_depth:
+            return None
+        got = None
+        if self._rewriting():  # never raises: a failing rewrite leaves the call as is
+            got = self.attn_rewrite.sdpa(self._calls, func, args, kwargs)
+        if "attention" in self.disabled:
+            self._calls += 1
+            return got
         try:
             call = parse_call(func, args, kwargs)
         except Exception:
             self._fail("attention")
-            return
+            return got
         if call is None:
             self._calls += 1  # a layer we cannot model keeps its row number
-            return
+            return got
+        if got is not None:  # measure what the softmax receives
+            call.query, call.key = got.query, got.key
         self._record(None, call.query, call.key, call.attn_mask, call.is_causal, call.scale,
-                     None, call.query_valid, call.key_valid)
+                     None if got is None else got.softcap, call.query_valid, call.key_valid)
+        return got
+
+    def rewrite_eager(self, original: Any, module: torch.nn.Module, query: torch.Tensor,
+                      key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
+        """A fuse's rewrite of one HF eager attention call (None: unchanged)."""
+        if not self._rewriting():
+            return None
+        layer = getattr(module, "layer_idx", None)
+        layer = layer if isinstance(layer, int) and not isinstance(layer, bool) else self._calls
+        return self.attn_rewrite.eager(layer, original, module, query, key, value,
+                                       attention_mask, args, kwargs)
 
     def record_eager(
         self,
@@ -213,6 +248,9 @@ class CaptureMixin:
         key_valid: torch.Tensor | None = None,
     ) -> None:
         if self.max_only:
+            if not getattr(self, "_max_measure", True):  # rewritten by a fuse only
+                self._calls += 1
+                return
             self._record_max(layer, query, key, mask, is_causal, scale, query_valid,
                              key_valid)
             return

@@ -83,10 +83,17 @@ def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         for owner in _owners.get(id(module), ()):
             if owner.capturing:
                 scaling = kwargs["scaling"] if "scaling" in kwargs else (args[0] if args else None)
-                owner.record_eager(module, query, key, attention_mask, scaling,
-                                   kwargs.get("softcap"))
+                got, cap = None, kwargs.get("softcap")
+                if getattr(owner, "attn_rewrite", None) is not None:  # QK-norm, soft-cap
+                    got = owner.rewrite_eager(original, module, query, key, value,
+                                              attention_mask, args, kwargs)
+                rq, rk = (query, key) if got is None else (got.query, got.key)
+                owner.record_eager(module, rq, rk, attention_mask, scaling,
+                                   cap if got is None or got.softcap is None else got.softcap)
                 owner.eager_depth += 1
                 try:
+                    if got is not None:
+                        return got.func(*got.args, **got.kwargs)
                     return original(module, query, key, value, attention_mask, *args, **kwargs)
                 finally:
                     owner.eager_depth -= 1

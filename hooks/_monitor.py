@@ -197,6 +197,8 @@ class Monitor(CaptureMixin, FramesMixin):
             self._handles.append(inner.register_step_post_hook(self._post_optimizer_step))
         self._eager_token = _eager.install(model, self)
         _clip.add_listener(self._on_clip)
+        #: Attention rewritten by the QK-norm / soft-cap fuses (``fuses/_rewrite.py``).
+        self.attn_rewrite: Any = None
         #: The fuses (``attach(fuses=...)``, docs/FUSES.md); empty and free by default.
         self.fuses = FuseSet(fuse_list, self)
 
@@ -309,12 +311,21 @@ class Monitor(CaptureMixin, FramesMixin):
         layer: int | None = None,
         query_mask: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
-    ) -> None:
-        """Measure one attention call while capturing (see ``record_attention``)."""
-        if not self.capturing or "attention" in self.disabled:
-            return
-        self._record(layer, query, key, attn_mask, is_causal, scale, softcap, query_mask,
-                     key_mask)
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Measure one attention call while capturing (see ``record_attention``); returns
+        the ``(q, k)`` a QK-norm fuse asks the caller to use, or None."""
+        if not self.capturing:
+            return None
+        got = None
+        if self._rewriting():
+            got = self.attn_rewrite.custom(self._calls if layer is None else layer, query,
+                                           key, scale)
+            if got is not None:
+                query, key = got
+        if "attention" not in self.disabled:
+            self._record(layer, query, key, attn_mask, is_causal, scale, softcap, query_mask,
+                         key_mask)
+        return got
 
     def begin_capture(self) -> None:
         """Start measuring a training forward by hand (framework integrations whose

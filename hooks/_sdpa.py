@@ -126,8 +126,9 @@ def _mha_valid(
     return v.view(1, 1, tgt, src) if v.dim() == 2 else v.view(bsz, heads, tgt, src)
 
 
-#: ``record(func, args, kwargs)`` for the attention functions above; must not raise.
-Recorder = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], None]
+#: ``record(func, args, kwargs)`` for the attention functions above; must not raise. It
+#: returns None, or a rewritten call (``.func``, ``.args``, ``.kwargs``) to run instead.
+Recorder = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 ATTENTION_FUNCTIONS = (_SDPA, _MHA)
 
 
@@ -140,7 +141,7 @@ def parse_call(
 
 class SdpaCapture(TorchFunctionMode):
     """Calls ``record(func, args, kwargs)`` for each SDPA / MHA call while active, then
-    runs it as is.
+    runs it as is (or the call ``record`` returned: the QK-norm and soft-cap fuses).
 
     ``record`` must not raise (the monitor guards it). After :meth:`retire` the mode is a
     pure pass-through, for the rare case it cannot be popped from the mode stack.
@@ -167,5 +168,7 @@ class SdpaCapture(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if self._record is not None and (func is _SDPA or func is _MHA):
-            self._record(func, args, kwargs)
+            got = self._record(func, args, kwargs)
+            if got is not None:  # a fuse rewrote the call (hooks/fuses/_rewrite.py)
+                func, args, kwargs = got.func, got.args, got.kwargs
         return func(*args, **kwargs)

@@ -106,6 +106,8 @@ FUSE_RULES: Final[dict[str, tuple[str, ...]]] = {
     "lr_backoff": ("lr_jump", "lr_above_peak", "grad_norm_rising", "grad_blowup",
                    "grad_spike", "loss_jump", "attn_logit_departure", "attn_logit_forecast"),
     "rollback": ("loss_nonfinite", "grad_nonfinite", "grad_blowup", "loss_jump", "loss_rise"),
+    "qk_norm": ("attn_logit*", "attn_p99*"),
+    "soft_cap": ("attn_logit*", "attn_p99*"),
 }
 
 

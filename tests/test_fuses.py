@@ -368,7 +368,7 @@ def test_a_fuse_that_cannot_apply_says_why_once(caplog) -> None:
 def test_attach_checks_fuses() -> None:
     model = Net()
     with pytest.raises(ValueError, match="unknown fuse"):
-        attach(model, run="r", fuses={"qk_norm": "auto"})
+        attach(model, run="r", fuses={"no_such_fuse": "auto"})
     with pytest.raises(ValueError, match="mode"):
         QKClip(mode="on")
     with pytest.raises(ValueError, match="named twice"):
@@ -385,7 +385,7 @@ def test_attach_checks_fuses() -> None:
 
     listeners, clip_fn = len(_clip._listeners), torch.nn.utils.clip_grad_norm_
     with pytest.raises((TypeError, ValueError)):
-        attach(model, run="r", fuses={"qk_norm": "auto"})
+        attach(model, run="r", fuses={"no_such_fuse": "auto"})
     assert len(_clip._listeners) == listeners and torch.nn.utils.clip_grad_norm_ is clip_fn
     assert not model._forward_pre_hooks and not model._forward_hooks
 

@@ -389,10 +389,13 @@ def parse(spec: FusesArg | None) -> list[Fuse]:
     """Fuse objects from ``attach(fuses=...)`` (see :data:`FusesArg`)."""
     from ._lr import LRBackoff
     from ._qkclip import QKClip
+    from ._qknorm import QKNorm
     from ._rollback import Rollback
+    from ._softcap import SoftCap
 
     known: dict[str, type[Fuse]] = {QKClip.name: QKClip, LRBackoff.name: LRBackoff,
-                                    Rollback.name: Rollback}
+                                    Rollback.name: Rollback, QKNorm.name: QKNorm,
+                                    SoftCap.name: SoftCap}
     if spec is None:
         return []
     out: list[Fuse] = []
