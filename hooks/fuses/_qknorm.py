@@ -264,7 +264,7 @@ class QKNorm(LayerFuse, Fuse):
             if layer in self.annealing:
                 p = p99.get(layer, math.nan)
                 self._over[layer] = self._over.get(layer, 0) + 1 if p > self.limit else 0
-                if self._over[layer] >= self.patience:
+                if self._over[layer] >= self.patience and self.engaged:  # not after undo
                     back.append(layer)
             elif layer in raw:
                 self._calm[layer] = self._calm.get(layer, 0) + 1 if raw[layer] <= self.limit \

@@ -76,8 +76,9 @@ def gain(tau: float, head_dim: int, scale: float | None) -> float:
 
 
 def norm_qk(x: torch.Tensor, lam: float, g: float) -> torch.Tensor:
-    """``λ·g·x/rms(x) + (1-λ)·x`` over the last dimension (float32 inside, ``x``'s dtype out)."""
-    xf = x.float()
+    """``λ·g·x/rms(x) + (1-λ)·x`` over the last dimension (at least float32 inside,
+    ``x``'s dtype out)."""
+    xf = x if x.dtype in (torch.float32, torch.float64) else x.float()
     n = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + EPS) * g
     out = n if lam >= 1.0 else lam * n + (1.0 - lam) * xf
     return out.to(x.dtype)
@@ -393,7 +394,7 @@ class LayerFuse:
         from ._base import multi_rank
 
         mon = fuses.monitor
-        if mon is None:
+        if mon is None or self.mode == "off":  # type: ignore[attr-defined]
             return
         if multi_rank() or getattr(mon, "_shard", None) is not None:
             self.cannot(0, "several ranks (DDP/FSDP): each rank measures its own batch, and "  # type: ignore[attr-defined]
