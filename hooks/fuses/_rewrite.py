@@ -222,6 +222,19 @@ class AttentionRewrite:
         g = gain(self.tau, q.shape[-1], scale)
         return norm_qk(q, lam, g), norm_qk(k, lam, g)
 
+    def _guarded(self, layer: int, run: Callable[[], Any], fallback: Callable[[], Any]
+                 ) -> Callable[[], Any]:
+        """``run`` for the call; if it raises, the fuses fail and ``fallback`` (the call as
+        the model made it) runs instead."""
+        def call() -> Any:
+            try:
+                return run()
+            except Exception:
+                self._fail(layer)
+                return fallback()
+
+        return call
+
     # -- the paths ---------------------------------------------------------------------------
 
     def sdpa(self, layer: int, func: Callable[..., Any], args: tuple[Any, ...],
@@ -250,11 +263,13 @@ class AttentionRewrite:
         self.calls += 1
         if cap is None:
             return Rewritten(_SDPA, (), a, q, k, None)
-        return Rewritten(lambda **kw: capped_sdpa(**kw, cap=cap), (), a, q, k, cap)
+        run = self._guarded(layer, lambda: capped_sdpa(**a, cap=cap),
+                            lambda: _SDPA(*args, **kwargs))
+        return Rewritten(run, (), {}, q, k, cap)
 
     def _mha(self, layer: int, args: tuple[Any, ...], kwargs: dict[str, Any]
              ) -> Rewritten | None:
-        from .._sdpa import _MHA_PARAMS
+        from .._sdpa import _MHA, _MHA_PARAMS
 
         a = dict(zip(_MHA_PARAMS, args, strict=False))
         a.update(kwargs)
@@ -283,7 +298,9 @@ class AttentionRewrite:
         q, k = self._qk(layer, q, k, None)
         cap = self.capped.get(layer)
         self.calls += 1
-        return Rewritten(lambda: _mha_explicit(a, q, k, v, cap, batched), (), {}, q, k, cap)
+        run = self._guarded(layer, lambda: _mha_explicit(a, q, k, v, cap, batched),
+                            lambda: _MHA(*args, **kwargs))
+        return Rewritten(run, (), {}, q, k, cap)
 
     def eager(self, layer: int, original: Callable[..., Any], module: torch.nn.Module,
               query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -303,10 +320,9 @@ class AttentionRewrite:
             dropout = kwargs.get("dropout", args[1] if len(args) > 1 else 0.0)
             own = kwargs.get("softcap")
 
-            def run() -> tuple[torch.Tensor, torch.Tensor]:
-                return _eager_explicit(module, q, k, value, attention_mask, scaling,
-                                       float(dropout or 0.0), own, cap)
-
+            run = self._guarded(layer, lambda: _eager_explicit(
+                module, q, k, value, attention_mask, scaling, float(dropout or 0.0), own, cap),
+                lambda: original(module, query, key, value, attention_mask, *args, **kwargs))
             return Rewritten(run, (), {}, q, k, cap)
         except Exception:
             self._fail(layer)

@@ -13,8 +13,10 @@ too high (Gemma-2's logit soft-capping, put in by the job while it trains).
   time of an unfused attention for those layers only. ``record_attention``: unavailable
   (the kernel is the caller's; said once, the other layers are capped).
 * The monitor measures the capped layers with the cap: ``attn.logit_max``/``p99`` stay the
-  pre-cap logits (the trigger keeps seeing what grows), ``attn.capped_logit_max`` is what
-  the softmax receives (at most ``cap``).
+  pre-cap logits (the trigger keeps seeing what grows); ``fuse.soft_cap.logit_max`` (layers
+  x heads, every layer) is the max logit the softmax receives, ``cap·tanh(max/cap)`` on the
+  capped layers (tanh is increasing), at most ``cap`` (``attn.capped_logit_max`` too, when
+  every layer of the frame is capped).
 """
 
 from __future__ import annotations
@@ -112,6 +114,12 @@ class SoftCap(LayerFuse, Fuse):
                                 "samples")
             else:
                 self._suggest(step, tripped, p99)
+        caps = self.layers
+        maxes = heads.get("attn.logit_max")
+        if caps and maxes and len(maxes) == len(self._rows):  # what the softmax receives
+            heads["fuse.soft_cap.logit_max"] = [
+                [caps[x] * math.tanh(m / caps[x]) if x in caps and not math.isnan(m) else m
+                 for m in row] for x, row in zip(self._rows, maxes, strict=True)]
         scalars["fuse.soft_cap.layers"] = float(len(self.layers))
         scalars["fuse.soft_cap.cap"] = self.cap
         scalars["fuse.soft_cap.steps_capped"] = float(self.steps_capped)
