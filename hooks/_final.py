@@ -68,25 +68,38 @@ class FinalStats:
             lg = logits.detach()
             v = lg.shape[-1]
             rows = lg.reshape(-1, v)
+            n = rows.shape[0]
+            dev = lg.device
+            f32 = torch.float32
             chunk = max(1, budget // (4 * 3 * max(1, v)))
-            if lg.device.type == "cpu":  # cache-sized chunks, as the attention statistics
+            if dev.type == "cpu":  # cache-sized chunks, as the attention statistics
                 chunk = min(chunk, max(1, CPU_BLOCK_ELEMENTS // max(1, v)))
-            ws = workspace(lg.device)
-            lse_sum = torch.zeros((), dtype=torch.float64, device=lg.device)
-            lmax = torch.full((), -math.inf, device=lg.device)
-            for r0 in range(0, rows.shape[0], chunk):
-                part = rows[r0 : r0 + chunk].float()
-                top = part.amax(dim=-1)
-                lmax = torch.maximum(lmax, top.amax())
-                # logsumexp = max - log(largest softmax probability): the softmax kernel
-                # is several times faster than exp() of the shifted copy on CPU; its
-                # output goes to the reused scratch buffer (no fresh pages per call)
-                p = ws.get("final", part.shape, torch.float32, lg.device, chunk * v)
-                p_max = torch.softmax(part, dim=-1, out=p).amax(dim=-1)
-                lse_sum = lse_sum + (top - p_max.log()).sum().double()
-            self.lse_sum = lse_sum
-            self.n_rows = float(rows.shape[0])
-            self.logit_max = lmax
+            chunk = min(chunk, max(1, n))
+            ws = workspace(dev)
+            # per row: the max logit and the largest softmax probability, written by each
+            # chunk's reductions into slices (three operations a chunk), reduced once:
+            # log-sum-exp = max - log(largest p). The softmax kernel is several times
+            # faster than exp() of a shifted copy on CPU (bench/README.md, Hooks); its
+            # output goes to a reused scratch buffer (no fresh pages per call)
+            top = ws.get("final_top", (n,), f32, dev)
+            p_max = ws.get("final_pmax", (n,), f32, dev)
+            for r0 in range(0, n, chunk):
+                r1 = min(n, r0 + chunk)
+                part = rows[r0:r1]
+                if part.dtype != f32:
+                    part = ws.get("final_in", part.shape, f32, dev, chunk * v).copy_(part)
+                torch.amax(part, dim=-1, out=top[r0:r1])
+                p = torch.softmax(part, dim=-1, out=ws.get("final", part.shape, f32, dev,
+                                                           chunk * v))
+                torch.amax(p, dim=-1, out=p_max[r0:r1])
+            if n:
+                self.lse_sum = (top.sum(dtype=torch.float64)
+                                - p_max.log_().sum(dtype=torch.float64))
+                self.logit_max = top.amax()
+            else:
+                self.lse_sum = torch.zeros((), dtype=torch.float64, device=dev)
+                self.logit_max = torch.full((), -math.inf, device=dev)
+            self.n_rows = float(n)
 
     def merge(self, other: FinalStats) -> None:
         self.sq_sum = self.sq_sum + other.sq_sum
