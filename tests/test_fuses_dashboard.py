@@ -87,7 +87,7 @@ def test_apply_and_undo_a_fuse_from_the_alert(tmp_path: Path, rising_rule: None,
             return None
 
         alert = wait_for(logit_alert)
-        assert alert["evidence"]["fuses"] == ["qk_clip"]
+        assert alert["evidence"]["fuses"] == ["qk_clip", "qk_norm", "soft_cap"]
         assert alert["fuses"][0]["control"] is None and not job.mon.fuses["qk_clip"].engaged
 
         tab.goto(f"{url}/runs/{run_id}")

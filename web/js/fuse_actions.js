@@ -5,7 +5,8 @@
 
 import { API, ApiError, el } from "./api.js";
 
-const NAMES = { qk_clip: "QK-clip", lr_backoff: "LR backoff", rollback: "Rollback" };
+const NAMES = { qk_clip: "QK-clip", lr_backoff: "LR backoff", rollback: "Rollback",
+                qk_norm: "QK-norm", soft_cap: "soft-cap" };
 
 async function post(url, body) {
   const res = await fetch(url, {

@@ -19,7 +19,8 @@ router = APIRouter(tags=["fuses"])
 
 
 class FuseIn(BaseModel):
-    fuse: str = Field(max_length=64, description="the fuse: `qk_clip`, `lr_backoff`, `rollback`")
+    fuse: str = Field(max_length=64, description="the fuse: `qk_clip`, `lr_backoff`, `rollback`, "
+                      "`qk_norm`, `soft_cap`")
     action: Literal["apply", "undo"]
     alert_id: int | None = Field(None, ge=1, description="the alert it answers (shown there)")
 
