@@ -440,16 +440,20 @@ def push(spool: str | None, url: str | None, token: str | None, max_batch: int,
 @click.option("--steps", default=None, type=click.IntRange(1),
               help="Steps per job (default: each setting's own).")
 @click.option("--setting", "settings", multiple=True,
-              type=click.Choice(["unstable", "healthy"]), help="Which jobs (default both).")
+              type=click.Choice(["unstable", "fused", "healthy"]),
+              help="Which jobs (default all three; repeatable): unstable diverges, fused is "
+              "the same run with fuses on auto (QK-clip at tau 50, LR backoff), "
+              "healthy its twin with QK-norm.")
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Random seed of the jobs (model initialisation and batches).")
 @click.option("--serve/--exit", "keep_serving", default=True, show_default=True,
               help="Keep the dashboard up after the jobs end (Ctrl-C to stop).")
 def demo(port: int, db_url: str | None, steps: int | None, settings: tuple[str, ...],
          seed: int, keep_serving: bool) -> None:
-    """Start a collector on SQLite, train two tiny transformers that stream to it (one
-    setting drives attention logits up until loss diverges, one stays healthy), and report
-    when the first alert fired and when the loss diverged. The runs stay in the store:
+    """Start a collector on SQLite, train three tiny transformers that stream to it (one
+    setting drives attention logits up until loss diverges, one is the same run with fuses
+    on auto that train it through, one stays healthy), and report when the first alert
+    fired, when the loss diverged and what the fuses did. The runs stay in the store:
     `logitwatch runs list` and `logitwatch serve` show them afterwards."""
     from logitwatch.demo.runner import run_demo
     from logitwatch.server.serving import PortInUse, check_port

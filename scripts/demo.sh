@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: install, start the collector on SQLite (127.0.0.1), run the demo training
-# jobs streaming to it, print the dashboard URL and what happened. Extra arguments go to
+# The main job: install, start the collector on SQLite (127.0.0.1), run the three demo
+# training jobs streaming to it, print the dashboard URL and what happened. Extra arguments go to
 # `logitwatch demo` (try --help: it installs nothing).
 usage() {
   cat <<'HELP'
@@ -8,7 +8,9 @@ Usage: scripts/demo.sh [OPTIONS]
 
 Creates .venv (if missing), installs logitwatch[hooks,server] into it (torch: the one .venv
 already has, else a CPU build), then runs `logitwatch demo OPTIONS`: a collector on
-127.0.0.1 and two tiny transformers training side by side, streaming to it. The runs are
+127.0.0.1 and three tiny transformers training side by side, streaming to it: one whose
+attention logits grow until its loss diverges, the same run with fuses on auto (QK-clip,
+LR backoff) that train it through, and its healthy twin (QK-norm). The runs are
 kept in the default store (~/.local/share/logitwatch/logitwatch.db, or $LOGITWATCH_HOME):
 `logitwatch runs list` and `logitwatch serve` show them afterwards.
 
@@ -16,8 +18,8 @@ Options (passed on to `logitwatch demo`):
   --port INTEGER          Collector port (0: any free port).  [default: 8000]
   --db URL                Database of the demo collector (default: the default store).
   --steps INTEGER         Steps per job (default: each setting's own).
-  --setting [unstable|healthy]
-                          Which jobs (default both; repeatable).
+  --setting [unstable|fused|healthy]
+                          Which jobs (default all three; repeatable).
   --seed INTEGER          Random seed of the jobs.  [default: 0]
   --serve / --exit        Keep the dashboard up after the jobs end (Ctrl-C to stop), or
                           stop at once.  [default: serve]

@@ -151,3 +151,17 @@ def test_settings_differ_only_in_qk_norm() -> None:
     assert not unstable.qk_norm and healthy.qk_norm and unstable.attn_dtype == "float16"
     fields = {k for k in vars(unstable) if getattr(unstable, k) != getattr(healthy, k)}
     assert fields == {"name", "description", "qk_norm"}
+
+
+def test_fused_setting_is_the_unstable_run_with_fuses_on_auto() -> None:
+    unstable, fused = SETTINGS["unstable"], SETTINGS["fused"]
+    fields = {k for k in vars(unstable) if getattr(unstable, k) != getattr(fused, k)}
+    assert fields == {"name", "description", "fuses"}
+    assert unstable.fuses is None and SETTINGS["healthy"].fuses is None
+    from logitwatch.hooks.fuses import FuseSet, LRBackoff, QKClip
+
+    built = {f.name: f for f in FuseSet.build(fused.fuses, None)}
+    assert set(built) == {"qk_clip", "lr_backoff"}
+    assert isinstance(built["qk_clip"], QKClip) and built["qk_clip"].tau == 50.0
+    assert isinstance(built["lr_backoff"], LRBackoff)
+    assert all(f.mode == "auto" for f in built.values())

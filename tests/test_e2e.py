@@ -139,8 +139,8 @@ def test_demo_alerts_before_divergence_and_calls_the_webhook(
     with Collector(f"sqlite:///{tmp_path / 'demo.db'}", webhook_url=receiver.url) as col:
         lines: list[str] = []
         results = {r["setting"]: r for r in run_jobs(
-            col.url, settings=["unstable", "healthy"], steps=None, seed=0, stamp="t",
-            echo=lines.append)}
+            col.url, settings=["unstable", "fused", "healthy"], steps=None, seed=0,
+            stamp="t", echo=lines.append)}
         assert receiver.got.wait(20), "the webhook never received the alert"
         runs = {r["name"]: r for r in httpx.get(f"{col.url}/api/v1/runs").json()}
         alerts = {
@@ -150,6 +150,12 @@ def test_demo_alerts_before_divergence_and_calls_the_webhook(
     unstable, healthy = results["unstable"], results["healthy"]
     assert unstable["divergence_step"] is not None, "the unstable demo did not diverge"
     assert healthy["divergence_step"] is None, "the healthy demo diverged"
+    # the same run as the unstable one, with its fuses on auto: trained through, at its
+    # healthy twin's loss or below (the backed-off lr), QK-clip acting
+    fused = results["fused"]
+    assert fused["divergence_step"] is None and fused["steps"] == healthy["steps"]
+    assert fused["final_loss_50"] < healthy["final_loss_50"] + 0.1, (fused, healthy)
+    assert fused["fuses"]["clip_steps"] > 100 and fused["fuses"]["backoffs"] > 0
     fired = min(a["fired_step"] for a in alerts["unstable-t"])
     assert fired < unstable["divergence_step"], (fired, unstable["divergence_step"])
     assert alerts["healthy-t"] == []
@@ -160,3 +166,26 @@ def test_demo_alerts_before_divergence_and_calls_the_webhook(
     assert unstable["first_alert_step"] is not None
     hook = receiver.bodies[0]
     assert hook["alert"]["run"] == "unstable-t" and "layer" in hook["text"]
+
+
+def test_fused_demo_job_reports_its_fuses_and_streams_their_series(tmp_path: Path) -> None:
+    """The demo's fused job for 220 steps: its logits pass tau 50 on the way (about step
+    140 for seed 0), QK-clip acts, the job says so and the fuse series reach the
+    collector."""
+    with Collector(f"sqlite:///{tmp_path / 'demo.db'}") as col:
+        lines: list[str] = []
+        (result,) = run_jobs(col.url, settings=["fused"], steps=220, seed=0, stamp="t",
+                             echo=lines.append)
+        (run,) = [r for r in httpx.get(f"{col.url}/api/v1/runs").json()
+                  if r["name"] == "fused-t"]
+        series = {name: httpx.get(f"{col.url}/api/v1/runs/{run['id']}/series",
+                                  params={"name": name}).json()
+                  for name in ("fuse.qk_clip.heads", "fuse.qk_clip.state", "loss")}
+    fuses = result["fuses"]
+    assert fuses["clip_steps"] > 0 and 100 <= fuses["first_clip"] <= fuses["last_clip"]
+    assert any(line.startswith("[fused] fuse qk_clip: clip at step") for line in lines)
+    assert result["divergence_step"] is None
+    heads = series["fuse.qk_clip.heads"]
+    assert heads["values"] and max(heads["values"]) > 0
+    assert series["fuse.qk_clip.state"]["values"][-1] == 2  # acting
+    assert series["loss"]["steps"][-1] == 219

@@ -1,4 +1,5 @@
-"""``logitwatch demo``: a collector on SQLite plus two demo jobs streaming to it.
+"""``logitwatch demo``: a collector on SQLite plus three demo jobs streaming to it (the
+unstable run, the same run with fuses on auto, and its healthy twin).
 
 The jobs run as separate processes (one CPU thread each), exactly as a user's training
 job would: they only know the collector's URL.
@@ -21,7 +22,10 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Collector", "run_demo"]
+__all__ = ["DEFAULT_SETTINGS", "Collector", "run_demo"]
+
+#: The demo's jobs, in this order: diverging, trained through by its fuses, healthy twin.
+DEFAULT_SETTINGS = ("unstable", "fused", "healthy")
 
 
 def free_port() -> int:
@@ -109,9 +113,29 @@ def first_alerts(url: str, run_name: str) -> dict[str, Any] | None:
     return ({"run_id": rid, **alerts[0]} if alerts else {"run_id": rid})
 
 
+def _loss(x: Any) -> str:
+    return f"{x:.3f}" if isinstance(x, (int, float)) and x == x else "NaN"
+
+
+def fuse_line(f: dict[str, Any]) -> str:
+    """What a job's fuses did (``job.fuse_summary``), in words."""
+    parts = []
+    if f.get("clip_steps"):
+        parts.append(f"QK-clip clipped on {f['clip_steps']} steps (steps {f['first_clip']}-"
+                     f"{f['last_clip']})")
+    else:
+        parts.append("QK-clip never clipped")
+    if f.get("backoffs"):
+        parts.append(f"LR backoff started {f['backoffs']} time(s)")
+    rb = f.get("rollbacks") or []
+    if rb:
+        parts.append("rolled back " + ", ".join(f"at {a} to {b}" for a, b in rb))
+    return "; ".join(parts)
+
+
 def run_demo(*, port: int, db_url: str, steps: int | None, settings: list[str] | None,
              seed: int, keep_serving: bool, echo: Callable[[str], None] = print) -> int:
-    settings = settings or ["unstable", "healthy"]
+    settings = settings or list(DEFAULT_SETTINGS)
     # The jobs print the alerts they receive; the collector's own alert log would repeat them.
     logging.getLogger("logitwatch.alerts").setLevel(logging.ERROR)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -123,7 +147,8 @@ def run_demo(*, port: int, db_url: str, steps: int | None, settings: list[str] |
                            echo=echo)
         echo("")
         echo(f"demo finished in {time.monotonic() - t0:.0f} s. What happened:")
-        echo(f"{'run':<28} {'steps':>6} {'loss diverged':>14} {'first alert':>12} {'lead':>10}")
+        echo(f"{'run':<28} {'steps':>6} {'loss diverged':>14} {'first alert':>12} {'lead':>10}"
+             f" {'final loss':>10}")
         for r in results:
             a = first_alerts(col.url, r["run"]) or {}
             fired = a.get("fired_step")
@@ -131,13 +156,17 @@ def run_demo(*, port: int, db_url: str, steps: int | None, settings: list[str] |
             lead = f"{div - fired} steps" if fired is not None and div is not None else "-"
             div_s = f"step {div}" if div is not None else "no"
             fired_s = f"step {fired}" if fired is not None else "none"
-            echo(f"{r['run']:<28} {r['steps']:>6} {div_s:>14} {fired_s:>12} {lead:>10}")
+            echo(f"{r['run']:<28} {r['steps']:>6} {div_s:>14} {fired_s:>12} {lead:>10}"
+                 f" {_loss(r.get('final_loss_50')):>10}")
             if a.get("message"):
                 echo(f"  first alert: {a['message']}")
+            if r.get("fuses") is not None:
+                echo(f"  fuses: {fuse_line(r['fuses'])}")
             if "run_id" in a:
                 echo(f"  chart: {col.url}/runs/{a['run_id']}")
         echo("Loss 'diverged' = first step whose loss is non-finite or whose 10-step mean "
-             "exceeds the lowest 10-step mean so far by more than 1 nat (see README).")
+             "exceeds the lowest 10-step mean so far by more than 1 nat (see README); final "
+             "loss = mean of the last 50 steps.")
         echo("The runs stay in the store: `logitwatch runs list` lists them from any "
              "directory and `logitwatch serve` shows them again (with the same --db, if "
              "you gave one).")

@@ -1,8 +1,10 @@
-"""The demo training job: two settings of one tiny byte-level GPT.
+"""The demo training job: three settings of one tiny byte-level GPT.
 
 ``SETTINGS["unstable"]`` lets the attention logits grow until half-precision attention
-overflows and the loss diverges; ``SETTINGS["healthy"]`` trains the same model and data
-for the same number of steps without diverging. :func:`train` runs one setting and
+overflows and the loss diverges; ``SETTINGS["fused"]`` is the same run with fuses on
+``auto`` (:attr:`DemoSetting.fuses`, handed to ``attach`` by ``logitwatch.demo.job``),
+which train it through; ``SETTINGS["healthy"]`` trains the same model and data for the
+same number of steps with QK-norm, without diverging. :func:`train` runs one setting and
 exposes two hooks for a monitor: ``on_model(model, optimizer)`` once before training and
 ``on_step(step, loss)`` after every optimizer step. Gradient clipping is called as
 ``torch.nn.utils.clip_grad_norm_`` (looked up at call time, so it can be intercepted).
@@ -49,6 +51,9 @@ class DemoSetting:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     seed: int = 0
+    #: The fuses a monitor attaches with (``attach(fuses=...)``'s dict form); None: none.
+    #: :func:`train` itself attaches nothing: the job (``logitwatch.demo.job``) does.
+    fuses: dict[str, Any] | None = None
 
     @property
     def grad_clip(self) -> float:
@@ -79,6 +84,11 @@ _COMMON = (
     "with a linear warmup of 1000 steps toward a very high peak lr of 0.2. "
 )
 
+#: The fused setting's fuses (``attach(fuses=...)``; docs/FUSES.md). Rollback is left out:
+#: with QK-clip holding the logits nothing triggers it, and alone it cannot remove this
+#: run's cause (bench/README.md, *Fuses*).
+FUSED: dict[str, Any] = {"qk_clip": {"tau": 50.0, "mode": "auto"}, "lr_backoff": "auto"}
+
 SETTINGS: dict[str, DemoSetting] = {
     "unstable": DemoSetting(
         name="unstable",
@@ -86,6 +96,15 @@ SETTINGS: dict[str, DemoSetting] = {
         "thousands, then past the float16 limit (65504) and the loss turns NaN "
         "(steps ~750-1000 on the reference machine).",
         qk_norm=False,
+    ),
+    "fused": DemoSetting(
+        name="fused",
+        description=_COMMON + "No QK-norm, as 'unstable', with fuses on auto: QK-clip at tau "
+        "50 scales W_q and W_k of each head whose max logit passed 50 after every step, so "
+        "the logits stay far below the float16 limit, and each clip backs the lr off (x0.5, "
+        "back over 200 steps): the run trains through all 1200 steps.",
+        qk_norm=False,
+        fuses=FUSED,
     ),
     "healthy": DemoSetting(
         name="healthy",
