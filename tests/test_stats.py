@@ -416,6 +416,37 @@ def test_fused_pass_with_a_full_selection_buffer_stays_exact(monkeypatch) -> Non
                                    err_msg=name)
 
 
+def test_fused_pass_selects_once_when_the_call_fills_the_buffer_at_most_twice(
+        monkeypatch) -> None:
+    """A head's values over the call between one and two selection buffers: the buffer
+    takes them all (one selection, no merge), still exact."""
+    from logitwatch.hooks import _fused
+
+    calls = _spy_fused(monkeypatch)
+    selects: list[int] = []
+    real_select = _fused._select
+
+    def spy_select(ws, sel, used, k_top):
+        selects.append(used)
+        return real_select(ws, sel, used, k_top)
+
+    monkeypatch.setattr(_fused, "_select", spy_select)
+    gen = torch.Generator().manual_seed(11)
+    b, h, t, d = 1, 2, 200, 4
+    q, k = torch.randn(b, h, t, d, generator=gen), torch.randn(b, h, t, d, generator=gen)
+    budget = 280_000  # two selection buffers of 11,666 values; a head's call: 22,861
+    got = attention_head_stats(q, k, is_causal=True, budget=budget).metrics()
+    assert calls and calls[0][5] < t  # several query blocks
+    tq = calls[0][5]  # the values each block copies: its rows times the keys it sees
+    visible = sum(b * (min(t, t0 + tq) - t0) * min(t, t0 + tq) for t0 in range(0, t, tq))
+    assert selects == [visible] * h  # one selection per head chunk (one head each here)
+    ref = full_reference(q, k, np.broadcast_to(np.tril(np.ones((t, t), bool)), (b, h, t, t)),
+                         d**-0.5)
+    for name, values in ref.items():
+        np.testing.assert_allclose(got[name].numpy(), values, rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+
+
 def test_fused_pass_computes_only_the_visible_keys(monkeypatch) -> None:
     """Causal blocks of query rows multiply only the keys they see: about 5/8 of T x S."""
     sizes: list[int] = []
