@@ -21,6 +21,9 @@ The label is measured on every step's loss, never by a detector under test (:fun
   the lowest 100-step mean of the run: it lost ground it had won and did not win it back. A
   monitor should warn about such a run; bench_alerts.py counts it neither as a catch nor as
   a false alarm;
+* losses measured on a scenario's injected bad batches (``RunSpec.bad_data``) never set the
+  best: zero-byte batches are trivially predictable, and a best taken on them made the
+  clean data that followed look like a divergence;
 * ``healthy``: neither. A loss excursion that came back within 0.5 nat (bad data, an LR
   bump) is a recovered bump: listed in the header (``bumps``: ``[[start, end], ...]``, end
   = the step its 10-step mean was back), not a divergence.
@@ -55,6 +58,7 @@ import math
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -104,12 +108,19 @@ def window_means(losses: list[float], window: int = DIVERGENCE_WINDOW) -> list[f
     return out
 
 
-def excursions(losses: list[float]) -> tuple[int | None, list[list[int]]]:
+def excursions(losses: list[float], ignore: Collection[int] = ()
+               ) -> tuple[int | None, list[list[int]]]:
     """``(divergence_step, bumps)`` (see the module docstring): the first step of the final
     excursion that never recovers (None: none), and every excursion that recovered, as
     ``[start, end]`` (end: the first step whose 10-step mean is back within
-    :data:`RECOVERY` nat of the best before the start)."""
+    :data:`RECOVERY` nat of the best before the start).
+
+    ``ignore``: steps whose batches were not the run's data (a scenario's injected bad
+    batches). A 10-step mean that holds one of them never sets the best: zero-byte batches
+    are trivially predictable (loss near 0), and a best taken there made the clean data that
+    followed look like a divergence."""
     means = window_means(losses)
+    tainted = _tainted(len(losses), ignore)
     best = math.inf
     bumps: list[list[int]] = []
     i, n = 0, len(losses)
@@ -121,49 +132,69 @@ def excursions(losses: list[float]) -> tuple[int | None, list[list[int]]]:
             if end is None:
                 return i, bumps
             bumps.append([i, end])
-            best = min([best, *(v for v in means[i:end + 1] if math.isfinite(v))])
+            best = min([best, *(v for j, v in enumerate(means[i:end + 1], i)
+                                if math.isfinite(v) and not tainted[j])])
             i = end + 1
             continue
-        if math.isfinite(m):
+        if math.isfinite(m) and not tainted[i]:
             best = min(best, m)
         i += 1
     return None, bumps
 
 
-def divergence_step(losses: list[float]) -> int | None:
+def _tainted(n: int, ignore: Collection[int], window: int = DIVERGENCE_WINDOW) -> list[bool]:
+    """Per step: whether its ``window``-step mean holds a step of ``ignore``."""
+    out = [False] * n
+    for s in ignore:
+        for j in range(max(0, s), min(n, s + window)):
+            out[j] = True
+    return out
+
+
+def injected_steps(spec: Any) -> set[int]:
+    """The steps of a spec (a RunSpec or its dict) that trained on injected bad batches."""
+    bad = spec.get("bad_data", ()) if isinstance(spec, dict) else spec.bad_data
+    return {s for start, end, _ in bad for s in range(int(start), int(end))}
+
+
+def divergence_step(losses: list[float], ignore: Collection[int] = ()) -> int | None:
     """The first step of the final excursion that never recovers, or None."""
-    return excursions(losses)[0]
+    return excursions(losses, ignore)[0]
 
 
-def regression(losses: list[float], window: int = DEGRADED_WINDOW) -> float:
+def regression(losses: list[float], window: int = DEGRADED_WINDOW,
+               ignore: Collection[int] = ()) -> float:
     """How far (nats) the mean of the last ``window`` losses is above the lowest
-    ``window``-step mean of the run; 0.0 for a run shorter than ``window`` or with a
-    non-finite loss."""
+    ``window``-step mean of the run (means holding a step of ``ignore`` never the lowest);
+    0.0 for a run shorter than ``window`` or with a non-finite loss."""
     if len(losses) < window or not all(math.isfinite(x) for x in losses):
         return 0.0
+    tainted = _tainted(len(losses), ignore, window)
     total = sum(losses[:window])
-    best = last = total / window
+    last = total / window
+    best = math.inf if tainted[window - 1] else last
     for i in range(window, len(losses)):
         total += losses[i] - losses[i - window]
         last = total / window
-        best = min(best, last)
-    return last - best
+        if not tainted[i]:
+            best = min(best, last)
+    return last - best if math.isfinite(best) else 0.0
 
 
-def label(losses: list[float]) -> str:
+def label(losses: list[float], ignore: Collection[int] = ()) -> str:
     """``diverging``, ``degraded`` or ``healthy`` (see the module docstring)."""
-    if divergence_step(losses) is not None:
+    if divergence_step(losses, ignore) is not None:
         return "diverging"
-    return "degraded" if regression(losses) >= DEGRADED_NATS else "healthy"
+    return "degraded" if regression(losses, ignore=ignore) >= DEGRADED_NATS else "healthy"
 
 
-def stop_reason(losses: list[float]) -> str | None:
+def stop_reason(losses: list[float], ignore: Collection[int] = ()) -> str | None:
     """Why training should stop after these losses (None: go on)."""
     n = len(losses)
     if n >= STOP_NONFINITE and not any(math.isfinite(x) for x in losses[-STOP_NONFINITE:]):
         return "nonfinite"
     if n % 10 == 0:  # the check walks the run: every 10 steps is soon enough
-        div = divergence_step(losses)
+        div = divergence_step(losses, ignore)
         if div is not None and n - 1 - div >= STOP_DIVERGED:
             return "diverged"
     return None
@@ -278,9 +309,10 @@ def _compact(frame: dict[str, Any]) -> dict[str, Any]:
 
 def header_for(sc: Scenario, loss: list[float], **extra: Any) -> dict[str, Any]:
     """The label fields of a header, measured on every step's ``loss``."""
-    div, bumps = excursions(loss)
-    return {"scenario": sc.name, "label": label(loss), "divergence_step": div,
-            "bumps": bumps, "regression": round(regression(loss), 4),
+    bad = injected_steps(sc.spec)
+    div, bumps = excursions(loss, bad)
+    return {"scenario": sc.name, "label": label(loss, bad), "divergence_step": div,
+            "bumps": bumps, "regression": round(regression(loss, ignore=bad), 4),
             "split": SPLITS[sc.name], "group": sc.group, "family": sc.spec.family,
             "expected": sc.expect, **({"expect_alert": sc.expect_alert}
                                       if sc.expect_alert else {}), **extra}
@@ -302,7 +334,8 @@ def record(name: str, out: Path = OUT) -> dict[str, Any]:
                                  sample_every=1, max_grad_norm=sc.spec.max_norm,
                                  overhead_budget=None)
 
-    res = train(sc.spec, attach=attach, should_stop=stop_reason)
+    bad = injected_steps(sc.spec)
+    res = train(sc.spec, attach=attach, should_stop=lambda losses: stop_reason(losses, bad))
     frames = sorted(client.frames, key=lambda f: (f["rank"], f["seq"]))
     for f in frames:
         f.pop("history", None)  # none at every step; derived frames get their own

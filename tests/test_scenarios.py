@@ -73,6 +73,7 @@ def test_labels_on_constructed_losses(rec: ModuleType) -> None:
     assert rec.excursions(within) == (None, [[206, 249]])
     assert rec.regression(within) == pytest.approx(0.4)
     assert rec.label(within) == "degraded"
+
     # a non-finite loss that stays: diverging at the first NaN (not the first full window)
     assert rec.excursions([2.0] * 100 + [NAN] * 20) == (100, [])
     # a rise of just under 1 nat is no excursion; 0.2 above the best at the end is healthy
@@ -81,6 +82,22 @@ def test_labels_on_constructed_losses(rec: ModuleType) -> None:
     assert rec.label(slight) == "healthy"  # 0.2 < 0.25
     assert rec.regression(flat[:50]) == 0.0  # shorter than the window
     assert rec.regression([*flat, NAN]) == 0.0
+
+
+def test_losses_on_injected_bad_batches_never_set_the_best(rec: ModuleType) -> None:
+    # 30 zero-byte batches are trivially predictable (loss near 0): taken as the best, the
+    # clean data after them looked like a divergence (a recorded GPT-2 run was labelled so)
+    zeros = [2.4] * 420 + [14.0] + [0.01] * 29 + [13.0] + [2.45] * 150
+    bad = rec.injected_steps({"bad_data": [[420, 450, "zeros"]]})
+    assert bad == set(range(420, 450))
+    assert rec.divergence_step(zeros) == 450  # without knowing the injection
+    assert rec.divergence_step(zeros, bad) is None
+    assert rec.label(zeros, bad) == "healthy"
+    assert rec.regression(zeros, ignore=bad) == pytest.approx(0.05, abs=1e-9)
+    # a run that really breaks after bad data is still diverging (once its 10-step mean
+    # is more than 1 nat above the clean best: 9 of 10 losses at 4.0)
+    broken = [2.4] * 420 + [0.01] * 30 + [4.0] * 150
+    assert rec.divergence_step(broken, bad) == 458
 
 
 def test_training_stops_when_the_run_is_gone(rec: ModuleType) -> None:
@@ -95,11 +112,12 @@ def test_training_stops_when_the_run_is_gone(rec: ModuleType) -> None:
 
 
 def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
-    splits = {n: h for n, h in rec.SPLITS.items() if h != "fresh"}
+    splits = {n: h for n, h in rec.SPLITS.items() if h not in ("fresh", "fresh2")}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
     # the second held-out set is its own split, every run of it, and nothing else
     assert {n for n, h in rec.SPLITS.items() if h == "fresh"} == {s.name for s in rec.FRESH}
+    assert {n for n, h in rec.SPLITS.items() if h == "fresh2"} == {s.name for s in rec.FRESH2}
     assert not {s.name for s in rec.FRESH} & set(splits)
     assert splits == rec.assign_splits(list(reversed(rec.SCENARIOS)))  # order-free
     halves = sorted(sum(v == h for v in splits.values()) for h in ("tune", "holdout"))
