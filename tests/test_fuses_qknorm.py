@@ -22,8 +22,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from logitwatch.hooks import attach
-from logitwatch.hooks.fuses import LRBackoff, QKNorm
-from logitwatch.hooks.fuses import _rewrite
+from logitwatch.hooks.fuses import LRBackoff, QKNorm, _rewrite
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -292,7 +291,7 @@ def test_lambda_follows_the_cosine_on_every_step_and_removal_is_bit_exact() -> N
     fuse.start_anneal(0, [0], "test")
     scale = 8 ** -0.5
     lams = []
-    for k in range(12):
+    for _ in range(12):
         lam = fuse.rewrite.lam.get(0, 0.0)
         lams.append(lam)
         got, loss = sdpa_step(model, opt)  # 3 of 4 steps are not sampled: still rewritten

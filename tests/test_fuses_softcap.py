@@ -12,13 +12,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_fuses import IDS, Net
-from test_fuses_qknorm import (PAD, MhaNet, attached, eager_spy, grow, llama,  # noqa: F401
-                               mha_io, mha_reference, ref_norm)
+from test_fuses_qknorm import (  # noqa: F401
+    PAD,
+    MhaNet,
+    attached,
+    eager_spy,
+    grow,
+    llama,
+    mha_io,
+    mha_reference,
+    ref_norm,
+)
 from torch import nn
 
 from logitwatch.hooks import record_attention
-from logitwatch.hooks.fuses import QKNorm, SoftCap
-from logitwatch.hooks.fuses import _rewrite
+from logitwatch.hooks.fuses import QKNorm, SoftCap, _rewrite
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -97,7 +105,7 @@ def test_sdpa_layer_capped_output_and_measured_max() -> None:
     assert frames[0]["scalars"]["fuse.soft_cap.layers"] == 1.0
 
 
-def test_hf_eager_llama_capped_with_padding(eager_spy) -> None:
+def test_hf_eager_llama_capped_with_padding(eager_spy) -> None:  # noqa: F811
     model = llama()
     fuse = SoftCap(cap=1.5, mode="auto", limit=1e9)
     mon, opt, frames, _ = attached(model, [fuse])
