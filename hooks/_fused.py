@@ -181,8 +181,8 @@ def fused_stats(
     # mean and M2 from the sums about the shift a: Σ (x - a)² = M2 + n (mean - a)²
     offset, sum_sq = rows_buf[3:].sum(dim=(2, 3), dtype=torch.float64).unbind(0)
     offset /= n_total
-    mean = shift.double() + offset
-    m2 = (sum_sq - n_total * offset.square()).clamp_(min=0)
+    mean = torch.add(offset, shift)  # float64
+    m2 = torch.addcmul(sum_sq, offset, offset, value=-n_total).clamp_(min=0)
     maximum = zmax.amax(dim=(1, 2))
     # entropy per row, log Z - Σ p z = (max - a) - log(max p) - Σ p·(z - a)
     ent = zmax.sub_(centre.view(hn, 1, 1)).sub_(pmax.log_()).sub_(pd).clamp_(min=0)
