@@ -187,6 +187,46 @@ def test_head_max_matches_the_full_statistics_and_screens_on_cpu() -> None:
         assert ((got > below) == (ref > below)).all()  # the same clip decisions
 
 
+@pytest.mark.parametrize("b, h, hk, t, s, causal", [
+    (2, 4, 4, 256, 256, True), (2, 8, 2, 100, 100, True), (1, 4, 1, 40, 72, True),
+    (3, 4, 2, 72, 40, True), (2, 4, 4, 33, 33, False), (1, 2, 2, 1, 5, True)])
+def test_head_max_from_shapes_matches_the_full_statistics(b: int, h: int, hk: int, t: int,
+                                                           s: int, causal: bool) -> None:
+    """The shapes-only path (no mask, or causal without padding: row tiles over all heads,
+    GQA broadcast, the diagonal square masked in place) at the default budget and at one
+    that splits heads and rows, in float32 and from bfloat16 inputs."""
+    from logitwatch.hooks._logits import attention_head_stats
+    from logitwatch.hooks._maxlogit import head_max
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(b, h, t, 16, generator=g) * 2
+    k = torch.randn(b, hk, s, 16, generator=g)
+    k[:, :, -1] *= 50  # the last key: seen only by the rows that reach it when causal
+    for dtype in (torch.float32, torch.bfloat16):
+        qd, kd = q.to(dtype), k.to(dtype)
+        ref = attention_head_stats(qd, kd, is_causal=causal).maximum
+        for budget in (None, 3000):
+            kw = {} if budget is None else {"budget": budget}
+            torch.testing.assert_close(head_max(qd, kd, is_causal=causal, **kw), ref)
+        below = float(ref.median())
+        got = head_max(qd, kd, is_causal=causal, below=below)
+        torch.testing.assert_close(got[ref > below], ref[ref > below])
+    # a negative scale: the max of the scaled logits, not the scaled max
+    ref = attention_head_stats(q, k, is_causal=causal, scale=-0.1).maximum
+    torch.testing.assert_close(head_max(q, k, is_causal=causal, scale=-0.1), ref)
+    # under CPU autocast the matmuls run in bfloat16, as the model's and the full
+    # statistics' do (their blocks differ: equal to a bfloat16 rounding); float32 out,
+    # screened or not
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = attention_head_stats(q, k, is_causal=causal).maximum.float()
+        below = float(ref.median())
+        for kw in ({}, {"below": below}):
+            got = head_max(q, k, is_causal=causal, **kw)
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got[ref > below], ref[ref > below], rtol=8e-3,
+                                       atol=1e-2)
+
+
 def test_weights_only_leaves_the_bias_path_and_misses_tau() -> None:
     """Scaling W alone (biases=False) does not bring the max to tau: the biases' part of
     q and k stays (the bias refuge); with biases it is exact (previous test)."""
