@@ -18,6 +18,13 @@ non-sampled and on a sampled step.
     python bench/bench_hooks.py                      # 4 layers, d 256, seq 256, batch 2
     python bench/bench_hooks.py --rounds 5 --steps 20 --no-wandb
     python bench/bench_hooks.py --rounds 5 --steps 30 --threads 1 --clock thread
+    python bench/bench_hooks.py --threads 1 --batch 8 --vocab 8192   # the issue's setting
+    python bench/bench_hooks.py --threads 1 --parts 20   # where a sampled step's time goes
+
+``--parts N`` runs N plain and N every-step steps interleaved in one process (two models)
+and prints, per sampled step, the thread CPU time of each part of the monitor (median):
+the attention statistics, ``final.*``, the q/k norms, the frame's read-back, the rest of
+the frame and of the monitor's step end, next to the medians of both steps.
 """
 
 from __future__ import annotations
@@ -148,6 +155,78 @@ def measure_memory_and_syncs(args: argparse.Namespace, state: dict[str, Any]) ->
     return out
 
 
+def measure_parts(args: argparse.Namespace, state: dict[str, Any], steps: int) -> None:
+    """Thread CPU time of the monitor's parts in sampled steps, beside plain steps (the
+    functions wrapped in this process only; medians over ``steps`` of each)."""
+    from logitwatch.hooks import _capture, _frames, _monitor
+
+    acc: dict[str, float] = {}
+    clock = time.thread_time
+    wrapped = [(_capture, "attention_head_stats", "attention statistics"),
+               (_capture, "final_stats", "final.*"),
+               (_frames, "qk_norms", "q/k norms"),
+               (_frames, "collect", "read-back (collect)"),
+               (_monitor.Monitor, "_emit", "frame"),
+               (_monitor.Monitor, "_end_step", "step end"),
+               (_monitor.Monitor, "_record", "attention capture")]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
+
+    def wrap(fn: Any, label: str) -> Any:
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[label] = acc.get(label, 0.0) + clock() - t0
+        return timed
+
+    for owner, name, label in wrapped:
+        setattr(owner, name, wrap(getattr(owner, name), label))
+    try:
+        plain, hooked = Runner("none", args, state), Runner("every", args, state)
+        hooked.start()
+        for _ in range(args.warmup):
+            plain.step()
+            hooked.step()
+        t_plain: list[float] = []
+        t_hooked: list[float] = []
+        parts: dict[str, list[float]] = {}
+        for i in range(steps):
+            for runner in (plain, hooked) if i % 2 == 0 else (hooked, plain):
+                acc.clear()
+                t0 = clock()
+                runner.step()
+                dt = clock() - t0
+                if runner is plain:
+                    t_plain.append(dt)
+                else:
+                    t_hooked.append(dt)
+                    for label, value in acc.items():
+                        parts.setdefault(label, []).append(value)
+        hooked.stop()
+    finally:
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
+    med = statistics.median
+    plain_ms, hooked_ms = 1e3 * med(t_plain), 1e3 * med(t_hooked)
+    print(f"\nparts of a sampled step (thread CPU, median of {steps}): plain step "
+          f"{plain_ms:.1f} ms, every-step sampled {hooked_ms:.1f} ms (+{hooked_ms - plain_ms:.1f}"
+          f" ms, ratio {hooked_ms / plain_ms:.3f})")
+    get = {label: 1e3 * med(values) for label, values in parts.items()}
+    rows = [("attention statistics", get.get("attention statistics", 0.0)),
+            ("  capture around them", get.get("attention capture", 0.0)
+             - get.get("attention statistics", 0.0)),
+            ("final.*", get.get("final.*", 0.0)),
+            ("q/k norms", get.get("q/k norms", 0.0)),
+            ("read-back (collect)", get.get("read-back (collect)", 0.0)),
+            ("rest of the frame", get.get("frame", 0.0) - get.get("q/k norms", 0.0)
+             - get.get("read-back (collect)", 0.0)),
+            ("rest of the step end", get.get("step end", 0.0) - get.get("frame", 0.0))]
+    rows.append(("elsewhere (difference)", hooked_ms - plain_ms - sum(ms for _, ms in rows)))
+    for label, ms in rows:
+        print(f"  {label:24s} {ms:7.2f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -169,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="wall: perf_counter; thread: CPU time of the training thread, "
                    "steadier on a shared machine (with --threads 1) but blind to work in "
                    "other threads or processes (wandb's)")
+    p.add_argument("--parts", type=int, default=0, metavar="N",
+                   help="only the breakdown of a sampled step's monitor time: N plain and N "
+                   "every-step steps interleaved in one process (see above)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -187,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.heads} heads, seq {args.seq}, vocab {args.vocab}, batch {args.batch}, "
           f"attn {args.attn}, torch threads {torch.get_num_threads()}, clock {args.clock}",
           flush=True)
+    if args.parts:
+        measure_parts(args, state, args.parts)
+        return 0
     Runner("none", args, state).timed(2, 1)  # one-time costs (lazy imports, allocator)
     times: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(args.rounds):
