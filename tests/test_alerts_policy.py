@@ -22,13 +22,21 @@ FP16 = 65504.0
 
 
 def frames_at(interval: int, steps: int, scalars: Any, heads: Any = None,
-              run: str = "r") -> list[dict[str, Any]]:
+              run: str = "r", history: bool = False) -> list[dict[str, Any]]:
     """Frames a job sampling every ``interval`` steps sends: step 0, interval, ...;
-    ``scalars(step)`` and ``heads(step)`` give each frame's values."""
+    ``scalars(step)`` and ``heads(step)`` give each frame's values. With ``history`` each
+    frame also carries the scalars of every step since the previous frame, as the hooks
+    send them (``logitwatch.wire``)."""
     out = []
     for i, step in enumerate(range(0, steps, interval)):
-        out.append({"run": run, "rank": 0, "seq": i + 1, "step": step, "time": 1000.0 + step,
-                    "scalars": scalars(step), "heads": heads(step) if heads else {}})
+        f = {"run": run, "rank": 0, "seq": i + 1, "step": step, "time": 1000.0 + step,
+             "scalars": scalars(step), "heads": heads(step) if heads else {}}
+        between = list(range(max(0, step - interval + 1), step))
+        if history and between:
+            rows = [scalars(s) for s in between]
+            f["history"] = {"steps": between,
+                            "scalars": {k: [r.get(k) for r in rows] for k in rows[0]}}
+        out.append(f)
     return out
 
 
@@ -220,3 +228,82 @@ def test_an_unclipped_spike_with_a_loss_jump_pages_at_once() -> None:
     blow = by_rule(alerts, "grad_blowup")[0]
     assert blow.fired_step == 600 and "corroborated: loss_jump" in blow.evidence[
         "escalated_because"]
+
+
+def test_grad_norm_ramp_pages_while_the_lr_still_climbs_and_not_after() -> None:
+    """A warm-up ramping the LR too far: the gradient norm's 50-step level rises sixfold
+    while the LR is still climbing and pages (``grad_norm_ramp``, well before the 100-step
+    ``grad_norm_rising`` would); the same norms once the LR has settled do not page it."""
+    def norm(step: int) -> float:
+        base = 0.3 + 0.03 * ((step * 7) % 5)
+        return base * (1.01 ** (step - 300)) if step > 300 else base
+
+    def ramp(step: int) -> dict[str, float]:
+        return {**_grads(norm, None)(step), "lr": 1e-3 * (step + 1)}  # warm-up to the end
+
+    def settled(step: int) -> dict[str, float]:
+        return {**_grads(norm, None)(step), "lr": 0.1}  # constant: nothing climbing
+
+    for k in (1, 10, 40):
+        alerts = alerts_of(frames_at(k, 600, ramp, history=True))
+        hit = by_rule(alerts, "grad_norm_ramp")
+        assert len(hit) == 1 and hit[0].severity == "warning", (k, hit)
+        # 6x the lowest level at 1.01^n: n = 180 steps after 300, plus half the 50-step
+        # median's width and for_steps 10
+        assert 480 <= hit[0].fired_step <= 540, (k, hit[0].fired_step)
+        assert hit[0].evidence["lr_ratio"] > 1.05
+        assert not by_rule(alerts_of(frames_at(k, 600, settled, history=True)),
+                           "grad_norm_ramp")
+
+
+def test_a_loss_jump_during_early_descent_is_seen_against_its_current_level() -> None:
+    """Early training: the loss falls from 6 to 3.3 over 60 steps, then an unclipped
+    blow-up at step 80 lifts it by 0.9 nat. Judged against the median and spread of the
+    whole falling window, the jump hid behind the descent; against the newest 20 losses
+    and the step-to-step noise it is seen at once, and with the gradient spike it pages."""
+    def scalars(step: int) -> dict[str, float]:
+        noise = 0.05 * math.sin(step * 1.7)
+        loss = (6.0 - 2.7 * min(step, 60) / 60) + noise
+        if step >= 80:
+            loss += 0.9 + 0.05 * (step - 80)
+        g = 6.0 if step == 80 else 0.4 + 0.02 * (step % 3)
+        return {"loss": loss, "grad.norm": g}
+    alerts = alerts_of(frames_at(1, 120, scalars))
+    jump = by_rule(alerts, "loss_jump")
+    assert jump and jump[0].fired_step == 80, [(a.rule, a.fired_step) for a in alerts]
+    blow = by_rule(alerts, "grad_blowup")
+    assert blow and blow[0].paged_step == 80
+    # the rule as it was (the whole window's median and spread) does not see it
+    from dataclasses import replace
+
+    old = [replace(r, params={k: v for k, v in r.params.items()
+                              if k not in ("center_window", "noise")})
+           if r.name == "loss_jump" else r for r in DEFAULT_RULES]
+    assert not [a for a in by_rule(alerts_of(frames_at(1, 120, scalars), rules=old),
+                                   "loss_jump") if a.fired_step <= 85]
+
+
+def test_a_burst_of_samples_does_not_move_a_final_layer_baseline() -> None:
+    """Every 40 steps, and four samples in steps 400-421 (the hooks sample the steps after
+    a loss spike) on batches of padding, whose hidden state is 0 and whose logits are
+    uniform: the final-layer departures weigh each sample by the steps it stands for, so
+    the burst does not become the baseline the clean samples after it depart from."""
+    steps = [*range(0, 401, 40), 401, 411, 421, *range(461, 800, 40)]  # the grid moves on
+
+    def scalars(step: int) -> dict[str, float]:
+        pad = 400 <= step < 430
+        return {"loss": 5.545 if pad else 1.9 + 0.02 * ((step // 40) % 3),
+                "final.hidden_rms": 0.0 if pad else 1.33 + 0.001 * (step // 40),
+                "final.logz": 5.545 if pad else 6.7 + 0.01 * ((step // 40) % 3)}
+    frames = [{"run": "r", "rank": 0, "seq": i + 1, "step": s, "time": 1000.0 + s,
+               "scalars": scalars(s), "heads": {}} for i, s in enumerate(steps)]
+    alerts = alerts_of(frames)
+    assert not [a for a in alerts if a.rule.startswith("final_")], \
+        [(a.rule, a.fired_step) for a in alerts]
+    # the same burst judged by plain medians pages both (what the rules did before)
+    from dataclasses import replace
+
+    plain = [replace(r, params={k: v for k, v in r.params.items() if k != "step_weighted"})
+             if r.name.startswith("final_") else r for r in DEFAULT_RULES]
+    fired = {a.rule for a in alerts_of(frames, rules=plain)}
+    assert {"final_rms_departure", "final_logz_departure"} <= fired, fired

@@ -271,6 +271,25 @@ def test_robust_stats() -> None:
     assert kendall_tau([1, 2, 3, 4]) == 1.0 and kendall_tau([4, 3, 2, 1]) == -1.0
 
 
+def test_step_median_weighs_each_sample_by_the_steps_it_stands_for() -> None:
+    from statistics import median
+
+    from logitwatch.server.alerts.detectors import step_median
+
+    # one sample a step: the plain median, odd and even
+    pts = [(s, float(v)) for s, v in enumerate([5, 1, 4, 2, 3])]
+    assert step_median(pts, 5) == median([5, 1, 4, 2, 3]) == 3
+    assert step_median(pts[:4], 4) == median([5, 1, 4, 2]) == 3.0
+    # every 40 steps, with a burst of four samples in 21 steps (the steps after a loss
+    # spike): the plain median is the burst's value, the step median the run's level
+    burst = [(360, 1.33), (400, 0.0), (401, 0.0), (411, 0.0), (421, 0.0), (461, 1.34),
+             (501, 1.35)]
+    assert median(v for _, v in burst) == 0.0
+    assert step_median(burst, 531) == 1.33
+    with pytest.raises(ValueError):
+        step_median([], 0)
+
+
 @pytest.mark.parametrize(("d", "msg"), [
     ({"name": "x", "kind": "nope", "metric": "m"}, "kind 'nope' is not one of"),
     ({"name": "x", "kind": "spike", "metric": "m", "params": {"zz": 1}}, "unknown params"),
@@ -294,6 +313,10 @@ def test_robust_stats() -> None:
      "param only_unclipped must be true or false"),
     ({"name": "x", "kind": "threshold", "metric": "m", "params": {"op": ">="}},
      "param op must be '<' or '>'"),
+    ({"name": "x", "kind": "loss_jump", "metric": "m", "params": {"noise": "mad"}},
+     "param noise must be 'level' or 'diff'"),
+    ({"name": "x", "kind": "level_rise", "metric": "m", "params": {"while_rising": 3}},
+     "param while_rising must be a metric name or null"),
     ({"name": "x", "kind": "ratio", "metric": "m", "params": {"other": 3}},
      "param other must be a non-empty string"),
     ({"name": "x", "kind": "departure", "metric": "m", "params": {"floor": float("nan")}},

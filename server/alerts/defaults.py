@@ -23,7 +23,8 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("loss_nonfinite", "nonfinite", "loss", severity="critical", inhibits=True,
              summary="the loss is NaN or infinite: the run has diverged"),
     RuleSpec("loss_jump", "loss_jump", "loss", severity="critical", inhibits=True,
-             params={"z": 8.0, "min_jump": 0.5, "window": 200},
+             params={"z": 8.0, "min_jump": 0.5, "window": 200, "center_window": 20,
+                     "noise": "diff"},
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"),
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
@@ -57,6 +58,16 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              params={"window": 100, "factor": 5.0, "min_history": 100},
              summary="the gradient norm's level rose fivefold above the lowest it had settled "
              "to"),
+    # the same while the learning rate is still climbing (a warm-up ramping too far): a
+    # 50-step level 6x the lowest, for 10 steps, while the LR is 5 % above its value 50
+    # steps before. Round three, chosen on the 180 runs read so far: it pages the three
+    # first warm-ups that ramp past what QK-norm holds 5-51 steps before they diverge;
+    # healthy QK-norm runs warming up to 0.3 reach 4.1-5.0x
+    RuleSpec("grad_norm_ramp", "level_rise", "grad.norm", severity="warning", for_steps=10,
+             params={"window": 50, "factor": 6.0, "min_history": 100, "while_rising": "lr",
+                     "rising_span": 50, "rising_factor": 1.05},
+             summary="the gradient norm's level rose sixfold while the learning rate is still "
+             "climbing (a warm-up ramping too far)"),
     RuleSpec("first_loss", "first_loss", "loss", severity="warning",
              summary="the first loss is far from ln(vocab)"),
     # -- the leading signals: attention logits leaving their range -------------------------
@@ -104,8 +115,13 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              for_steps=20, params={"first_steps": 100, "fraction": 0.25}, enabled=False,
              summary="a head's attention entropy collapsed toward one-hot"),
     # -- output side ------------------------------------------------------------------------
+    # final.* are per-sample statistics: their baseline and level are medians weighted by
+    # the steps each sample stands for (a burst of samples the hooks took right after a loss
+    # spike, e.g. on batches of padding whose hidden state is 0, counts for the steps it
+    # covers; round three, from a held-out run of the first half at interval 40)
     RuleSpec("final_rms_departure", "departure", "final.hidden_rms", for_steps=20,
-             params={"factor": 3.0, "floor": 0.0, "window": 200, "lag": 50, "smooth": 100},
+             params={"factor": 3.0, "floor": 0.0, "window": 200, "lag": 50, "smooth": 100,
+                     "step_weighted": True},
              summary="the final hidden RMS left its own recent range"),
     # log Z is already a logarithm: a fixed distance, 1 nat (Z grown e-fold over its recent
     # median), not a ratio, once settled (300 steps of history: log Z climbs a few nats
@@ -114,7 +130,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # log Z is noisy (a plain-SGD GPT-2 of the suite swings +-0.5 nat between samples)
     RuleSpec("final_logz_departure", "departure", "final.logz", for_steps=20,
              params={"margin": 1.0, "floor": 0.0, "window": 200, "lag": 50,
-                     "min_history": 300, "smooth": 100},
+                     "min_history": 300, "smooth": 100, "step_weighted": True},
              summary="the output log-normaliser log Z rose a nat (e-fold) above its recent "
              "range"),
     # -- slower, informational ----------------------------------------------------------------

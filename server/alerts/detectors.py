@@ -218,6 +218,27 @@ def kendall_tau(ys: list[float]) -> float:
     return s / (n * (n - 1) / 2)
 
 
+def step_median(points: list[tuple[int, float]], end: int) -> float:
+    """The median of ``(step, value)`` samples (oldest first), each weighted by the steps it
+    stands for: up to the next sample's step (the last: up to ``end``). At one sample a
+    step every weight is 1 (the plain median); at a wide interval a burst of samples close
+    together (the hooks sample the steps after a loss spike at once) counts for the few
+    steps it covers, not for as many samples as it holds."""
+    if not points:
+        raise ValueError("step_median of no samples")
+    weights = [max(1, (points[i + 1][0] if i + 1 < len(points) else end) - s)
+               for i, (s, _) in enumerate(points)]
+    order = sorted(range(len(points)), key=lambda i: points[i][1])
+    half, acc = sum(weights) / 2.0, 0.0
+    for j, i in enumerate(order):
+        acc += weights[i]
+        if acc > half:
+            return points[i][1]
+        if acc == half:  # an even split: the mean of the two middle values
+            return (points[i][1] + points[order[j + 1]][1]) / 2.0
+    return points[order[-1]][1]
+
+
 def mad(values: list[float], center: float) -> float:
     return median([abs(v - center) for v in values])
 
@@ -296,14 +317,16 @@ def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     if (len(past) < int(r.param("min_samples")) or first is None
             or first > step - lag - int(r.param("min_history"))):
         return None
-    base = median(x for _, x in past)
+    weighted = bool(r.param("step_weighted"))
+    base = step_median(past, step - lag) if weighted else median(x for _, x in past)
     limit = float(departure_limit(r, base))
     if not math.isfinite(v):
         return Verdict(True, v, {"value": str(v), "baseline": base, "limit": limit},
                        baseline=base, limit=limit)
     smooth = r.param("smooth")
     if smooth:  # judge the level (median of the last `smooth` steps), not one sample
-        v = median([x for _, x in window(m, step, 0, int(smooth), 2)] + [v])
+        pts = [*window(m, step, 0, int(smooth), 2), (step, v)]
+        v = step_median(pts, step + 1) if weighted else median(x for _, x in pts)
     breach = v > limit
     if r.param("margin") is not None:
         how: dict[str, Any] = {"above_baseline": v - base}
@@ -396,19 +419,41 @@ def _num(v: float) -> float | str:
     return v if math.isfinite(v) else str(v)
 
 
+def _center_and_scale(r: RuleSpec, vals: list[float]) -> tuple[float, float]:
+    """The robust center and scale a ``spike`` (or ``loss_jump``) judges a value against.
+
+    By default the median and MAD of the window's values. With ``center_window: n`` the
+    center is the median of the newest ``n`` values only, and with ``noise: diff`` the scale
+    is the MAD of successive differences (divided by sqrt 2): a series still falling (a loss
+    early in training) has a wide spread of values but small step-to-step noise, and a
+    window's median taken while it falls sits above where it is now, so a jump out of its
+    current level would hide behind its own descent."""
+    n = r.param("center_window")
+    med = median(vals[-int(n):]) if n else median(vals)
+    if r.param("noise") == "diff" and len(vals) >= 3:
+        diffs = [b - a for a, b in zip(vals, vals[1:], strict=False)]
+        noise = mad(diffs, median(diffs)) * 1.4826 / math.sqrt(2.0)
+    else:
+        noise = mad(vals, median(vals)) * 1.4826
+    return med, max(noise, float(r.param("min_scale")))
+
+
 def _spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
            cell: tuple[int | None, int | None]) -> Verdict | None:
     past = window(m, step, 0, int(r.param("window")), int(r.param("min_samples")))
     if len(past) < int(r.param("min_samples")):
         return None
     vals = [x for _, x in past]
-    med = median(vals)
-    spread = max(mad(vals, med) * 1.4826, float(r.param("min_scale")))
+    med, spread = _center_and_scale(r, vals)
     if not math.isfinite(v):
         return Verdict(True, v, {"value": str(v), "median": med, "mad": spread},
                        baseline=med)
     z = (v - med) / spread
-    breach = z > float(r.param("z")) and v - med > float(r.param("min_jump"))
+    # the absolute jump is taken over the higher of the two centers: after a stretch of
+    # trivially easy batches (zero bytes: loss near 0) the newest values sit far below the
+    # run's level, and a return to that level is no jump
+    level = max(med, median(vals)) if r.param("center_window") else med
+    breach = z > float(r.param("z")) and v - level > float(r.param("min_jump"))
     if breach and r.param("only_unclipped"):
         clipped = fv.get("grad.clipped")
         bound = fv.get("grad.max_norm")
@@ -462,6 +507,7 @@ def _level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     if len(pts) < n or first is None:
         return None
     level = median(x for _, x in pts)
+    rising = _still_rising(r, m, step, fv)
     if step - first < int(r.param("min_history")):
         return None  # early training: not settled yet
     low = min(m.extra.get("low", math.inf), level)
@@ -473,10 +519,32 @@ def _level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         limit = low * float(r.param("factor"))
         how = {"ratio": level / low if low > 0 else None}
     limit = max(limit, float(r.param("floor")))
-    return Verdict(level >= limit, level,
+    if rising is not None:
+        how["while_rising"] = r.param("while_rising")
+        how[f"{r.param('while_rising')}_ratio"] = rising
+    breach = level >= limit and (rising is None or rising > float(r.param("rising_factor")))
+    return Verdict(breach, level,
                    {"level": level, "lowest_level": low, "limit": limit, "value": v,
                     "window": int(r.param("window")), **how},
                    baseline=low, limit=limit)
+
+
+def _still_rising(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | None:
+    """With ``while_rising: <scalar>`` (e.g. ``lr``): that scalar now over its value
+    ``rising_span`` steps ago (0.0 while unknown); None without the parameter."""
+    name = r.param("while_rising")
+    if not name:
+        return None
+    seen: deque[tuple[int, float]] = m.extra.setdefault("rising", deque(maxlen=SCALAR_KEEP))
+    x = fv.get(str(name))
+    if x is not None and math.isfinite(x):
+        if not seen or step > seen[-1][0]:
+            seen.append((step, x))
+    span = int(r.param("rising_span"))
+    before = [val for s_, val in seen if s_ <= step - span]
+    if not before or not seen or seen[-1][0] != step or before[-1] <= 0:
+        return 0.0
+    return seen[-1][1] / before[-1]
 
 
 def _above_peak(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
@@ -631,7 +699,7 @@ KINDS: dict[str, Kind] = {
                                  "floor": 0.0, "below": False}),
     "departure": Kind(_departure, {"factor": 4.0, "floor": 30.0, "window": 200, "lag": 50,
                                    "min_history": 50, "min_samples": 5, "ceiling": None,
-                                   "margin": None, "smooth": 0},
+                                   "margin": None, "smooth": 0, "step_weighted": False},
                       hold_breaches=True),
     "trend": Kind(_trend, {"window": 70, "min_samples": 6, "min_tau": 0.7, "min_ratio": 1.5,
                            "floor": 0.0},
@@ -642,13 +710,17 @@ KINDS: dict[str, Kind] = {
                                  "capped_metric": "attn.capped_logit_max"},
                      keep_firing_for=200),
     "spike": Kind(_spike, {"window": 200, "z": 6.0, "min_jump": 0.0, "min_samples": 5,
-                           "min_scale": 1e-6, "only_unclipped": False}, hold_breaches=True),
+                           "min_scale": 1e-6, "only_unclipped": False, "center_window": None,
+                           "noise": "level"}, hold_breaches=True),
     "loss_jump": Kind(_loss_jump, {"window": 200, "z": 6.0, "min_jump": 0.5,
                                    "min_samples": 5, "min_scale": 0.02,
-                                   "only_unclipped": False},
+                                   "only_unclipped": False, "center_window": None,
+                                   "noise": "level"},
                       hold_breaches=True, keep_firing_for=0),
     "level_rise": Kind(_level_rise, {"window": 100, "min_samples": 5, "min_history": 200,
-                                     "factor": 5.0, "margin": None, "floor": 0.0}),
+                                     "factor": 5.0, "margin": None, "floor": 0.0,
+                                     "while_rising": None, "rising_span": 50,
+                                     "rising_factor": 1.05}),
     "above_peak": Kind(_above_peak, {"factor": 10.0, "settle": 100}),
     "lr_jump": Kind(_lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
     "entropy_collapse": Kind(_entropy_collapse, {"first_steps": 100, "min_samples": 5,

@@ -164,7 +164,7 @@ class EvaluationMixin(LifecycleMixin):
         """One rule over one frame."""
         kind = KINDS[rule.kind]
         if (self._screen and rule.over == "cell" and rule.kind in SCREENS
-                and not rule.params.get("smooth")
+                and not rule.params.get("smooth") and not rule.params.get("step_weighted")
                 and rule.metric not in scalars and rule.metric in heads):
             a = _matrix(arrays, heads, rule.metric)
             if self._screened(rule, run_id, rank, a):

@@ -40,13 +40,19 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    ``z``, and the value above ``min_jump`` + median (absolute units);
                    ``only_unclipped``: not on a step whose gradient was clipped, nor on one
                    just under the job's clip threshold (``grad.max_norm``, when the job sends
-                   it: within 10x below it).
+                   it: within 10x below it). ``center_window: n``: z is taken from the
+                   median of the newest ``n`` samples (and ``min_jump`` above the higher of
+                   that and the window's median); ``noise: diff``: the scale is the MAD of
+                   successive differences over sqrt 2 (step-to-step noise, blind to a trend
+                   such as a loss still falling early in training).
 ``loss_jump``      ``spike`` for the loss, whose evidence also says what happened at that
                    sample: the learning rate changed, the gradient norm jumped.
 ``level_rise``     the series' level (the median of its last ``window`` steps) is ``factor`` x
                    (or, with ``margin``, ``margin`` above) the lowest level it settled to
                    (lowest since ``min_history`` steps into the series), and above ``floor``:
-                   a gradient norm whose level keeps growing.
+                   a gradient norm whose level keeps growing. ``while_rising: lr``: only
+                   while that scalar is more than ``rising_factor`` x its value
+                   ``rising_span`` steps before (a warm-up still climbing).
 ``above_peak``     the value is above ``factor`` x the peak the series settled at (its highest
                    value before it went ``settle`` steps without a new high): a learning rate
                    re-warmed, ramped or jumped far above where its schedule had settled.

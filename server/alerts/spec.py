@@ -361,7 +361,7 @@ def _number(v: Any) -> bool:
 
 
 #: parameters that name another series, or are null (not used)
-_METRIC_OR_NULL = frozenset({"logit"})
+_METRIC_OR_NULL = frozenset({"logit", "while_rising"})
 
 
 def _param_problem(kind: str, key: str, v: Any) -> str:
@@ -383,5 +383,7 @@ def _param_problem(kind: str, key: str, v: Any) -> str:
         return "" if v is None or _number(v) else "must be a number or null"
     if key == "op":
         return "" if v in ("<", ">") else "must be '<' or '>'"
+    if key == "noise":
+        return "" if v in ("level", "diff") else "must be 'level' or 'diff'"
     return "" if isinstance(v, str) and v else "must be a non-empty string"
 
