@@ -22,13 +22,13 @@ from ._frames import FramesMixin
 from ._history import StepHistory
 from ._logits import DEFAULT_BUDGET
 from ._lrwatch import LrWatch
-from ._stepwatch import StepWatch
 from ._padding import PaddingMask
 from ._qk_find import QKDiscovery, QKLayout, no_shape
 from ._reduce import RankReduce, Reduced, find_reduce
 from ._sdpa import SdpaCapture
 from ._shard import find_sharding
 from ._stats import global_grad_norm
+from ._stepwatch import StepWatch
 from ._tp import find_tp
 from .fuses import FusesArg, FuseSet
 from .fuses._base import parse as parse_fuses
