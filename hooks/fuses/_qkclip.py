@@ -27,6 +27,13 @@ logits are measured: on the monitor's sampled steps from its statistics, on the 
 a max-only capture (``measure="max"``, the default: ``hooks/_maxlogit.py``, the per-head
 max and nothing else, no frame, no read-back); ``measure="full"`` samples those steps
 instead (the whole catalog and a frame each, ``bench/README.md``).
+
+**Calm** (``_calm.py``): while acting, once ``calm_steps`` consecutive measured steps had
+every head's max below ``calm * tau``, only one measuring step in ``calm_every`` is
+measured; the first measured max at or above ``calm * tau`` goes back to every step. The
+decision is on the host without a sync (CPU: read at once; an accelerator: a non-blocking
+copy to pinned memory, read once its event completed; until then, every step). The clip
+itself is unchanged: it acts on every measured step whose max passed tau.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from logitwatch.wire import FUSE_RULES
 
 from .._qk import Part, QKSource
 from ._base import Fuse, multi_rank
+from ._calm import Calm, check
 
 __all__ = ["QKClip"]
 
@@ -84,12 +92,18 @@ class QKClip(Fuse):
         measure: How acting steps outside the monitor's samples are measured: ``"max"``
             (default: the per-head max only, no frame) or ``"full"`` (sampled: the whole
             catalog and a frame every step).
+        calm: While acting, a measured max below ``calm * tau`` everywhere is calm
+            (default 0.5).
+        calm_steps: After this many consecutive calm measured steps (default 20)...
+        calm_every: ...measure one measuring step in this many (default 4) until a measured
+            max reaches ``calm * tau``; 1: every one (no calm schedule).
     """
 
     name = "qk_clip"
 
     def __init__(self, tau: float = 100.0, *, mode: str = "suggest", biases: bool = True,
-                 every: int = 1, min_scale: float = 0.1, measure: str = "max") -> None:
+                 every: int = 1, min_scale: float = 0.1, measure: str = "max",
+                 calm: float = 0.5, calm_steps: int = 20, calm_every: int = 4) -> None:
         super().__init__(mode)
         if not (isinstance(tau, (int, float)) and not isinstance(tau, bool)
                 and math.isfinite(tau) and tau > 0):
@@ -100,7 +114,12 @@ class QKClip(Fuse):
             raise ValueError(f"QKClip: min_scale must be in (0, 1], got {min_scale!r}")
         if measure not in ("max", "full"):
             raise ValueError(f"QKClip: measure must be 'max' or 'full', got {measure!r}")
+        check(calm, calm_steps, calm_every)
         self.measure = measure
+        self.calm = float(calm)
+        self.calm_steps = calm_steps
+        self.calm_every = calm_every
+        self._calm = Calm(self.calm * float(tau), calm_steps, calm_every)
         self.tau = float(tau)
         self.biases = bool(biases)
         self.every = every
@@ -135,11 +154,23 @@ class QKClip(Fuse):
         mon = self.fuses.monitor if self.fuses is not None else None
         if mon is None:
             return
-        if self.engaged and (step + 1) % self.every == 0:
+        self._measured(step, sampled, mon)
+        if not self.engaged or self.unavailable is not None:
+            return
+        self._calm.poll()  # accelerator readings whose copies completed (no sync)
+        if (step + 1) % self.every == 0 and not self._calm.skip():
             if self.measure == "max":  # the next step's max logits, unless it is sampled
                 mon.request_max(below=self.tau)
             else:
                 mon.request_sample()
+
+    @property
+    def calm_now(self) -> bool:
+        """Whether the calm schedule measures one step in ``calm_every`` now."""
+        return self.engaged and self._calm.calm and self._calm.on
+
+    def _measured(self, step: int, sampled: bool, mon: Any) -> None:
+        """This step's measured maxima, if any: the calm schedule's reading, the clip."""
         if sampled and "attention" in mon.disabled:
             self.cannot(step, "the monitor's attention capture is off (it failed)")
             return
@@ -156,6 +187,8 @@ class QKClip(Fuse):
                             "training forwards (docs/HOOKS.md says which are captured)")
             return
         self._idle_samples = 0
+        if self.engaged:
+            self._calm.measured([maxima[layer] for layer in sorted(maxima)])
         sources: list[QKSource] = list(mon._qk or [])
         layers = sorted(maxima)
         if len(sources) != len(layers):
@@ -234,6 +267,7 @@ class QKClip(Fuse):
     def after_frame(self, step: int, scalars: dict[str, float],
                     heads: dict[str, list[list[float]]]) -> None:
         scalars["fuse.qk_clip.tau"] = self.tau
+        scalars["fuse.qk_clip.calm"] = 1.0 if self.calm_now else 0.0
         n = int(scalars.get("fuse.qk_clip.heads", 0.0) or 0)
         would = int(scalars.get("fuse.qk_clip.suggested", 0.0) or 0)
         named = _clipped(heads.get("fuse.qk_clip.factor"))
@@ -279,6 +313,7 @@ class QKClip(Fuse):
                     if src.k_bias is not None:
                         _scale(src.k_bias, inv_k, src.head_dim)
         self._cum.clear()
+        self._calm.reset()
         super().undo(step, by)
 
 
