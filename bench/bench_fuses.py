@@ -216,7 +216,8 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
         "none": None,
         "default": {},
         "qk_clip armed, max-only (default)": {"fuses": [QKClip(tau=1e9, mode="auto")]},
-        "qk_clip armed, max-only, unscreened": {"fuses": [Unscreened(tau=1e9, mode="auto")]},
+        "qk_clip armed, max-only, unscreened": {"fuses": [Unscreened(tau=1e9, mode="auto",
+                                                                  calm_every=1)]},
         "qk_clip armed, measure=full": {"fuses": [QKClip(tau=1e9, mode="auto",
                                                          measure="full")]},
         "qk_clip armed, full, every 10": {"fuses": [QKClip(tau=1e9, mode="auto", every=10,
@@ -246,8 +247,11 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
 
 def cost_interleaved(args: argparse.Namespace) -> dict[str, Any]:
     """Every configuration attached once, their steps interleaved (one step of each in
-    turn, ``rounds`` turns): per configuration the min and the median step time (thread
-    CPU), as ratios to no hooks; the min is what load on a shared machine inflates least."""
+    turn, ``rounds`` turns, after ``warmup`` steps of each): per configuration the min, the
+    median and the mean step time (thread CPU), as ratios to no hooks; the min is what load
+    on a shared machine inflates least, the mean what a schedule that measures one step in
+    several (the calm one, the monitor's samples) costs on average. The warm-up (default 24)
+    takes the calm configuration past its 20 calm measured steps."""
     import bench_hooks
 
     hargs = argparse.Namespace(d_model=256, layers=4, heads=4, seq=256, vocab=512, batch=2,
@@ -257,8 +261,12 @@ def cost_interleaved(args: argparse.Namespace) -> dict[str, Any]:
         "none": None,
         "default": [],
         "qk_clip armed, max-only (default)": [QKClip(tau=1e9, mode="auto")],
-        "qk_clip armed, max-only, unscreened": [Unscreened(tau=1e9, mode="auto")],
-        "qk_clip armed, measure=full": [QKClip(tau=1e9, mode="auto", measure="full")],
+        "qk_clip armed, max-only, unscreened, calm_every=1": [
+            Unscreened(tau=1e9, mode="auto", calm_every=1)],
+        "qk_clip armed, max-only, unscreened, calm (default)": [
+            Unscreened(tau=1e9, mode="auto")],
+        "qk_clip armed, measure=full": [QKClip(tau=1e9, mode="auto", measure="full",
+                                               calm_every=1)],
         "qk_clip suggest": [QKClip(tau=1e9)],
         "rollback armed (every 100, keep 2)": [Rollback(mode="auto")],
     }
@@ -268,7 +276,7 @@ def cost_interleaved(args: argparse.Namespace) -> dict[str, Any]:
         if fl is not None:
             r.mon = attach(r.model, r.opt, run="bench", client=Client(None, run="bench"),
                            fuses=fl or None)
-        for _ in range(2):
+        for _ in range(max(2, args.warmup)):
             r.step()
         runners[name] = r
     times: dict[str, list[float]] = {k: [] for k in runners}
@@ -281,8 +289,10 @@ def cost_interleaved(args: argparse.Namespace) -> dict[str, Any]:
         if r.mon is not None:
             r.mon.close()
     base_min, base_med = min(times["none"]), statistics.median(times["none"])
+    base_mean = statistics.fmean(times["none"])
     out = {name: {"min": round(min(t) / base_min - 1, 4),
                   "median": round(statistics.median(t) / base_med - 1, 4),
+                  "mean": round(statistics.fmean(t) / base_mean - 1, 4),
                   "ms_min": round(1e3 * min(t), 1)} for name, t in times.items()}
     print(json.dumps({"interleaved": out}), flush=True)
     return out
@@ -773,6 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bias-tau", type=float, default=5.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=24, help="interleaved: steps before timing")
     p.add_argument("--spike", type=float, default=20.0, help="rollback: the LR spike")
     p.add_argument("--plans", type=int, default=5, help="rollback: the first N runs")
     p.add_argument("--only", action="append", default=None, metavar="NAME",
