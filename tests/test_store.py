@@ -123,8 +123,8 @@ def test_nonfinite_matrix_round_trip(client: TestClient) -> None:
 
 def test_runs_by_project_tag_status_time_and_name(client: TestClient, db_url: str) -> None:
     post(client, [frame(0, run="old", t=1000.0), frame(1, run="old", t=2000.0)])
-    post(client, [{**frame(0, run="new-a"), "project": "p2"}])
-    post(client, [frame(0, run="new-b")])
+    post(client, [{**frame(0, run="new-a", t=time.time()), "project": "p2"}])
+    post(client, [frame(0, run="new-b", t=time.time())])
     engine = make_engine(db_url)
     try:
         with session_scope(sessionmaker(engine)) as s:

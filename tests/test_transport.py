@@ -134,9 +134,15 @@ def clients(tmp_path) -> Iterator[Callable[..., Client]]:
         c.shutdown(5.0)
 
 
+def _loss(step: int) -> float:
+    """A healthy plateau with batch noise (a loss climbing a nat a step would be an alert of
+    its own)."""
+    return 3.0 + 0.01 * (step % 3)
+
+
 def send(client: Client, steps: range, pause: float = 0.0) -> None:
     for step in steps:
-        client.send(step, {"loss": float(step)}, {"attn.logit_max": [[1.0, 2.0], [3.0, 4.0]]})
+        client.send(step, {"loss": _loss(step)}, {"attn.logit_max": [[1.0, 2.0], [3.0, 4.0]]})
         if pause:
             time.sleep(pause)
 
@@ -347,7 +353,7 @@ def test_two_ranks_alerts_and_control(shared, clients) -> None:
     assert r0.flush(20) and r1.flush(20)
     assert r0.control == {}
     for step in range(20, 45):  # one head of rank 0 goes far past any healthy level
-        r0.send(step, {"loss": float(step)}, {"attn.logit_max": [[1.0, 2.0], [3.0, 1e6]]})
+        r0.send(step, {"loss": _loss(step)}, {"attn.logit_max": [[1.0, 2.0], [3.0, 1e6]]})
         assert r0.flush(20)
     assert wait_until(lambda: bool(seen), 20)
     assert r0.control == {"sample_every": 1}  # the collector asks for every step now
