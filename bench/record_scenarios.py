@@ -69,6 +69,7 @@ from scenario_models import RunSpec, train  # noqa: E402
 from scenario_specs import SCENARIOS, Scenario  # noqa: E402
 from scenario_specs_fresh import FRESH  # noqa: E402
 from scenario_specs_fresh2 import FRESH2  # noqa: E402
+from scenario_specs_fresh3 import FRESH3  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -80,7 +81,7 @@ DEGRADED_NATS = 0.25
 STOP_NONFINITE = 10  # stop after this many non-finite losses in a row
 STOP_DIVERGED = 100  # stop this many steps after a divergence that has not recovered
 
-ALL: list[Scenario] = [*SCENARIOS, *FRESH, *FRESH2]
+ALL: list[Scenario] = [*SCENARIOS, *FRESH, *FRESH2, *FRESH3]
 BY_NAME = {s.name: s for s in ALL}
 
 
@@ -236,7 +237,9 @@ SPLITS = assign_splits(SCENARIOS)
 SPLITS.update({s.name: "fresh" for s in FRESH})
 #: the third held-out set, recorded after the second had been read
 SPLITS.update({s.name: "fresh2" for s in FRESH2})
-SPLIT_NAMES = ("tune", "holdout", "fresh", "fresh2")
+#: the fourth, fixed after the third had been read (round four's held-out set)
+SPLITS.update({s.name: "fresh3" for s in FRESH3})
+SPLIT_NAMES = ("tune", "holdout", "fresh", "fresh2", "fresh3")
 
 
 # -- recording ----------------------------------------------------------------------------
