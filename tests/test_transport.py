@@ -399,7 +399,9 @@ def test_forked_child_sends_only_its_own_frames(shared, clients, tmp_path) -> No
     child = tmp_path / "child.json"
     assert os.waitstatus_to_exitcode(status) == 0, (
         child.read_text() if child.exists() else "the child wrote nothing")
-    assert client.flush(20)
+    # generous: the shared collector serves every test of the module, and twice on a loaded
+    # machine the parent's first POST took longer than 20 s (what is checked is what arrives)
+    assert client.flush(60), client.stats
     assert client.stats["sent"] == 10 and client.stats["duplicates"] == 0
     assert shared.steps("fork") == [*range(10), *range(100, 105)]
 
