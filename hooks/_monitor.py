@@ -121,6 +121,10 @@ class Monitor(CaptureMixin, FramesMixin):
         self._cost = CostMeter(overhead_budget, max_interval=max_sample_every,
                                device_work=device_work)
         self._sample_at: set[int] = set()  # steps to sample whatever the interval
+        #: The run's planned optimizer steps from attach, when known (the Hugging Face and
+        #: Lightning callbacks set it from the trainer): a fuse's window given as a fraction
+        #: of the remaining steps uses it.
+        self.planned_steps: int | None = None
         self._step = 0
         self._last_sampled: int | None = None
         self._sampled = True

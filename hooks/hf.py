@@ -83,6 +83,7 @@ class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
         max_steps = getattr(state, "max_steps", 0)
         if isinstance(max_steps, int) and max_steps > 0:
             self.monitor.request_sample_at(max_steps - int(state.global_step or 0) - 1)
+            self.monitor.planned_steps = max_steps - int(state.global_step or 0)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:

@@ -83,6 +83,7 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
             total = math.inf  # sends the last step's scalars
         if isinstance(total, (int, float)) and math.isfinite(total) and total > 0:
             self.monitor.request_sample_at(int(total) - int(trainer.global_step) - 1)
+            self.monitor.planned_steps = int(total) - int(trainer.global_step)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:

@@ -470,3 +470,21 @@ def test_an_exception_in_the_rewrite_never_reaches_training(monkeypatch, caplog)
     assert frames[-1]["scalars"]["fuse.qk_norm.state"] == -1
     assert not mon.attn_rewrite.active
     assert len([r for r in caplog.records if "fuse qk_norm failed" in r.getMessage()]) == 1
+
+
+def test_a_fractional_anneal_takes_the_runs_planned_steps_from_the_monitor() -> None:
+    """anneal=0.1 without total_steps: a tenth of the steps the monitor knows are left (the
+    framework callbacks set ``planned_steps``), else a tenth of 2000; total_steps wins."""
+    def window(planned: int | None, **kw) -> int:  # type: ignore[no-untyped-def]
+        model = Net(layers=1, std=0.5)
+        fuse = QKNorm(limit=1e9, tau=5.0, mode="auto", anneal=0.1, rescale=False, **kw)
+        mon, opt, _, _ = attached(model, [fuse])
+        mon.planned_steps = planned
+        fuse.insert(100, [0], "test")
+        fuse.start_anneal(100, [0], "test")
+        steps = fuse.annealing[0][1]
+        mon.close()
+        return steps
+    assert window(1100) == 100      # (1100 - 100) / 10
+    assert window(None) == 200      # 2000 / 10: nothing known of the run
+    assert window(1100, total_steps=600) == 50

@@ -74,8 +74,16 @@ def test_hf_trainer_last_step_is_a_full_sample(tmp_path) -> None:
 
     client, frames = capturing_client()
     callback = LogitwatchCallback(run="r", client=client, sample_every=3, overhead_budget=None)
+    planned = []
+    end = callback.on_train_end
+
+    def on_train_end(*a, **k):  # type: ignore[no-untyped-def]
+        planned.append(callback.monitor.planned_steps)  # what a fuse's fraction reads
+        return end(*a, **k)
+    callback.on_train_end = on_train_end  # type: ignore[method-assign]
     hf_trainer(tmp_path, callback).train()  # type: ignore[attr-defined]
     client.shutdown(5.0)
+    assert planned == [5]
     assert [f["step"] for f in frames] == [0, 3, 4]
     assert "hooks.closing" not in frames[-1]["scalars"]
     assert len(frames[-1]["heads"]["attn.logit_max"]) == 2

@@ -63,7 +63,9 @@ class QKNorm(LayerFuse, Fuse):
         anneal: The anneal's length: steps (an int, default 200) or a fraction of the
             remaining steps (a float in (0, 1), with ``total_steps``, else of 2000; 0.05-0.15
             is the design's range; then at least 10 steps).
-        total_steps: The run's planned number of optimizer steps (for a fractional anneal).
+        total_steps: The run's planned number of optimizer steps (for a fractional anneal;
+            default: what the Hugging Face or Lightning callback told the monitor
+            (``Monitor.planned_steps``), else the anneal takes that fraction of 2000).
         rescale: Scale the inserted heads' W_q/W_k to bring their raw logits to ``tau``
             while ``λ = 1`` (default True).
         mode: ``"off"``, ``"suggest"`` (default) or ``"auto"``.
@@ -130,12 +132,19 @@ class QKNorm(LayerFuse, Fuse):
         self.rewrite.measure_raw = {x for x in self.rewrite.lam if x not in self.annealing}
         self.record(step, "insert", layers=sorted(layers), reason=reason, tau=self.tau)
 
+    def _planned(self) -> int | None:
+        """The run's planned steps as the monitor knows them (the framework callbacks)."""
+        monitor = self.fuses.monitor if self.fuses is not None else None
+        planned = getattr(monitor, "planned_steps", None)
+        return planned if isinstance(planned, int) and planned > 0 else None
+
     def start_anneal(self, step: int, layers: list[int], reason: str) -> None:
         """Start the cosine anneal of ``layers`` (λ from 1 to 0)."""
         if self.rewrite is None or not layers:
             return
         if isinstance(self.anneal, float):
-            left = (self.total_steps - step) if self.total_steps else 2000
+            total = self.total_steps or self._planned()
+            left = (total - step) if total else 2000
             window = max(10, round(self.anneal * max(0, left)))
         else:
             window = self.anneal
