@@ -1,4 +1,4 @@
-"""A fourth held-out set, fixed before round four (``split: "fresh3"``); not yet recorded.
+"""A fourth held-out set, fixed before round four (``split: "fresh3"``).
 
 The third set (``scenario_specs_fresh2.FRESH2``) was replayed after round three and read:
 from then on it is tuning data too. These runs are the held-out set for every change made
