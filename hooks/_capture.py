@@ -150,7 +150,7 @@ class CaptureMixin:
     def _rewriting(self) -> bool:
         """Whether a fuse rewrites attention calls now (QK-norm, soft-cap: every forward is
         intercepted, ``hooks/fuses/_rewrite.py``)."""
-        rewrite = getattr(self, "attn_rewrite", None)
+        rewrite = self.attn_rewrite
         return rewrite is not None and rewrite.active
 
     def _start_max(self, args: Any, kwargs: dict[str, Any] | None,

@@ -520,7 +520,7 @@ class Monitor(CaptureMixin, FramesMixin):
         (:meth:`StepHistory.peek`). Not on a job whose ranks sample together (sharded, or
         reducing before they send): each rank would see its own loss, or the same norm at
         a different step, and the ranks must sample alike."""
-        if self._shard is not None or getattr(self, "_ranks", None) is not None:
+        if self._shard is not None or self._ranks is not None:
             return
         try:
             got = self._history.peek()
