@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 import zlib
 from dataclasses import dataclass
@@ -170,11 +171,21 @@ class WriterDir:
         self._meta = {"project": project, "run": run, "rank": rank, "url": url}
         self.path: Path | None = None
         self._lock_fd: int | None = None
+        # The spooler thread (memory -> disk) and the sender (frames set aside) both call
+        # ensure(): without the lock both could make a directory, and one of them would be
+        # orphaned (its files invisible to spool_path).
+        self._made = threading.Lock()
 
     def ensure(self) -> Path:
         """Create (once) and lock this process's directory; return it."""
         if self.path is not None:
             return self.path
+        with self._made:
+            if self.path is not None:
+                return self.path
+            return self._make()
+
+    def _make(self) -> Path:
         pid = os.getpid()
         path = self.base / f"{pid}-{time.time_ns() // 1000}"
         path.mkdir(parents=True, exist_ok=False)
@@ -209,6 +220,7 @@ class WriterDir:
                 os.close(self._lock_fd)  # the parent's descriptor keeps its lock
         self._lock_fd = None
         self.path = None
+        self._made = threading.Lock()  # a parent's thread may have held it at the fork
 
 
 def _safe(name: str) -> str:

@@ -587,3 +587,34 @@ def test_damaged_segment_is_dropped_and_counted(tmp_path, caplog) -> None:
     backlog.settle(batch, "delivered")
     assert backlog.counts()["replayed"] == 2
     spool.release()
+
+
+def test_spool_directory_is_made_once_when_two_threads_write_first(tmp_path, monkeypatch) -> None:
+    """The spooler thread and the sender (frames set aside) may both write first: one
+    directory, or the files of the other are invisible to ``spool_path`` (a CI flake)."""
+    from pathlib import Path
+
+    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
+    real_mkdir = Path.mkdir
+
+    def slow_mkdir(self, *a, **k):  # widen the window between the check and the set
+        real_mkdir(self, *a, **k)
+        time.sleep(0.05)
+
+    monkeypatch.setattr(Path, "mkdir", slow_mkdir)
+    start = threading.Barrier(4)
+    got: list[Path] = []
+
+    def first_write() -> None:
+        start.wait()
+        got.append(spool.ensure())
+
+    threads = [threading.Thread(target=first_write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.undo()
+    assert len(set(got)) == 1 and got[0] == spool.path
+    assert [p.name for p in spool.base.iterdir()] == [spool.path.name]
+    spool.release()
