@@ -737,4 +737,4 @@ def test_a_loss_or_grad_spike_samples_the_next_step_without_a_sync(torch_one_thr
     from logitwatch.hooks._stepwatch import REARM
 
     extra = [s for s in sampled if s not in (0, 50, 100)]
-    assert all(b - a >= REARM for a, b in zip(extra, extra[1:])), extra
+    assert all(b - a >= REARM for a, b in zip(extra, extra[1:], strict=False)), extra
