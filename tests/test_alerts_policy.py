@@ -308,3 +308,60 @@ def test_a_burst_of_samples_does_not_move_a_final_layer_baseline() -> None:
              if r.name.startswith("final_") else r for r in DEFAULT_RULES]
     fired = {a.rule for a in alerts_of(frames, rules=plain)}
     assert {"final_rms_departure", "final_logz_departure"} <= fired, fired
+
+
+def test_a_smoothed_departure_counts_its_persistence_from_the_raw_samples() -> None:
+    """log Z drifting up from step 400 (+0.09 nat a step), sampled every 50 steps: the
+    sample at 450 is already a nat out, the level (100-step median) crosses at 500, and
+    the breach is known to have held since 450, so the warning comes at 500, not one
+    sample (50 steps) later. One wild sample among calm ones still pages nothing."""
+    def drift(step: int) -> dict[str, float]:
+        return {"loss": 2.5, "final.logz": 6.3 + 0.01 * ((step // 50) % 3)
+                + max(0, step - 400) * 0.09}
+
+    fired = {k: [a.fired_step for a in by_rule(alerts_of(frames_at(k, 560, drift)),
+                                               "final_logz_departure")] for k in (1, 40, 50)}
+    assert fired[50] == [500], fired
+    assert fired[40] == [480], fired  # samples 440 (10.0) and 480 (13.5): since 440
+    assert fired[1] and fired[1][0] <= 465, fired
+
+    def one_wild(step: int) -> dict[str, float]:
+        return {"loss": 2.5, "final.logz": 6.3 + (5.0 if step == 450 else 0.0)}
+
+    for k in (1, 10, 50):
+        assert not by_rule(alerts_of(frames_at(k, 700, one_wild)), "final_logz_departure"), k
+
+
+def test_a_calm_sample_under_a_breaching_level_enters_the_baseline() -> None:
+    """Every 50 steps, two samples on bad batches (log Z 5.4 at 421, 10.9 at 451: the hooks
+    sampled right after a loss spike) and calm ones after: the level judged at 501 is the
+    bad sample's (it stands for 50 steps), but the calm sample at 501 goes into the
+    memory, so the level at 551 is calm again and nothing fires. (Keeping every sample
+    out while the level breaches let one bad batch stand for 100 steps and page at 551.)"""
+    steps = [*range(0, 401, 50), 421, 451, *range(501, 800, 50)]
+
+    def logz(step: int) -> float:
+        return {421: 5.42, 451: 10.86}.get(step, 6.3 + 0.05 * ((step // 50) % 3))
+
+    frames = [{"run": "r", "rank": 0, "seq": i + 1, "step": s, "time": 1000.0 + s,
+               "scalars": {"loss": 2.5, "final.logz": logz(s)}, "heads": {}}
+              for i, s in enumerate(steps)]
+    assert not by_rule(alerts_of(frames), "final_logz_departure")
+
+
+def test_a_level_from_few_samples_must_clear_the_limit_by_its_noise() -> None:
+    """A healthy run's log Z (LM head growing 0.25 %/step for 300 steps, then steady),
+    sampled every 50 steps, as recorded: 1.1 nat up over 300 steps, the two samples at 450
+    and 500 just past baseline + 1 nat with a baseline of 5 noisy samples. With the gap's
+    standard error (``noise_z``) it pages nothing; without it, it pages at 500."""
+    from dataclasses import replace
+
+    logz = dict([(0, 5.55), (50, 5.25), (100, 5.98), (150, 6.19), (200, 6.44), (250, 6.78),
+                 (300, 6.7), (350, 7.32), (400, 7.18), (450, 7.94), (500, 7.97),
+                 (550, 7.62), (600, 7.76), (650, 7.84), (700, 7.8), (750, 7.9)])
+    frames = frames_at(50, 800, lambda s: {"loss": 2.0, "final.logz": logz[s]})
+    assert not by_rule(alerts_of(frames), "final_logz_departure")
+    plain = [replace(r, params={**r.params, "noise_z": 0.0})
+             if r.name == "final_logz_departure" else r for r in DEFAULT_RULES]
+    assert [a.fired_step for a in by_rule(alerts_of(frames, rules=plain),
+                                          "final_logz_departure")] == [500]

@@ -119,9 +119,14 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # the steps each sample stands for (a burst of samples the hooks took right after a loss
     # spike, e.g. on batches of padding whose hidden state is 0, counts for the steps it
     # covers; round three, from a held-out run of the first half at interval 40)
+    # Round four: both count their 20 steps from the first of the newest raw samples above
+    # the limit (at interval 50 a level crossing on the second sample out pages there, not
+    # a sample later), and the level must clear the limit by one standard error of the
+    # gap between the two medians (``noise_z``: at interval 50, 5 baseline samples and 2
+    # in the level, a healthy log Z rising 1.1 nat over 300 steps crossed 1 nat by noise)
     RuleSpec("final_rms_departure", "departure", "final.hidden_rms", for_steps=20,
              params={"factor": 3.0, "floor": 0.0, "window": 200, "lag": 50, "smooth": 100,
-                     "step_weighted": True},
+                     "step_weighted": True, "noise_z": 1.0},
              summary="the final hidden RMS left its own recent range"),
     # log Z is already a logarithm: a fixed distance, 1 nat (Z grown e-fold over its recent
     # median), not a ratio, once settled (300 steps of history: log Z climbs a few nats
@@ -130,7 +135,8 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # log Z is noisy (a plain-SGD GPT-2 of the suite swings +-0.5 nat between samples)
     RuleSpec("final_logz_departure", "departure", "final.logz", for_steps=20,
              params={"margin": 1.0, "floor": 0.0, "window": 200, "lag": 50,
-                     "min_history": 300, "smooth": 100, "step_weighted": True},
+                     "min_history": 300, "smooth": 100, "step_weighted": True,
+                     "noise_z": 1.0},
              summary="the output log-normaliser log Z rose a nat (e-fold) above its recent "
              "range"),
     # -- slower, informational ----------------------------------------------------------------

@@ -113,6 +113,14 @@ class Verdict:
     baseline: float | None = None
     limit: float | None = None
     left_step: int | None = None  # where the series first left its range, if known
+    # the first of the newest samples that all breach (a smoothed rule's raw samples): the
+    # breach is known to have lasted since then, so ``for_steps`` counts from there (at a
+    # wide interval one smoothed breach then needs no second sample ``for_steps`` later)
+    held_from: int | None = None
+    # whether this sample alone breaches, where the verdict judges a level (a smoothed
+    # departure); None: the same as ``breach``. A kind that keeps breaching samples out of
+    # its memory keeps out only these (a calm sample under a breaching level goes in)
+    sample_breach: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,9 +163,10 @@ class Track:
             self.streak += 1
             self.last_breach = (step, v)
             if self.streak == 1:
-                self.streak_from = step
+                self.streak_from = step if v.held_from is None else min(step, v.held_from)
                 if self.state is not State.FIRING:
-                    self.started_step = v.left_step if v.left_step is not None else step
+                    self.started_step = (v.left_step if v.left_step is not None
+                                         else self.streak_from)
                     self.state = State.PENDING
             if (self.state is State.PENDING and self.streak >= rule.for_samples
                     and step - self.streak_from >= rule.for_steps):
@@ -324,16 +333,53 @@ def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         return Verdict(True, v, {"value": str(v), "baseline": base, "limit": limit},
                        baseline=base, limit=limit)
     smooth = r.param("smooth")
+    held_from = sample_breach = None
     if smooth:  # judge the level (median of the last `smooth` steps), not one sample
         pts = [*window(m, step, 0, int(smooth), 2), (step, v)]
-        v = step_median(pts, step + 1) if weighted else median(x for _, x in pts)
+        raw, v = v, step_median(pts, step + 1) if weighted else median(x for _, x in pts)
+        z = float(r.param("noise_z"))
+        if z > 0:  # the level must clear the limit by the noise of the two medians' gap
+            limit += z * _gap_noise(past, pts)
+        sample_breach = raw > limit
+        if v > limit and sample_breach:
+            held_from = _breaching_since(m, step, limit)
     breach = v > limit
     if r.param("margin") is not None:
         how: dict[str, Any] = {"above_baseline": v - base}
     else:
         how = {"ratio": v / base if base else None}
     return Verdict(breach, v, {"value": v, "baseline": base, "limit": limit, **how},
-                   baseline=base, limit=limit)
+                   baseline=base, limit=limit, held_from=held_from,
+                   sample_breach=sample_breach)
+
+
+def _gap_noise(base: list[tuple[int, float]], level: list[tuple[int, float]]) -> float:
+    """The standard error of (level median - baseline median) for samples with the
+    per-sample noise of this series: sigma x sqrt(1/n_base + 1/n_level), sigma from the
+    MAD of successive differences (a slow drift hardly moves it). With one sample a step
+    it is a few hundredths of sigma; at one sample in 50 steps (5 baseline samples, 2 in
+    the level) most of sigma: fewer samples, a wider gap before the same departure
+    counts."""
+    xs = [x for _, x in sorted({*base, *level})]
+    if len(xs) < 4:
+        return 0.0
+    diffs = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    center = median(diffs)
+    sigma = 1.4826 * median(abs(d - center) for d in diffs) / math.sqrt(2.0)
+    return sigma * math.sqrt(1.0 / len(base) + 1.0 / len(level))
+
+
+def _breaching_since(m: Memory, step: int, limit: float) -> int:
+    """The first step of the newest run of samples above ``limit`` (the one at ``step``
+    breaches; the samples before it are in ``m.recent``)."""
+    since = step
+    for s, x in reversed(m.recent):
+        if s >= step:
+            continue
+        if not x > limit:
+            break
+        since = s
+    return since
 
 
 def departure_limit(r: RuleSpec, base: Any) -> Any:
@@ -699,7 +745,8 @@ KINDS: dict[str, Kind] = {
                                  "floor": 0.0, "below": False}),
     "departure": Kind(_departure, {"factor": 4.0, "floor": 30.0, "window": 200, "lag": 50,
                                    "min_history": 50, "min_samples": 5, "ceiling": None,
-                                   "margin": None, "smooth": 0, "step_weighted": False},
+                                   "margin": None, "smooth": 0, "step_weighted": False,
+                                   "noise_z": 0.0},
                       hold_breaches=True),
     "trend": Kind(_trend, {"window": 70, "min_samples": 6, "min_tau": 0.7, "min_ratio": 1.5,
                            "floor": 0.0},

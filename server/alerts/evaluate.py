@@ -187,7 +187,8 @@ class EvaluationMixin(LifecycleMixin):
                 t = track.advance(rule, step, verdict)
                 if t is not None:
                     _group(groups, rule, cell, t)
-            if not (kind.hold_breaches and verdict is not None and verdict.breach):
+            if not (kind.hold_breaches and verdict is not None and verdict.breach
+                    and verdict.sample_breach is not False):
                 mem.push(step, value)
             else:
                 mem.seen += 1

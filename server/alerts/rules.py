@@ -24,7 +24,12 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    median + ``margin`` instead (a series that is already a logarithm). An
                    optional ``ceiling`` alarms above it whatever the baseline. ``smooth``
                    (steps): judge the median of the last ``smooth`` steps' samples (at least
-                   3) instead of the newest one, for a noisy series.
+                   3) instead of the newest one, for a noisy series; its ``for_steps``
+                   count from the first of the newest raw samples above the limit.
+                   ``noise_z`` (with ``smooth``): the level must clear the limit by that
+                   many standard errors of the gap between the level and the baseline
+                   (per-sample noise from successive differences; large at a wide
+                   sampling interval, where both medians hold few samples).
 ``trend``          robust slope: Theil-Sen slope of log(value) over the last ``window`` steps
                    with a Mann-Kendall score of at least ``min_tau``, and growth over the window
                    of at least ``min_ratio``; p99 8 -> 12 -> 18 is such a trend.

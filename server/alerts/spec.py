@@ -238,7 +238,11 @@ class RuleSpec:
         for_steps: Steps the breach must have lasted (from the first breaching sample of
             the streak) before pending turns firing; with ``for_samples``, both must hold.
             A streak is broken by a calm sample, so at a wide interval a one-sample
-            breach never fires a rule with ``for_steps`` > 0.
+            breach never fires a rule with ``for_steps`` > 0. A smoothed departure
+            (``smooth``) counts from the first of its newest raw samples that all breach:
+            its level is a median over many steps, and the samples under it say how long
+            the breach has lasted (at interval 50, a level crossing on the second sample
+            out fires there, not one sample later).
         resolve_after: Consecutive calm samples before firing turns resolved (at least).
         keep_firing_for: Steps the condition must stay clear before a firing alert
             resolves; a breach within them continues the same alert. ``None``: the
