@@ -46,7 +46,9 @@ before those fixes and is the held-out set for them (``--split fresh``). Once it
 read too, a third set (``scenario_specs_fresh2.py``, split ``fresh2``) was fixed and
 recorded before round three's changes, which were chosen on the 180 seen runs
 (``--split seen``). After fresh2 was read, a fourth set was fixed
-(``scenario_specs_fresh3.py``, split ``fresh3``) for round four.
+(``scenario_specs_fresh3.py``, split ``fresh3``) for round four; after fresh3 was read, a
+fifth (``scenario_specs_fresh4.py``, split ``fresh4``) for round five, whose changes are
+chosen on every run read before (``--split read``: seen, fresh2 and fresh3).
 
 Usage::
 
@@ -56,6 +58,8 @@ Usage::
     python bench/bench_alerts.py --split fresh             # the second held-out set
     python bench/bench_alerts.py --split seen              # round three's tuning data
     python bench/bench_alerts.py --split fresh2            # the third held-out set
+    python bench/bench_alerts.py --split read              # round five's tuning data
+    python bench/bench_alerts.py --split fresh4            # the fifth held-out set
 """
 
 from __future__ import annotations
@@ -378,14 +382,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", type=Path, default=HERE / "scenarios")
     p.add_argument("--split",
                    choices=("tune", "holdout", "both", "fresh", "seen", "fresh2", "fresh3",
-                            "all"),
+                            "read", "fresh4", "all"),
                    default="tune",
                    help="which runs to report: tune (default), holdout (the first held-out "
                    "half), both (the two halves), fresh (the second held-out set, recorded "
                    "after the first held-out half had been read), seen (tune, holdout and "
                    "fresh: every run a rule has been read against, the tuning data of round "
                    "three), fresh2 (the third held-out set, recorded after fresh had been "
-                   "read), fresh3 (the fourth, fixed after fresh2 had been read), all")
+                   "read), fresh3 (the fourth, fixed after fresh2 had been read), read (seen, "
+                   "fresh2 and fresh3: round five's tuning data), fresh4 (the fifth, fixed "
+                   "after fresh3 had been read), all")
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)),
                    help="sampling intervals to replay at (default 1,10,25,40,50)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
@@ -396,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     intervals = sorted({int(x) for x in a.intervals.split(",") if x.strip()})
     splits = {"both": ("tune", "holdout"), "seen": ("tune", "holdout", "fresh"),
-              "all": ("tune", "holdout", "fresh", "fresh2", "fresh3")}.get(
+              "read": ("tune", "holdout", "fresh", "fresh2", "fresh3"),
+              "all": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4")}.get(
         a.split, (a.split,))
     files = sorted(a.scenarios.glob("*.jsonl.gz"))
     headers = {f: read_header(f) for f in files}
