@@ -365,3 +365,44 @@ def test_a_level_from_few_samples_must_clear_the_limit_by_its_noise() -> None:
              if r.name == "final_logz_departure" else r for r in DEFAULT_RULES]
     assert [a.fired_step for a in by_rule(alerts_of(frames, rules=plain),
                                           "final_logz_departure")] == [500]
+
+
+def _bumpy(jumps: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    def scalars(step: int) -> dict[str, float]:
+        noise = 0.02 * ((step * 7) % 5 - 2)
+        return {"loss": 3.0 + noise + (1.2 if step in jumps else 0.0), "grad.norm": 0.5,
+                "grad.clipped": 0.0, "lr": 1e-3}
+    return scalars
+
+
+def test_loss_bumps_that_keep_coming_back_page_on_the_third_within_20_steps() -> None:
+    """Three one-step loss bumps within 20 steps, each recovered: the first two are shown
+    (info, recovered), the third pages (an unstable run, not one bad batch). Two bumps, or
+    three spread over 60 steps, page nothing."""
+    alerts = by_rule(alerts_of(frames_at(1, 400, _bumpy((300, 308, 316)))), "loss_jump")
+    assert [a.fired_step for a in alerts] == [300, 308, 316]
+    assert [a.paged_step for a in alerts] == [None, None, 316]
+    assert alerts[2].severity == "critical" and "page" not in alerts[2].evidence
+    assert alerts[2].evidence["paged_because"] == (
+        "episode 3 within 20 steps (fired at steps 300, 308, 316)")
+    assert alerts[0].evidence.get("recovered") is True
+    for jumps in ((300, 308), (300, 330, 360)):
+        alerts = by_rule(alerts_of(frames_at(1, 400, _bumpy(jumps))), "loss_jump")
+        assert len(alerts) == len(jumps), jumps
+        assert all(a.paged_step is None for a in alerts), jumps
+    # the same at interval 10: the losses of every step come with the frames (history)
+    alerts = by_rule(alerts_of(frames_at(10, 400, _bumpy((300, 308, 316)), history=True)),
+                     "loss_jump")
+    assert [a.paged_step for a in alerts][-1] is not None
+
+
+def test_page_repeats_is_validated() -> None:
+    import pytest
+
+    from logitwatch.server.alerts.spec import Page, RuleError
+
+    for bad in ({"repeats": 1}, {"repeats": True}, {"repeats": 3, "repeats_within": 0}):
+        with pytest.raises(RuleError, match="repeats"):
+            Page(**bad)
+    assert Page(repeats=3).to_dict()["repeats_within"] == 20
+    assert Page.from_dict({"repeats": 2, "repeats_within": 50}).repeats == 2

@@ -25,7 +25,11 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("loss_jump", "loss_jump", "loss", severity="critical", inhibits=True,
              params={"z": 8.0, "min_jump": 0.5, "window": 200, "center_window": 20,
                      "noise": "diff"},
-             page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"),
+             # round five: the third jump within 20 steps pages (each of a warm-up's bumps
+             # recovered until it diverged; bad-data runs of the read runs jump at most twice
+             # in 20 steps, three times in 50)
+             page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
+                       repeats_within=20,
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
              summary="the loss jumped far out of its recent range"),
@@ -42,8 +46,10 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              "at (a re-warm or ramp too far)"),
     RuleSpec("lr_change", "lr_jump", "lr", severity="info", params={"factor": 2.0},
              summary="the learning rate changed abruptly between two samples"),
+    # z 8 (round five; 10 before): an SGD blow-up's first unclipped spikes reach z 8-10
+    # with the loss jump; z 6 paged two healthy unclipped SGD runs of the read runs
     RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning",
-             params={"z": 10.0, "window": 200, "min_scale": 0.05, "only_unclipped": True},
+             params={"z": 8.0, "window": 200, "min_scale": 0.05, "only_unclipped": True},
              page=Page(after=10, with_rules=("loss_jump",)),
              summary="an unclipped gradient spike went straight into the weights"),
     RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_steps=10,

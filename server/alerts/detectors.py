@@ -135,6 +135,10 @@ class Transition:
     reopened: bool = False
 
 
+#: Firing steps a :class:`Track` keeps, for a page on repeated episodes (``Page.repeats``).
+FIRED_KEEP = 8
+
+
 @dataclass(slots=True)
 class Track:
     """Lifecycle of one (rule, run, rank, cell): inactive -> pending -> firing -> resolved.
@@ -154,6 +158,7 @@ class Track:
     clear_since: int | None = None
     streak_from: int = 0
     last_breach: tuple[int, Verdict] | None = None
+    fired: tuple[int, ...] = ()  # the steps its newest episodes fired (FIRED_KEEP at most)
 
     def advance(self, rule: RuleSpec, step: int, v: Verdict) -> Transition | None:
         if v.breach:
@@ -171,6 +176,7 @@ class Track:
             if (self.state is State.PENDING and self.streak >= rule.for_samples
                     and step - self.streak_from >= rule.for_steps):
                 self.state = State.FIRING
+                self.fired = (*self.fired[-(FIRED_KEEP - 1):], step)
                 return Transition(State.FIRING, step, self.started_step, v)
             if reopened:
                 return Transition(State.FIRING, step, self.started_step, v, reopened=True)

@@ -167,8 +167,26 @@ class LifecycleMixin(RankState):
             return None
         if self._corroborated(pg, run_id, rank, t.step) is not None:
             return None
+        if self._repeated(rule, run_id, rank, t.step) is not None:
+            return None
         return {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note,
-                "with_rules": list(pg.with_rules)}
+                "with_rules": list(pg.with_rules), "repeats": pg.repeats,
+                "repeats_within": pg.repeats_within}
+
+    def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int) -> str | None:
+        """Why a run-level episode firing at ``step`` pages as a repeat (``Page.repeats``
+        episodes of ``rule`` fired within ``Page.repeats_within`` steps), or None."""
+        pg = rule.page
+        if pg is None or pg.repeats is None:
+            return None
+        t = self._tracks.get((rule.name, run_id, rank, None, None))
+        if t is None:
+            return None
+        recent = [s for s in t.fired if 0 <= step - s <= pg.repeats_within]
+        if len(recent) < pg.repeats:
+            return None
+        return (f"episode {len(recent)} within {pg.repeats_within} steps (fired at steps "
+                f"{', '.join(map(str, recent))})")
 
     def _corroborated(self, pg: Page, run_id: int, rank: int, step: int) -> str | None:
         """The first of ``pg.with_rules`` that breached on (run, rank) within ``pg.within``
@@ -339,6 +357,11 @@ class LifecycleMixin(RankState):
             ev["page"] = p.unpaged
             message += _page_text(p.unpaged, rule.severity)
             self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((rule.name, p.layer))
+        elif rule.page is not None and p.layer is None:
+            again = self._repeated(rule, f.run_id, f.rank, t.step)
+            if again is not None:
+                ev["paged_because"] = again
+                message += f" It pages: {again}."
         fin = v.value if math.isfinite(v.value) else None
         a = Alert(
             run_id=f.run_id, rule=rule.name, metric=rule.metric,

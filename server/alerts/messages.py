@@ -25,6 +25,9 @@ def _page_text(why: dict[str, object], severity: str) -> str:
     if why.get("with_rules"):
         conds.append("if " + " or ".join(str(r) for r in why["with_rules"])  # type: ignore[attr-defined]
                      + " breaches with it")
+    if why.get("repeats"):
+        conds.append(f"if it comes back {why['repeats']} times within "
+                     f"{why.get('repeats_within')} steps")
     cond = " or ".join(conds)
     note = why.get("note")
     return f" Info for now: it becomes a {severity} {cond}." + (f" {note}" if note else "")

@@ -161,7 +161,10 @@ class Page:
       crossing far ahead is shown with its horizon; one close enough to act on pages);
     * ``with_rules``: corroboration: one of these run-level rules breached on the same rank
       within ``within`` steps of this rule's newest breach (an unclipped gradient spike and a
-      loss jump together are a blow-up; either alone may be one bad batch).
+      loss jump together are a blow-up; either alone may be one bad batch);
+    * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
+      (run-level) to fire within ``repeats_within`` steps: bumps that each recover but keep
+      coming back are an unstable run, not one bad batch.
 
     Any one of them pages. Until then the alert is stored as ``info`` with ``evidence.page``
     saying what would page it.
@@ -172,6 +175,8 @@ class Page:
     note: str = ""
     with_rules: tuple[str, ...] = ()
     within: int = 5
+    repeats: int | None = None
+    repeats_within: int = 20
 
     def __post_init__(self) -> None:
         a = self.after
@@ -189,8 +194,15 @@ class Page:
         n = self.within
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise RuleError(f"page.within must be an int >= 0 (steps), got {n!r}")
-        if a is None and e is None and not w:
-            raise RuleError("page needs after (steps), eta_within (steps) or with_rules")
+        r = self.repeats
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 2):
+            raise RuleError(f"page.repeats must be an int >= 2 (episodes) or null, got {r!r}")
+        n = self.repeats_within
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RuleError(f"page.repeats_within must be an int >= 1 (steps), got {n!r}")
+        if a is None and e is None and not w and r is None:
+            raise RuleError("page needs after (steps), eta_within (steps), with_rules or "
+                            "repeats")
         if not isinstance(self.note, str):
             raise RuleError(f"page.note must be a string, got {self.note!r}")
 
