@@ -406,3 +406,28 @@ def test_page_repeats_is_validated() -> None:
             Page(**bad)
     assert Page(repeats=3).to_dict()["repeats_within"] == 20
     assert Page.from_dict({"repeats": 2, "repeats_within": 50}).repeats == 2
+
+
+def _warmup_run(lr_at, loss_at):  # type: ignore[no-untyped-def]
+    def scalars(step: int) -> dict[str, float]:
+        noise = 0.03 * ((step * 7) % 5 - 2)
+        return {"loss": loss_at(step) + noise, "grad.norm": 0.5, "grad.clipped": 0.0,
+                "lr": lr_at(step)}
+    return scalars
+
+
+def test_loss_ramp_pages_a_warm_up_whose_loss_climbs_not_a_step_or_a_flat_lr() -> None:
+    """The loss's 20-step level climbing 0.6 nat while the LR still warms up (linearly over
+    1,000 steps) pages `loss_ramp`; the same climb while the LR stays flat after its
+    warm-up, or right after the LR is stepped x10 (a step, which lr_jump judges), does not."""
+    def climb(step: int) -> float:
+        return 3.0 + (0.02 * (step - 200) if step > 200 else 0.0)  # +0.6 nat by step 230
+
+    def fired(lr_at) -> list[int]:  # type: ignore[no-untyped-def]
+        frames = frames_at(10, 300, _warmup_run(lr_at, climb), history=True)
+        return [a.fired_step for a in by_rule(alerts_of(frames), "loss_ramp")]
+
+    got = fired(lambda s: 1e-3 * (s + 1) / 1000)  # still warming up
+    assert got and 220 <= got[0] <= 250, got
+    assert fired(lambda s: 1e-3) == []  # flat LR
+    assert fired(lambda s: 1e-4 if s < 200 else 1e-3) == []  # stepped x10 at 200

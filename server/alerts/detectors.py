@@ -574,7 +574,9 @@ def _level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     if rising is not None:
         how["while_rising"] = r.param("while_rising")
         how[f"{r.param('while_rising')}_ratio"] = rising
-    breach = level >= limit and (rising is None or rising > float(r.param("rising_factor")))
+    top = r.param("rising_max")  # a climb, not a jump: an LR stepped x10 has lr_jump
+    breach = level >= limit and (rising is None or (
+        rising > float(r.param("rising_factor")) and (top is None or rising <= float(top))))
     return Verdict(breach, level,
                    {"level": level, "lowest_level": low, "limit": limit, "value": v,
                     "window": int(r.param("window")), **how},
@@ -773,7 +775,7 @@ KINDS: dict[str, Kind] = {
     "level_rise": Kind(_level_rise, {"window": 100, "min_samples": 5, "min_history": 200,
                                      "factor": 5.0, "margin": None, "floor": 0.0,
                                      "while_rising": None, "rising_span": 50,
-                                     "rising_factor": 1.05}),
+                                     "rising_factor": 1.05, "rising_max": None}),
     "above_peak": Kind(_above_peak, {"factor": 10.0, "settle": 100}),
     "lr_jump": Kind(_lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
     "entropy_collapse": Kind(_entropy_collapse, {"first_steps": 100, "min_samples": 5,

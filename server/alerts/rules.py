@@ -57,7 +57,8 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    (lowest since ``min_history`` steps into the series), and above ``floor``:
                    a gradient norm whose level keeps growing. ``while_rising: lr``: only
                    while that scalar is more than ``rising_factor`` x its value
-                   ``rising_span`` steps before (a warm-up still climbing).
+                   ``rising_span`` steps before (a warm-up still climbing), and with
+                   ``rising_max`` at most that many times (a climb, not a step).
 ``above_peak``     the value is above ``factor`` x the peak the series settled at (its highest
                    value before it went ``settle`` steps without a new high): a learning rate
                    re-warmed, ramped or jumped far above where its schedule had settled.
