@@ -50,7 +50,9 @@ recorded before round three's changes, which were chosen on the 180 seen runs
 fifth (``scenario_specs_fresh4.py``, split ``fresh4``) for round five, whose changes are
 chosen on every run read before (``--split read``: seen, fresh2 and fresh3). After
 fresh4 was read, a sixth (``scenario_specs_fresh5.py``, split ``fresh5``) for round six
-(tuning data: ``--split read5``, every run before it).
+(tuning data: ``--split read5``, every run before it). After fresh5 was read, a seventh
+(``scenario_specs_fresh6.py``, split ``fresh6``) for round seven (tuning data: ``--split
+read6``).
 
 Usage::
 
@@ -384,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", type=Path, default=HERE / "scenarios")
     p.add_argument("--split",
                    choices=("tune", "holdout", "both", "fresh", "seen", "fresh2", "fresh3",
-                            "read", "fresh4", "read5", "fresh5", "all"),
+                            "read", "fresh4", "read5", "fresh5", "read6", "fresh6", "all"),
                    default="tune",
                    help="which runs to report: tune (default), holdout (the first held-out "
                    "half), both (the two halves), fresh (the second held-out set, recorded "
@@ -394,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                    "read), fresh3 (the fourth, fixed after fresh2 had been read), read (seen, "
                    "fresh2 and fresh3: round five's tuning data), fresh4 (the fifth, fixed "
                    "after fresh3 had been read), read5 (read and fresh4: round six's tuning "
-                   "data), fresh5 (the sixth, fixed after fresh4 had been read), all")
+                   "data), fresh5 (the sixth, fixed after fresh4 had been read), read6 (read5 "
+                   "and fresh5), fresh6 (the seventh, fixed after fresh5 had been read), all")
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)),
                    help="sampling intervals to replay at (default 1,10,25,40,50)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
@@ -407,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     splits = {"both": ("tune", "holdout"), "seen": ("tune", "holdout", "fresh"),
               "read": ("tune", "holdout", "fresh", "fresh2", "fresh3"),
               "read5": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4"),
-              "all": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5")}.get(
+              "read6": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5"),
+              "all": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
+                      "fresh6")}.get(
         a.split, (a.split,))
     files = sorted(a.scenarios.glob("*.jsonl.gz"))
     headers = {f: read_header(f) for f in files}
