@@ -1,15 +1,11 @@
-"""How each rule kind judges one sample of one cell, and the lifecycle of a cell's alert.
+"""How each rule kind judges one sample of one cell.
 
 Everything here is pure: no clock, no I/O, no database. A *detector* (one per rule kind)
 looks at one series cell (a scalar, one layer/head of a per-head metric, or the max over
-all heads) one sample at a time, with a small :class:`Memory` of that cell's past, and
-returns a :class:`Verdict` (breach or not, plus evidence) or ``None`` when it cannot judge
-yet (no data, too little history). :class:`Track` is the lifecycle (pending, firing,
-resolved).
-
-Windows are in **steps** (see :mod:`.spec`): :func:`window` takes the samples of a span of
-steps, widened to the newest ``min_samples`` when the span holds fewer (a wide sampling
-interval), so a rule means the same whether the job sends every step or one in 40.
+all heads) one sample at a time, with a small :class:`~.series.Memory` of that cell's past,
+and returns a :class:`~.tracks.Verdict` (breach or not, plus evidence) or ``None`` when it
+cannot judge yet (no data, too little history). The memory and its windows (in steps) live
+in :mod:`.series`, the lifecycle (:class:`~.tracks.Track`) in :mod:`.tracks`.
 """
 
 from __future__ import annotations
@@ -17,12 +13,33 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+# re-exported: the engine, the screens and the rule spec import them from here
+from logitwatch.server.alerts.series import (  # noqa: F401
+    EARLY_MAX,
+    RECENT_MAX,
+    SCALAR_KEEP,
+    Memory,
+    first_window,
+    kendall_tau,
+    mad,
+    step_median,
+    theil_sen,
+    window,
+)
+from logitwatch.server.alerts.tracks import (  # noqa: F401
+    FIRED_KEEP,
+    FrameView,
+    State,
+    Track,
+    Transition,
+    Verdict,
+)
 
 if TYPE_CHECKING:
     from logitwatch.server.alerts.spec import RuleSpec
@@ -31,232 +48,6 @@ __all__ = ["DETECTORS", "KINDS", "FrameView", "Kind", "Memory", "State", "Track"
            "Verdict", "kendall_tau", "mad", "theil_sen", "window"]
 
 FP16_MAX = 65504.0
-#: Samples a scalar cell keeps: every step of the longest default window (and twice a
-#: clip-rate window), when the job sends every step's scalars.
-SCALAR_KEEP = 1024
-#: Samples a per-head cell keeps (the engine judges per-head statistics at most once every
-#: few steps, so 64 samples cover several hundred steps).
-RECENT_MAX = 64
-EARLY_MAX = 32  # the first finite samples every cell keeps (its early baseline)
-
-
-class State(str, Enum):
-    INACTIVE = "inactive"
-    PENDING = "pending"
-    FIRING = "firing"
-    RESOLVED = "resolved"
-
-
-# -- per-cell memory, verdicts, lifecycle ---------------------------------------------------
-
-
-@dataclass(slots=True)
-class Memory:
-    """What a detector remembers about one cell: recent finite samples and the first ones,
-    as (step, value)."""
-
-    recent: deque[tuple[int, float]] = field(
-        default_factory=lambda: deque(maxlen=SCALAR_KEEP))
-    early: list[tuple[int, float]] = field(default_factory=list)
-    last: tuple[int, float] | None = None
-    seen: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def per_head(cls) -> Memory:
-        """The memory of one layer/head cell (as many samples as the engine's arrays)."""
-        return cls(recent=deque(maxlen=RECENT_MAX))
-
-    def push(self, step: int, value: float, keep_early: int = EARLY_MAX) -> None:
-        self.seen += 1
-        self.last = (step, value)
-        if math.isfinite(value):
-            self.recent.append((step, value))
-            if len(self.early) < keep_early:
-                self.early.append((step, value))
-
-    @property
-    def first_step(self) -> int | None:
-        """Step of the cell's first finite sample."""
-        return self.early[0][0] if self.early else None
-
-
-def window(m: Memory, step: int, lag: int, span: int, min_samples: int) -> list[tuple[int, float]]:
-    """The samples of the ``span`` steps before ``step - lag`` (steps ``s`` with
-    ``step - lag - span <= s < step - lag``), oldest first; when they are fewer than
-    ``min_samples``, the newest ``min_samples`` samples before ``step - lag`` instead."""
-    end = step - lag
-    eligible = [p for p in m.recent if p[0] < end]
-    inside = [p for p in eligible if p[0] >= end - span]
-    if len(inside) >= min_samples:
-        return inside
-    return eligible[-min_samples:] if min_samples > 0 else inside
-
-
-def first_window(m: Memory, span: int, min_samples: int) -> list[float]:
-    """The cell's first samples: those within ``span`` steps of its first one, or its
-    first ``min_samples`` when they are fewer; [] while it has fewer than that."""
-    if len(m.early) < min_samples:
-        return []
-    start = m.early[0][0]
-    inside = [x for s, x in m.early if s < start + span]
-    return inside if len(inside) >= min_samples else [x for _, x in m.early[:min_samples]]
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """One judgement: ``breach`` or not, with what it was judged on."""
-
-    breach: bool
-    value: float
-    evidence: dict[str, Any] = field(default_factory=dict)
-    baseline: float | None = None
-    limit: float | None = None
-    left_step: int | None = None  # where the series first left its range, if known
-    # the first of the newest samples that all breach (a smoothed rule's raw samples): the
-    # breach is known to have lasted since then, so ``for_steps`` counts from there (at a
-    # wide interval one smoothed breach then needs no second sample ``for_steps`` later)
-    held_from: int | None = None
-    # whether this sample alone breaches, where the verdict judges a level (a smoothed
-    # departure); None: the same as ``breach``. A kind that keeps breaching samples out of
-    # its memory keeps out only these (a calm sample under a breaching level goes in)
-    sample_breach: bool | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """A change of an alert: ``firing`` (new, or ``reopened``: a breach within the hold
-    of a firing alert, which updates that alert) or ``resolved``."""
-
-    state: State
-    step: int
-    started_step: int
-    verdict: Verdict
-    reopened: bool = False
-
-
-#: Firing steps a :class:`Track` keeps, for a page on repeated episodes (``Page.repeats``).
-FIRED_KEEP = 8
-
-
-@dataclass(slots=True)
-class Track:
-    """Lifecycle of one (rule, run, rank, cell): inactive -> pending -> firing -> resolved.
-
-    Pending turns firing once the breach has lasted ``rule.for_samples`` samples and
-    ``rule.for_steps`` steps. Firing resolves once the condition has been clear for
-    ``rule.resolve_after`` samples and ``rule.hold`` steps (from the first clear sample,
-    ``clear_since``); a breach before that keeps the alert firing and returns a
-    ``reopened`` transition (one episode, one alert). ``last_breach`` is the newest breaching
-    verdict and its step (what a :class:`~.spec.Page` policy reads).
-    """
-
-    state: State = State.INACTIVE
-    streak: int = 0
-    calm: int = 0
-    started_step: int = 0
-    clear_since: int | None = None
-    streak_from: int = 0
-    last_breach: tuple[int, Verdict] | None = None
-    fired: tuple[int, ...] = ()  # the steps its newest episodes fired (FIRED_KEEP at most)
-
-    def advance(self, rule: RuleSpec, step: int, v: Verdict) -> Transition | None:
-        if v.breach:
-            reopened = self.state is State.FIRING and self.calm > 0
-            self.calm = 0
-            self.clear_since = None
-            self.streak += 1
-            self.last_breach = (step, v)
-            if self.streak == 1:
-                self.streak_from = step if v.held_from is None else min(step, v.held_from)
-                if self.state is not State.FIRING:
-                    self.started_step = (v.left_step if v.left_step is not None
-                                         else self.streak_from)
-                    self.state = State.PENDING
-            if (self.state is State.PENDING and self.streak >= rule.for_samples
-                    and step - self.streak_from >= rule.for_steps):
-                self.state = State.FIRING
-                self.fired = (*self.fired[-(FIRED_KEEP - 1):], step)
-                return Transition(State.FIRING, step, self.started_step, v)
-            if reopened:
-                return Transition(State.FIRING, step, self.started_step, v, reopened=True)
-            return None
-        self.streak = 0
-        if self.state is State.PENDING:
-            self.state = State.INACTIVE
-        elif self.state is State.FIRING:
-            self.calm += 1
-            if self.clear_since is None or step < self.clear_since:  # (a job restarted
-                self.clear_since = step  # from an earlier checkpoint counts from there)
-            if self.calm >= rule.resolve_after and step - self.clear_since >= rule.hold:
-                self.state = State.RESOLVED
-                self.clear_since = None
-                return Transition(State.RESOLVED, step, self.started_step, v)
-        return None
-
-
-class FrameView:
-    """Read access to the other series of the sample being judged."""
-
-    def __init__(self, scalars: Mapping[str, float],
-                 heads: Mapping[str, list[list[float]]]) -> None:
-        self.scalars = scalars
-        self.heads = heads
-
-    def get(self, metric: str, layer: int | None = None, head: int | None = None) -> float | None:
-        if layer is None:
-            v = self.scalars.get(metric)
-            return None if v is None else float(v)
-        m = self.heads.get(metric)
-        try:
-            return None if m is None else float(m[layer][head])  # type: ignore[index]
-        except (IndexError, TypeError):
-            return None
-
-
-# -- robust statistics ------------------------------------------------------------------------
-
-
-def theil_sen(xs: list[float], ys: list[float]) -> float:
-    """Median of pairwise slopes (robust to a few outliers)."""
-    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
-              for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
-    return median(slopes) if slopes else 0.0
-
-
-def kendall_tau(ys: list[float]) -> float:
-    """Mann-Kendall score normalised to [-1, 1]: +1 when every sample exceeds all before it."""
-    n = len(ys)
-    if n < 2:
-        return 0.0
-    s = sum((ys[j] > ys[i]) - (ys[j] < ys[i]) for i in range(n) for j in range(i + 1, n))
-    return s / (n * (n - 1) / 2)
-
-
-def step_median(points: list[tuple[int, float]], end: int) -> float:
-    """The median of ``(step, value)`` samples (oldest first), each weighted by the steps it
-    stands for: up to the next sample's step (the last: up to ``end``). At one sample a
-    step every weight is 1 (the plain median); at a wide interval a burst of samples close
-    together (the hooks sample the steps after a loss spike at once) counts for the few
-    steps it covers, not for as many samples as it holds."""
-    if not points:
-        raise ValueError("step_median of no samples")
-    weights = [max(1, (points[i + 1][0] if i + 1 < len(points) else end) - s)
-               for i, (s, _) in enumerate(points)]
-    order = sorted(range(len(points)), key=lambda i: points[i][1])
-    half, acc = sum(weights) / 2.0, 0.0
-    for j, i in enumerate(order):
-        acc += weights[i]
-        if acc > half:
-            return points[i][1]
-        if acc == half:  # an even split: the mean of the two middle values
-            return (points[i][1] + points[order[j + 1]][1]) / 2.0
-    return points[order[-1]][1]
-
-
-def mad(values: list[float], center: float) -> float:
-    return median([abs(v - center) for v in values])
-
 
 # -- detectors ----------------------------------------------------------------------------------
 

@@ -1,0 +1,122 @@
+"""What the alert engine remembers of one series cell, and the robust statistics over it.
+
+A cell is a scalar, one layer/head of a per-head metric, or the max over all heads.
+:class:`Memory` keeps its recent finite samples and its first ones as (step, value);
+:func:`window` takes the samples of a span of **steps**, widened to the newest
+``min_samples`` when the span holds fewer (a wide sampling interval), so a rule means the
+same whether the job sends every step or one in 40. The statistics are medians, MADs and
+rank statistics: a few outliers do not move them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+__all__ = ["EARLY_MAX", "RECENT_MAX", "SCALAR_KEEP", "Memory", "first_window", "kendall_tau",
+           "mad", "step_median", "theil_sen", "window"]
+
+#: Samples a scalar cell keeps: every step of the longest default window (and twice a
+#: clip-rate window), when the job sends every step's scalars.
+SCALAR_KEEP = 1024
+#: Samples a per-head cell keeps (the engine judges per-head statistics at most once every
+#: few steps, so 64 samples cover several hundred steps).
+RECENT_MAX = 64
+EARLY_MAX = 32  # the first finite samples every cell keeps (its early baseline)
+
+
+@dataclass(slots=True)
+class Memory:
+    """What a detector remembers about one cell: recent finite samples and the first ones,
+    as (step, value)."""
+
+    recent: deque[tuple[int, float]] = field(
+        default_factory=lambda: deque(maxlen=SCALAR_KEEP))
+    early: list[tuple[int, float]] = field(default_factory=list)
+    last: tuple[int, float] | None = None
+    seen: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def per_head(cls) -> Memory:
+        """The memory of one layer/head cell (as many samples as the engine's arrays)."""
+        return cls(recent=deque(maxlen=RECENT_MAX))
+
+    def push(self, step: int, value: float, keep_early: int = EARLY_MAX) -> None:
+        self.seen += 1
+        self.last = (step, value)
+        if math.isfinite(value):
+            self.recent.append((step, value))
+            if len(self.early) < keep_early:
+                self.early.append((step, value))
+
+    @property
+    def first_step(self) -> int | None:
+        """Step of the cell's first finite sample."""
+        return self.early[0][0] if self.early else None
+
+
+def window(m: Memory, step: int, lag: int, span: int, min_samples: int) -> list[tuple[int, float]]:
+    """The samples of the ``span`` steps before ``step - lag`` (steps ``s`` with
+    ``step - lag - span <= s < step - lag``), oldest first; when they are fewer than
+    ``min_samples``, the newest ``min_samples`` samples before ``step - lag`` instead."""
+    end = step - lag
+    eligible = [p for p in m.recent if p[0] < end]
+    inside = [p for p in eligible if p[0] >= end - span]
+    if len(inside) >= min_samples:
+        return inside
+    return eligible[-min_samples:] if min_samples > 0 else inside
+
+
+def first_window(m: Memory, span: int, min_samples: int) -> list[float]:
+    """The cell's first samples: those within ``span`` steps of its first one, or its
+    first ``min_samples`` when they are fewer; [] while it has fewer than that."""
+    if len(m.early) < min_samples:
+        return []
+    start = m.early[0][0]
+    inside = [x for s, x in m.early if s < start + span]
+    return inside if len(inside) >= min_samples else [x for _, x in m.early[:min_samples]]
+
+
+def theil_sen(xs: list[float], ys: list[float]) -> float:
+    """Median of pairwise slopes (robust to a few outliers)."""
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i])
+              for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    return median(slopes) if slopes else 0.0
+
+
+def kendall_tau(ys: list[float]) -> float:
+    """Mann-Kendall score normalised to [-1, 1]: +1 when every sample exceeds all before it."""
+    n = len(ys)
+    if n < 2:
+        return 0.0
+    s = sum((ys[j] > ys[i]) - (ys[j] < ys[i]) for i in range(n) for j in range(i + 1, n))
+    return s / (n * (n - 1) / 2)
+
+
+def step_median(points: list[tuple[int, float]], end: int) -> float:
+    """The median of ``(step, value)`` samples (oldest first), each weighted by the steps it
+    stands for: up to the next sample's step (the last: up to ``end``). At one sample a
+    step every weight is 1 (the plain median); at a wide interval a burst of samples close
+    together (the hooks sample the steps after a loss spike at once) counts for the few
+    steps it covers, not for as many samples as it holds."""
+    if not points:
+        raise ValueError("step_median of no samples")
+    weights = [max(1, (points[i + 1][0] if i + 1 < len(points) else end) - s)
+               for i, (s, _) in enumerate(points)]
+    order = sorted(range(len(points)), key=lambda i: points[i][1])
+    half, acc = sum(weights) / 2.0, 0.0
+    for j, i in enumerate(order):
+        acc += weights[i]
+        if acc > half:
+            return points[i][1]
+        if acc == half:  # an even split: the mean of the two middle values
+            return (points[i][1] + points[order[j + 1]][1]) / 2.0
+    return points[order[-1]][1]
+
+
+def mad(values: list[float], center: float) -> float:
+    return median([abs(v - center) for v in values])
