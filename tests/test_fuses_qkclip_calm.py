@@ -16,7 +16,7 @@ import os
 
 import pytest
 import torch
-from test_fuses import IDS, Net, capturing_client
+from test_fuses import IDS, Net, capturing_client, run
 
 from logitwatch.hooks import _capture, attach
 from logitwatch.hooks._probes import CountSyncs
@@ -160,18 +160,7 @@ def test_calm_every_1_keeps_every_step_and_the_frame_says_calm(monkeypatch) -> N
     old.close()
     assert old.measured() == list(range(30)) and not any(old.calm)
 
-    client, frames = capturing_client()
-    model = Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 fuses=[QKClip(tau=TAU, mode="auto")], sample_every=10)
-    for _ in range(31):
-        loss = model(IDS)
-        mon.log(loss=loss)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    mon.close()
+    frames, _ = run(Net(), 31, [QKClip(tau=TAU, mode="auto")], sample_every=10)
     calm = {f["step"]: f["scalars"]["fuse.qk_clip.calm"] for f in frames}
     assert calm == {0: 0.0, 10: 0.0, 20: 1.0, 30: 1.0}
 

@@ -153,7 +153,7 @@ class EvaluationMixin(LifecycleMixin):
                 if p.downgraded is not None:
                     assert p.rule.downgrade is not None
                     p.severity = p.rule.downgrade.to
-                p.unpaged = self._unpaged(p.rule, run_id, rank, p.transition)
+                self._page_policy(p, run_id, rank)
                 if p.unpaged is not None:
                     p.severity = "info"
         return out

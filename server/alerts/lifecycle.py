@@ -64,6 +64,7 @@ class _Pending:
     severity: str = ""  # the alert's severity when it fires (a downgrade may lower it)
     downgraded: dict[str, object] | None = None  # why, when it was lowered
     unpaged: dict[str, object] | None = None  # what would page it, while its Page holds it
+    paged_because: str | None = None  # why its Page let it page when it fired (a repeat)
 
 
 class LifecycleMixin(RankState):
@@ -153,25 +154,26 @@ class LifecycleMixin(RankState):
                 out.append(a)
         return out
 
-    def _unpaged(self, rule: RuleSpec, run_id: int, rank: int,
-                 t: Transition) -> dict[str, object] | None:
-        """What would page a firing alert that its rule's :class:`~.rules.Page` holds back
-        at ``info`` on the firing sample, or None when it pages at once."""
+    def _page_policy(self, p: _Pending, run_id: int, rank: int) -> None:
+        """Judge a firing alert by its rule's :class:`~.rules.Page` on the firing sample:
+        ``p.unpaged`` says what would page one it holds back at ``info``; an alert that
+        pages at once as a repeat keeps why in ``p.paged_because``."""
+        rule, t = p.rule, p.transition
         pg = rule.page
         if pg is None or rule.severity == "info":
-            return None
+            return
         if pg.after is not None and t.step - t.started_step >= pg.after:
-            return None
+            return
         eta = t.verdict.evidence.get("eta_steps")
         if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
-            return None
+            return
         if self._corroborated(pg, run_id, rank, t.step) is not None:
-            return None
-        if self._repeated(rule, run_id, rank, t.step) is not None:
-            return None
-        return {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note,
-                "with_rules": list(pg.with_rules), "repeats": pg.repeats,
-                "repeats_within": pg.repeats_within}
+            return
+        p.paged_because = self._repeated(rule, run_id, rank, t.step)
+        if p.paged_because is None:
+            p.unpaged = {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note,
+                         "with_rules": list(pg.with_rules), "repeats": pg.repeats,
+                         "repeats_within": pg.repeats_within}
 
     def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int) -> str | None:
         """Why a run-level episode firing at ``step`` pages as a repeat (``Page.repeats``
@@ -357,11 +359,9 @@ class LifecycleMixin(RankState):
             ev["page"] = p.unpaged
             message += _page_text(p.unpaged, rule.severity)
             self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((rule.name, p.layer))
-        elif rule.page is not None and p.layer is None:
-            again = self._repeated(rule, f.run_id, f.rank, t.step)
-            if again is not None:
-                ev["paged_because"] = again
-                message += f" It pages: {again}."
+        elif p.paged_because is not None:
+            ev["paged_because"] = p.paged_because
+            message += f" It pages: {p.paged_because}."
         fin = v.value if math.isfinite(v.value) else None
         a = Alert(
             run_id=f.run_id, rule=rule.name, metric=rule.metric,
