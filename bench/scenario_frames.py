@@ -12,14 +12,17 @@ sends it) carries in each frame the scalars of the steps in between as ``history
   such as one sharded over ranks);
 * ``seq`` renumbered 1..n;
 * ``history``: the steps after the previous derived frame and before this one, with their
-  ``loss``, ``grad.norm``, ``grad.clipped`` and ``lr`` (wire floats; null where a step did
-  not have the series); none on the first frame or at ``k = 1``;
+  ``loss``, ``grad.norm``, ``grad.clipped``, ``lr``, ``final.logz`` and ``final.hidden_rms``
+  (wire floats; null where a step did not have the series); none on the first frame or at
+  ``k = 1``. The recording's log Z pools every position of the batch, where the hooks'
+  unsampled steps estimate it on 64 of them (``hooks/_final.step_final``; measured off by
+  0.08-0.17 nat, standard deviation, on these models: docs/ALERTS.md);
 * the scalars that describe the sampling itself follow ``k``: ``hooks.sample_every`` = k,
   ``grad.clip_rate`` = the share of clipped steps since the previous frame (what the hooks
   count on the device between two samples), and ``hooks.overhead`` (the monitor's share
   of training time at the recorded interval) is left out;
 * where the run ended between two samples, the frame ``Monitor.close()`` sends: the last
-  step with its ``loss``, ``grad.norm``, ``grad.clipped`` and ``lr`` (no heads) and the
+  step with its history scalars (no heads) and the
   steps before it as its history (with ``history=False`` there is none, as the hooks send
   none to a client that does not take history).
 """
@@ -31,7 +34,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-HISTORY_SCALARS = ("loss", "grad.norm", "grad.clipped", "lr")
+HISTORY_SCALARS = ("loss", "grad.norm", "grad.clipped", "lr", "final.logz", "final.hidden_rms")
 #: Per-sample scalars that only describe the recorded interval (dropped from derived frames).
 INTERVAL_ONLY = ("hooks.overhead",)
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from . import _adapter
-from ._final import final_stats
+from ._final import final_stats, step_final
 from ._logits import attention_head_stats
 from ._maxlogit import head_max
 from ._sdpa import SdpaCapture, parse_call
@@ -137,7 +137,11 @@ class CaptureMixin:
             self._fail("history")
 
     def _head_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self.capturing or self.max_only or "final" in self.disabled or _compiling():
+        if "final" in self.disabled or _compiling():
+            return
+        if not self.capturing or self.max_only:
+            if module.training and torch.is_grad_enabled() and self._keeps_history():
+                self._history_final(args, output)
             return
         t0 = _clock()
         try:
@@ -146,6 +150,14 @@ class CaptureMixin:
         except Exception:
             self._fail("final")
         self._cost.add_host(_clock() - t0)
+
+    def _history_final(self, args: Any, output: Any) -> None:
+        """log Z and the hidden RMS of a training forward on a non-sampled step (no sync)."""
+        try:
+            if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
+                self._history.add_final(*step_final(args[0], output))
+        except Exception:
+            self._fail("history")
 
     def _rewriting(self) -> bool:
         """Whether a fuse rewrites attention calls now (QK-norm, soft-cap: every forward is

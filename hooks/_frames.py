@@ -44,11 +44,12 @@ class FramesMixin:
     def _flush_history(self) -> None:
         """At close, when the last step ended unsampled: one closing frame at that step
         (``hooks.closing`` = 1) with what can still be measured after it ran: its history
-        scalars (loss, grad norm, clip flag, lr), the q/k norms of the weights as the last
-        update left them (what a sample of that step reads; not under sharding, which
-        would need a collective), and the steps before it since the last frame as its
-        history. Attention and ``final.*`` need the step's forward: a step that already
-        ran cannot be sampled. One read-back, at close, not in a training step."""
+        scalars (loss, grad norm, clip flag, lr, log Z, hidden RMS), the q/k norms of the
+        weights as the last update left them (what a sample of that step reads; not under
+        sharding, which would need a collective), and the steps before it since the last
+        frame as its history. Attention and the other ``final.*`` need the step's forward:
+        a step that already ran cannot be sampled. One read-back, at close, not in a
+        training step."""
         last = self._step - 1
         if "step" in self.disabled or last < 0 or self._last_sampled == last:
             return

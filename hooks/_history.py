@@ -1,9 +1,10 @@
-"""Every unsampled step's loss, grad norm, clip flag and lr, kept until the next frame.
+"""Every unsampled step's loss, grad norm, clip flag, lr and output-side scalars (log Z, the
+final hidden RMS), kept until the next frame.
 
-Sampled steps send a whole frame; the steps between them send these four scalars in the
-next frame's ``history`` (see ``logitwatch.wire``). :class:`StepHistory` keeps them without
+Sampled steps send a whole frame; the steps between them send these scalars in the next
+frame's ``history`` (see ``logitwatch.wire``). :class:`StepHistory` keeps them without
 reading a tensor value: device values (the loss, the norm a clip call returned) are
-written with ``copy_`` into one preallocated ``(capacity, 4)`` float32 tensor on their
+written with ``copy_`` into one preallocated ``(capacity, 6)`` float32 tensor on their
 device, Python numbers (the lr, a loss given as a float) into host memory, and the host
 remembers which cell was written where. :meth:`StepHistory.take` hands the written rows
 over as tensor views, so the sampled step reads them back in its one transfer.
@@ -16,7 +17,7 @@ small ops (an element view, a copy), three for a loss that requires grad (a deta
 the CPU bench model (``bench/bench_hooks.py``, a 230 ms step whose tensors have just swept
 the caches) a non-sampled step spends about 0.2 ms here in all, under 0.1 %.
 
-The rows form a ring of ``capacity`` steps (4096 by default: 64 KiB of device memory):
+The rows form a ring of ``capacity`` steps (4096 by default: 96 KiB of device memory):
 when more unsampled steps pass between two frames, the newest are kept and the dropped
 ones counted. A value on another accelerator than the buffer's is left out (reading or
 moving it would cost a sync or a copy per step); this is counted too.
@@ -24,6 +25,7 @@ moving it would cost a sync or a copy per step); this is counted too.
 
 from __future__ import annotations
 
+import math
 from array import array
 from dataclasses import dataclass
 from typing import Any
@@ -33,11 +35,12 @@ import torch
 
 from logitwatch.wire import MAX_HISTORY_STEPS
 
-__all__ = ["COLUMNS", "CLIPPED", "LOSS", "LR", "NORM", "HistoryBlock", "StepHistory"]
+__all__ = ["COLUMNS", "CLIPPED", "HIDDEN_RMS", "LOGZ", "LOSS", "LR", "NORM", "HistoryBlock",
+           "StepHistory"]
 
 #: The series of a history, in column order.
-COLUMNS = ("loss", "grad.norm", "grad.clipped", "lr")
-LOSS, NORM, CLIPPED, LR = range(len(COLUMNS))
+COLUMNS = ("loss", "grad.norm", "grad.clipped", "lr", "final.logz", "final.hidden_rms")
+LOSS, NORM, CLIPPED, LR, LOGZ, HIDDEN_RMS = range(len(COLUMNS))
 _WIDTH = len(COLUMNS)
 
 
@@ -81,7 +84,7 @@ class StepHistory:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
-        self._buf: torch.Tensor | None = None  # (capacity, 4) float32, made at first use
+        self._buf: torch.Tensor | None = None  # (capacity, 6) float32, made at first use
         self._flat: torch.Tensor | None = None  # the same, flat: cheaper element views
         self._steps = array("q", bytes(8 * capacity))
         self._masks = array("B", bytes(capacity))
@@ -96,6 +99,7 @@ class StepHistory:
         self._values: dict[int, float] = {}
         self._limit: float | None = None
         self._losses = 0  # automatic losses added on the device this step
+        self._finals = 0  # LM-head calls whose log Z and RMS were added this step
         self._loss_logged = False
         # peek(): the last ended row, and an accelerator row's copy in flight
         self.watch = True
@@ -181,6 +185,24 @@ class StepHistory:
         self.put(LOSS, loss)
         self._losses = 1
 
+    def add_final(self, logz: torch.Tensor, square: torch.Tensor) -> None:
+        """One LM-head call's log Z and the mean square of its hidden input (0-d device
+        tensors, :func:`~logitwatch.hooks._final.step_final`): the step's log Z is the mean
+        over its calls (gradient accumulation runs the head once a micro-batch), its hidden
+        RMS the root of the mean square, pooled as a sampled step pools them."""
+        first = not self._finals
+        for column, value in ((LOGZ, logz), (HIDDEN_RMS, square)):
+            value = self._scalar(value)
+            if first:
+                self.put(column, value)
+            elif self._mask >> column & 1:
+                cell = self._cell(value, column)
+                if cell is not None:
+                    cell.add_(value)
+            elif column in self._values and value.device.type == "cpu":
+                self._values[column] += float(value)
+        self._finals += 1
+
     def log_loss(self, value: torch.Tensor | float) -> None:
         """A loss given by the job (``Monitor.log(loss=...)``): replaces the automatic one."""
         self._loss_logged = True
@@ -190,11 +212,25 @@ class StepHistory:
     def end_step(self, step: int) -> None:
         """Close the current step as ``step``: kept if anything was recorded."""
         mask, values, losses, limit = self._mask, self._values, self._losses, self._limit
+        finals = self._finals
         self.discard_step()
         if not mask and not values:
             return
         if losses > 1 and self._flat is not None:
             self._flat[_WIDTH * self._next + LOSS].div_(losses)
+        if finals:
+            for column in (LOGZ, HIDDEN_RMS):
+                root = column == HIDDEN_RMS
+                if mask >> column & 1 and self._flat is not None:
+                    cell = self._flat[_WIDTH * self._next + column]
+                    if finals > 1:
+                        cell.div_(finals)
+                    if root:
+                        cell.sqrt_()
+                elif column in values:
+                    values[column] /= finals
+                    if root:
+                        values[column] = math.sqrt(max(0.0, values[column]))
         row = self._next
         self._steps[row] = step
         self._masks[row] = mask
@@ -213,6 +249,7 @@ class StepHistory:
         """Forget what the current step recorded (it is sampled: its frame has it all)."""
         self._mask, self._values, self._losses, self._loss_logged = 0, {}, 0, False
         self._limit = None
+        self._finals = 0
 
     # -- the finished steps' loss and norm, where reading them costs no sync --------------
 

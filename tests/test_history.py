@@ -444,8 +444,17 @@ def train(model: Any, opt: Any, steps: int, *, clip: float | None = 1.3, micro: 
 
     gen = torch.Generator().manual_seed(seed)
     seen = []
+    heads: list[tuple[Any, Any]] = []  # per LM-head call: log Z (mean), hidden mean square
+
+    def head_call(module: Any, args: Any, output: Any) -> None:
+        with torch.no_grad():  # read after the step (a read in it would count as a sync)
+            heads.append((torch.logsumexp(output.float(), -1).mean(),
+                          args[0].float().square().mean()))
+
+    handle = model.out.register_forward_hook(head_call)
     for _ in range(steps):
         losses = []
+        heads.clear()
         with CountSyncs() as syncs:
             for _ in range(micro):
                 ids = torch.randint(0, 48, (2, 12), generator=gen)
@@ -465,7 +474,10 @@ def train(model: Any, opt: Any, steps: int, *, clip: float | None = 1.3, micro: 
         seen.append({"loss": float(mean), "last": float(losses[-1]),
                      "norm": None if norm is None else float(norm), "lr": lr,
                      "clipped": None if norm is None else float(norm > clip),  # in float32
-                     "syncs": syncs.calls})
+                     "syncs": syncs.calls,
+                     "logz": sum(float(z) for z, _ in heads) / len(heads),
+                     "rms": (sum(float(r) for _, r in heads) / len(heads)) ** 0.5})
+    handle.remove()
     return seen
 
 
@@ -525,7 +537,8 @@ def test_a_job_that_does_not_clip_sends_no_grad_norm_between_samples(torch_one_t
     assert all(s["syncs"] == [] for i, s in enumerate(seen) if i % 10)
     for f in sink.frames[1:]:
         h = f["history"]
-        assert set(h["scalars"]) == {"loss", "lr"}, h["scalars"].keys()  # null everywhere
+        assert set(h["scalars"]) == {"loss", "lr", "final.logz", "final.hidden_rms"}, (
+            h["scalars"].keys())  # no grad norm: null everywhere, left out
         assert "grad.norm" in f["scalars"]  # measured on the sampled step itself
     # log() replaces, as on sampled steps: the step's loss is the last one logged
     loss = sink.every_step("loss")
@@ -545,8 +558,52 @@ def test_gradient_accumulation_keeps_the_mean_loss(torch_one_thread: Any) -> Non
     mon.close()
     loss = sink.every_step("loss")
     assert sorted(loss) == list(range(11))
+    logz, rms = sink.every_step("final.logz"), sink.every_step("final.hidden_rms")
     for s in range(11):
         assert loss[s] == pytest.approx(seen[s]["loss"], rel=1e-6), s
+        # the mean over the step's three LM-head calls, sampled step or not
+        assert logz[s] == pytest.approx(seen[s]["logz"], rel=1e-5), s
+        assert rms[s] == pytest.approx(seen[s]["rms"], rel=1e-5), s
+
+
+def test_every_step_log_z_and_hidden_rms_without_a_sync(torch_one_thread: Any) -> None:
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+
+    model = tiny_lm()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sink = Sink()
+    mon = attach(model, opt, run="h", client=sink.client, sample_every=10,
+                 overhead_budget=None)
+    seen = train(model, opt, 25)
+    mon.close()
+    logz, rms = sink.every_step("final.logz"), sink.every_step("final.hidden_rms")
+    assert sorted(logz) == sorted(rms) == list(range(25))
+    for s in range(25):  # 24 positions a batch: the unsampled estimate reads them all
+        assert logz[s] == pytest.approx(seen[s]["logz"], rel=1e-5), s
+        assert rms[s] == pytest.approx(seen[s]["rms"], rel=1e-5), s
+        assert seen[s]["syncs"] == (["tolist"] if s % 10 == 0 else []), s
+    assert len({round(v, 4) for v in logz.values()}) > 20  # it moves: a value per step
+
+
+def test_the_unsampled_log_z_reads_evenly_spaced_positions() -> None:
+    import torch
+
+    from logitwatch.hooks._final import step_final
+    from logitwatch.hooks._probes import CountSyncs
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 300, 50, generator=gen).to(torch.bfloat16) * 4
+    hidden = torch.randn(4, 300, 16, generator=gen)
+    with CountSyncs() as syncs:
+        logz, square = step_final(hidden, logits, rows=64)
+    assert syncs.calls == [] and logz.dtype == square.dtype == torch.float32
+    rows = logits.reshape(-1, 50).float()[torch.arange(9, 1200, 19)[:64]]  # odd stride
+    assert float(logz) == pytest.approx(float(torch.logsumexp(rows, -1).mean()), rel=1e-6)
+    assert float(square) == pytest.approx(float(hidden.square().mean()), rel=1e-5)
+    every = torch.logsumexp(logits.float(), -1).flatten()
+    # an estimate of the pooled mean: within 4 standard errors of a 64-position mean
+    assert abs(float(logz) - float(every.mean())) < 4 * float(every.std()) / 64 ** 0.5
 
 
 def test_a_full_ring_keeps_the_newest_steps_and_counts_the_rest(torch_one_thread: Any

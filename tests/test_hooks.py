@@ -247,7 +247,9 @@ def test_attention_dtype_max_is_sent_on_sampled_steps(attn_dtypes, expected, rec
         # read from dtypes on the host: nothing added to the one transfer (lr is a float too)
         per_head = sum(len(row) for rows in frame["heads"].values() for row in rows)
         tensor_scalars = set(frame["scalars"]) - COST - LATER - {"attn.dtype_max", "lr"}
-        assert frame["scalars"]["hooks.bytes"] == 4 * (per_head + len(tensor_scalars))
+        # and the history's rows (6 float32 columns a step: its log Z is on the device)
+        rows = len((frame.get("history") or {}).get("steps", []))
+        assert frame["scalars"]["hooks.bytes"] == 4 * (per_head + len(tensor_scalars) + 6 * rows)
 
 
 def test_attention_dtype_max_reads_dtypes_only() -> None:
