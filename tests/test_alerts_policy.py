@@ -261,7 +261,8 @@ def test_a_loss_jump_during_early_descent_is_seen_against_its_current_level() ->
     steps, stays there, then an unclipped blow-up at step 60 lifts it by 0.9 nat. Judged
     against the median and spread of the whole window, descent included, the jump hid
     behind the descent; against the newest 20 losses and the step-to-step noise it is seen
-    at once, and with the gradient spike it pages."""
+    at once, and with the gradient spike it pages once the loss is still up on the next
+    step (an unclipped one-batch spike that recovers at once is not paged)."""
     def scalars(step: int) -> dict[str, float]:
         noise = 0.05 * math.sin(step * 1.7)
         loss = (6.0 - 2.7 * min(step, 30) / 30) + noise
@@ -273,7 +274,7 @@ def test_a_loss_jump_during_early_descent_is_seen_against_its_current_level() ->
     jump = by_rule(alerts, "loss_jump")
     assert jump and jump[0].fired_step == 60, [(a.rule, a.fired_step) for a in alerts]
     blow = by_rule(alerts, "grad_blowup")
-    assert blow and blow[0].paged_step == 60
+    assert blow and blow[0].fired_step == 60 and blow[0].paged_step == 61
     # the rule as it was (the whole window's median and spread) does not see it
     from dataclasses import replace
 
@@ -406,6 +407,63 @@ def test_page_repeats_is_validated() -> None:
             Page(**bad)
     assert Page(repeats=3).to_dict()["repeats_within"] == 20
     assert Page.from_dict({"repeats": 2, "repeats_within": 50}).repeats == 2
+
+
+def _sgd_run(events: dict[int, tuple[float, float]]):  # type: ignore[no-untyped-def]
+    """No clipping; at the given steps (loss, grad norm) replace the plateau's."""
+    def scalars(step: int) -> dict[str, float]:
+        loss, g = events.get(step, (_loss(step), 0.6 + 0.2 * ((step * 7) % 5) / 4))
+        return {"loss": loss, "grad.norm": g}
+    return scalars
+
+
+def test_an_unclipped_one_batch_spike_that_recovers_is_shown_not_paged() -> None:
+    """Unclipped SGD: one batch spikes the gradient 70x and the loss a nat, and the next
+    step is back on the plateau: shown (info), not paged, at every interval."""
+    for k in (1, 10, 50):
+        alerts = alerts_of(frames_at(k, 700, _sgd_run({400: (4.0, 45.0)}), history=True))
+        fired = {a.rule for a in alerts}
+        assert {"loss_jump", "grad_blowup"} <= fired, (k, fired)
+        assert not [a for a in alerts if a.severity in ("warning", "critical")], \
+            (k, [(a.rule, a.severity, a.fired_step) for a in alerts])
+        page = by_rule(alerts, "grad_blowup")[0].evidence["page"]
+        assert page["confirm_steps"] == 1 and page["with_rules"] == ["loss_jump"]
+
+
+def test_an_unclipped_spike_whose_loss_stays_up_pages_on_its_second_step() -> None:
+    """The same spike, but the loss stays a nat up on the next step: the blow-up pages
+    there; a spike that moves the loss 3 nats pages on its own step."""
+    alerts = alerts_of(frames_at(1, 700, _sgd_run({400: (4.0, 45.0), 401: (4.1, 2.0)})))
+    pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+    assert pages and pages[0][0] == 401, pages
+    alerts = alerts_of(frames_at(1, 700, _sgd_run({400: (6.0, 45.0)})))
+    pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+    assert pages and pages[0] == (400, "loss_jump"), pages
+
+
+def test_two_unclipped_blips_far_apart_are_two_episodes_not_a_persisting_one() -> None:
+    """Gradient blips 48 steps apart, the loss untouched: each is its own short episode
+    (grad_blowup holds 10 steps), not one that "persisted" 48 steps; nothing pages."""
+    alerts = alerts_of(frames_at(1, 700, _sgd_run({401: (_loss(401), 9.0),
+                                                   449: (_loss(449), 9.0)})))
+    blow = by_rule(alerts, "grad_blowup")
+    assert len(blow) == 2 and all(a.severity == "info" for a in blow), \
+        [(a.fired_step, a.severity) for a in blow]
+
+
+def test_page_confirmation_is_validated() -> None:
+    import pytest
+
+    from logitwatch.server.alerts.spec import Page, RuleError
+
+    with pytest.raises(RuleError, match="confirm_steps"):
+        Page(with_rules=("a",), confirm_steps=-1)
+    with pytest.raises(RuleError, match="at_once_above"):
+        Page(with_rules=("a",), confirm_steps=1, at_once_above=float("nan"))
+    with pytest.raises(RuleError, match="give with_rules"):
+        Page(after=10, confirm_steps=1)
+    back = Page.from_dict(Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5).to_dict())
+    assert (back.confirm_steps, back.at_once_above) == (1, 2.5)
 
 
 def _warmup_run(lr_at, loss_at):  # type: ignore[no-untyped-def]

@@ -27,9 +27,13 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
                      "noise": "diff"},
              # round five: the third jump within 20 steps pages (each of a warm-up's bumps
              # recovered until it diverged; bad-data runs of the read runs jump at most twice
-             # in 20 steps, three times in 50)
+             # in 20 steps, three times in 50). Round seven: with an unclipped gradient spike
+             # it pages once the pair spans two steps (a healthy unclipped SGD run's one bad
+             # batch spiked the gradient 79x and the loss 1.0 nat on one step, back the
+             # next), or at once 2.5 nats up (the blow-ups of the runs read that jump on their
+             # divergence step jump 6.3-15 nats; 2.5: between, in log space)
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
-                       repeats_within=20,
+                       repeats_within=20, confirm_steps=1, at_once_above=2.5,
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
              summary="the loss jumped far out of its recent range"),
@@ -47,10 +51,13 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("lr_change", "lr_jump", "lr", severity="info", params={"factor": 2.0},
              summary="the learning rate changed abruptly between two samples"),
     # z 10 (round five tried 8: an SGD blow-up paged a step earlier, and a healthy
-    # unclipped SGD run whose loss spiked once in warm-up, of the fifth held-out set, paged)
-    RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning",
+    # unclipped SGD run whose loss spiked once in warm-up, of the fifth held-out set, paged).
+    # Round seven: corroborated over two steps, as loss_jump; an episode ends 10 calm steps
+    # after its last breach (the kind's 100 joined two one-step blips 48 steps apart of a
+    # healthy run into one episode that "persisted" 48 steps and paged)
+    RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning", keep_firing_for=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05, "only_unclipped": True},
-             page=Page(after=10, with_rules=("loss_jump",)),
+             page=Page(after=10, with_rules=("loss_jump",), confirm_steps=1),
              summary="an unclipped gradient spike went straight into the weights"),
     RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_steps=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05},

@@ -39,6 +39,7 @@ from logitwatch.server.alerts.rules import (
     RuleSpec,
     State,
     Transition,
+    Verdict,
     remedies_for,
 )
 from logitwatch.server.alerts.state import RankState, _Down
@@ -167,13 +168,17 @@ class LifecycleMixin(RankState):
         eta = t.verdict.evidence.get("eta_steps")
         if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
             return
-        if self._corroborated(pg, run_id, rank, t.step) is not None:
+        other = self._corroborated(pg, run_id, rank, t.step)
+        if other is not None and _confirmed(pg, t.verdict, other[1], t.step, t.started_step):
             return
         p.paged_because = self._repeated(rule, run_id, rank, t.step)
         if p.paged_because is None:
             p.unpaged = {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note,
                          "with_rules": list(pg.with_rules), "repeats": pg.repeats,
                          "repeats_within": pg.repeats_within}
+            if pg.confirm_steps:
+                p.unpaged.update(confirm_steps=pg.confirm_steps,
+                                 at_once_above=pg.at_once_above)
 
     def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int) -> str | None:
         """Why a run-level episode firing at ``step`` pages as a repeat (``Page.repeats``
@@ -190,14 +195,15 @@ class LifecycleMixin(RankState):
         return (f"episode {len(recent)} within {pg.repeats_within} steps (fired at steps "
                 f"{', '.join(map(str, recent))})")
 
-    def _corroborated(self, pg: Page, run_id: int, rank: int, step: int) -> str | None:
+    def _corroborated(self, pg: Page, run_id: int, rank: int, step: int
+                      ) -> tuple[str, int] | None:
         """The first of ``pg.with_rules`` that breached on (run, rank) within ``pg.within``
-        steps of ``step``, with where, or None."""
+        steps of ``step``, and the step it breached, or None."""
         for name in pg.with_rules:
             t = self._tracks.get((name, run_id, rank, None, None))
             if t is not None and t.last_breach is not None \
                     and abs(t.last_breach[0] - step) <= pg.within:
-                return f"{name} breached at step {t.last_breach[0]}"
+                return name, t.last_breach[0]
         return None
 
     def _page_due(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,
@@ -220,8 +226,9 @@ class LifecycleMixin(RankState):
             own = t.last_breach[0]
             if pg.with_rules and step - own <= pg.within:
                 other = self._corroborated(pg, run_id, rank, own)
-                if other is not None:
-                    return f"corroborated: {other}"
+                if other is not None and _confirmed(pg, t.last_breach[1], other[1], own,
+                                                    a.started_step):
+                    return f"corroborated: {other[0]} breached at step {other[1]}"
             if own != step:
                 continue
             if pg.after is not None and step - a.started_step >= pg.after:
@@ -416,3 +423,18 @@ def _reopen(a: Alert, p: _Pending) -> None:
         ev["active_heads"] = sorted(set(active) | set(p.heads))
         a.heads = list(a.heads or []) + [h for h in p.heads if h not in (a.heads or [])]
     a.evidence = ev
+
+
+def _confirmed(pg: Page, v: Verdict, other: int, own: int, started: int) -> bool:
+    """Whether a corroboration (this rule breaching at ``own`` with ``v``, its episode
+    started at ``started``; a ``with_rules`` rule breaching at ``other``) pages under
+    ``pg.confirm_steps`` / ``pg.at_once_above`` (:class:`~.spec.Page`)."""
+    if not pg.confirm_steps:
+        return True
+    if pg.at_once_above is not None and v.baseline is not None:
+        try:
+            if float(v.value) - float(v.baseline) >= pg.at_once_above:
+                return True
+        except (TypeError, ValueError):
+            pass
+    return max(own, other) - min(started, other) >= pg.confirm_steps

@@ -23,8 +23,12 @@ def _page_text(why: dict[str, object], severity: str) -> str:
     if why.get("eta_within") is not None:
         conds.append(f"once the crossing is within {why['eta_within']} steps")
     if why.get("with_rules"):
+        also = (f" and the event lasts past {why['confirm_steps']} step(s)"
+                if why.get("confirm_steps") else "")
+        if also and why.get("at_once_above") is not None:
+            also += f" (at once {_fmt(why['at_once_above'])} above its baseline)"
         conds.append("if " + " or ".join(str(r) for r in why["with_rules"])  # type: ignore[attr-defined]
-                     + " breaches with it")
+                     + " breaches with it" + also)
     if why.get("repeats"):
         conds.append(f"if it comes back {why['repeats']} times within "
                      f"{why.get('repeats_within')} steps")

@@ -161,7 +161,11 @@ class Page:
       crossing far ahead is shown with its horizon; one close enough to act on pages);
     * ``with_rules``: corroboration: one of these run-level rules breached on the same rank
       within ``within`` steps of this rule's newest breach (an unclipped gradient spike and a
-      loss jump together are a blow-up; either alone may be one bad batch);
+      loss jump together are a blow-up; either alone may be one bad batch). With
+      ``confirm_steps`` the two breaches must span at least that many steps (the event seen
+      on more than one step: an unclipped run's single bad batch spikes the gradient and the
+      loss together on one step, then recovers), unless the breaching sample is at least
+      ``at_once_above`` over its baseline (the rule's unit: nats for the loss);
     * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
       (run-level) to fire within ``repeats_within`` steps: bumps that each recover but keep
       coming back are an unstable run, not one bad batch.
@@ -175,6 +179,8 @@ class Page:
     note: str = ""
     with_rules: tuple[str, ...] = ()
     within: int = 5
+    confirm_steps: int = 0
+    at_once_above: float | None = None
     repeats: int | None = None
     repeats_within: int = 20
 
@@ -194,6 +200,16 @@ class Page:
         n = self.within
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise RuleError(f"page.within must be an int >= 0 (steps), got {n!r}")
+        n = self.confirm_steps
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise RuleError(f"page.confirm_steps must be an int >= 0 (steps), got {n!r}")
+        x = self.at_once_above
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
+                              or not math.isfinite(x) or x < 0):
+            raise RuleError(f"page.at_once_above must be a number >= 0 or null, got {x!r}")
+        if (n or x is not None) and not w:
+            raise RuleError("page.confirm_steps and page.at_once_above qualify with_rules: "
+                            "give with_rules too")
         r = self.repeats
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 2):
             raise RuleError(f"page.repeats must be an int >= 2 (episodes) or null, got {r!r}")
