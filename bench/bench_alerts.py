@@ -53,7 +53,9 @@ fresh4 was read, a sixth (``scenario_specs_fresh5.py``, split ``fresh5``) for ro
 (tuning data: ``--split read5``, every run before it). After fresh5 was read, a seventh
 (``scenario_specs_fresh6.py``, split ``fresh6``), replayed with round six's rules unchanged;
 after it was read, an eighth (``scenario_specs_fresh7.py``, split ``fresh7``) for round seven
-(tuning data: ``--split read6``, every run before it).
+(tuning data: ``--split read6``, every run before it); after it was read, a ninth
+(``scenario_specs_fresh8.py``, split ``fresh8``) for round eight (tuning data:
+``--split read7``).
 
 Usage::
 
@@ -388,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split",
                    choices=("tune", "holdout", "both", "fresh", "seen", "fresh2", "fresh3",
                             "read", "fresh4", "read5", "fresh5", "read6", "fresh6", "fresh7",
-                            "all"),
+                            "read7", "fresh8", "all"),
                    default="tune",
                    help="which runs to report: tune (default), holdout (the first held-out "
                    "half), both (the two halves), fresh (the second held-out set, recorded "
@@ -400,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                    "after fresh3 had been read), read5 (read and fresh4: round six's tuning "
                    "data), fresh5 (the sixth, fixed after fresh4 had been read), read6 (read5, "
                    "fresh5 and fresh6), fresh6 (the seventh, fixed after fresh5 had been "
-                   "read), fresh7 (the eighth, fixed after fresh6 had been read), all")
+                   "read), fresh7 (the eighth, fixed after fresh6 had been read), read7 (read6 "
+                   "and fresh7), fresh8 (the ninth, fixed after fresh7 had been read), all")
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)),
                    help="sampling intervals to replay at (default 1,10,25,40,50)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
@@ -415,8 +418,10 @@ def main(argv: list[str] | None = None) -> int:
               "read5": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4"),
               "read6": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
                         "fresh6"),
+              "read7": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
+                        "fresh6", "fresh7"),
               "all": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-                      "fresh6", "fresh7")}.get(
+                      "fresh6", "fresh7", "fresh8")}.get(
         a.split, (a.split,))
     files = sorted(a.scenarios.glob("*.jsonl.gz"))
     headers = {f: read_header(f) for f in files}
