@@ -466,12 +466,41 @@ def test_page_confirmation_is_validated() -> None:
     assert (back.confirm_steps, back.at_once_above) == (1, 2.5)
 
 
-def _warmup_run(lr_at, loss_at):  # type: ignore[no-untyped-def]
+def _warmup_run(lr_at, loss_at, grad_at=lambda s: 0.5):  # type: ignore[no-untyped-def]
     def scalars(step: int) -> dict[str, float]:
         noise = 0.03 * ((step * 7) % 5 - 2)
-        return {"loss": loss_at(step) + noise, "grad.norm": 0.5, "grad.clipped": 0.0,
-                "lr": lr_at(step)}
+        return {"loss": loss_at(step) + noise, "grad.norm": grad_at(step),
+                "grad.clipped": 0.0, "lr": lr_at(step)}
     return scalars
+
+
+def test_loss_grad_ramp_pages_a_warm_up_whose_loss_and_gradient_climb_together() -> None:
+    """While the LR warms up: the loss's level 0.35 nat above its best with the gradient
+    norm's 50-step level 3x its lowest pages `loss_grad_ramp`, before `loss_ramp`'s half
+    nat; either climb alone does not (a loss bump in unclipped SGD with a flat gradient; a
+    gradient rising with the LR while the loss holds: healthy QK-norm runs at a high LR)."""
+    def lr(step: int) -> float:
+        return 1e-3 * (step + 1) / 1000
+
+    def loss(step: int) -> float:
+        return 3.0 + min(0.35, 0.01 * (step - 200)) if step > 200 else 3.0
+
+    def grad(step: int) -> float:
+        return 0.5 * min(3.0, 1.0 + 0.04 * (step - 180)) if step > 180 else 0.5
+
+    def fired(loss_at, grad_at, k: int = 1):  # type: ignore[no-untyped-def]
+        frames = frames_at(k, 400, _warmup_run(lr, loss_at, grad_at), history=k > 1)
+        alerts = alerts_of(frames)
+        return [(a.fired_step, a.severity) for a in by_rule(alerts, "loss_grad_ramp")], alerts
+
+    for k in (1, 25):
+        got, alerts = fired(loss, grad, k)
+        assert got and 240 <= got[0][0] <= 275 and got[0][1] == "warning", (k, got)
+        ev = by_rule(alerts, "loss_grad_ramp")[0].evidence
+        assert ev["grad.norm_ratio"] >= 2.5 and ev["above_lowest"] >= 0.3
+        assert not by_rule(alerts, "loss_ramp")  # 0.35 nat: under loss_ramp's half nat
+    assert fired(loss, lambda s: 0.5)[0] == []  # the loss alone
+    assert fired(lambda s: 3.0, grad)[0] == []  # the gradient alone
 
 
 def test_loss_ramp_pages_a_warm_up_whose_loss_climbs_not_a_step_or_a_flat_lr() -> None:

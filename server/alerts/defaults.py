@@ -93,6 +93,22 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
                      "rising_span": 50, "rising_factor": 1.05, "rising_max": 4.0},
              summary="the loss's level rose half a nat above its best while the learning "
              "rate is still climbing (a warm-up ramping too far)"),
+    # both at once, earlier: the loss's level 0.3 nat above its best AND the gradient norm's
+    # 50-step level 2.5x the lowest it settled to (from step 100), for 10 steps, while the LR
+    # still climbs gradually. Round eight, chosen on the 411 runs read (--split read7): it
+    # pages all 20 warm-ups ramping too far before their divergence (loss_ramp alone paged
+    # three 4-13 steps after it); of the 252 healthy runs the nearest reached 0.32 nat with
+    # the gradient 2.43x (fresh_llama_wide_lr03, whose departure pages anyway), the next 0.24
+    # nat with 4.6x (QK-norm at LR 0.30); an unclipped SGD warm-up spike lifts the loss 0.4-0.6
+    # nat with the gradient's level flat (1.0-1.1x)
+    RuleSpec("loss_grad_ramp", "level_rise", "loss", severity="warning", for_steps=10,
+             params={"window": 20, "margin": 0.3, "min_history": 50, "while_rising": "lr",
+                     "rising_span": 50, "rising_factor": 1.05, "rising_max": 4.0,
+                     "also_metric": "grad.norm", "also_factor": 2.5, "also_window": 50,
+                     "also_min_history": 100},
+             summary="the loss's level rose 0.3 nat above its best and the gradient norm's "
+             "2.5-fold above its lowest while the learning rate is still climbing (a warm-up "
+             "ramping too far)"),
     RuleSpec("first_loss", "first_loss", "loss", severity="warning",
              summary="the first loss is far from ln(vocab)"),
     # -- the leading signals: attention logits leaving their range -------------------------

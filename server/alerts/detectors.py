@@ -351,6 +351,7 @@ def _level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         return None
     level = median(x for _, x in pts)
     rising = _still_rising(r, m, step, fv)
+    also = _also_level(r, m, step, fv)  # (both track their series from the first frame)
     if step - first < int(r.param("min_history")):
         return None  # early training: not settled yet
     low = min(m.extra.get("low", math.inf), level)
@@ -368,10 +369,35 @@ def _level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     top = r.param("rising_max")  # a climb, not a jump: an LR stepped x10 has lr_jump
     breach = level >= limit and (rising is None or (
         rising > float(r.param("rising_factor")) and (top is None or rising <= float(top))))
+    if also is not None:
+        how[f"{r.param('also_metric')}_ratio"] = also
+        breach = breach and also >= float(r.param("also_factor"))
     return Verdict(breach, level,
                    {"level": level, "lowest_level": low, "limit": limit, "value": v,
                     "window": int(r.param("window")), **how},
                    baseline=low, limit=limit)
+
+
+def _also_level(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | None:
+    """With ``also_metric: <scalar>`` (e.g. ``grad.norm``): that scalar's level (median of
+    its last ``also_window`` steps) over the lowest level it settled to (from
+    ``also_min_history`` steps into it), for a rise that must be corroborated by another
+    series' rise; 0.0 while unknown (or this frame does not carry it); None without the
+    parameter."""
+    name = r.param("also_metric")
+    if not name:
+        return None
+    seen: deque[tuple[int, float]] = m.extra.setdefault("also", deque(maxlen=SCALAR_KEEP))
+    x = fv.get(str(name))
+    if x is not None and math.isfinite(x) and (not seen or step > seen[-1][0]):
+        seen.append((step, x))
+    if not seen or seen[-1][0] != step or step - seen[0][0] < int(r.param("also_min_history")):
+        return 0.0
+    span = int(r.param("also_window"))
+    level = median(v for s_, v in seen if s_ > step - span)
+    low = min(m.extra.get("also_low", math.inf), level)
+    m.extra["also_low"] = low
+    return level / low if low > 0 else 0.0
 
 
 def _still_rising(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | None:
@@ -566,7 +592,9 @@ KINDS: dict[str, Kind] = {
     "level_rise": Kind(_level_rise, {"window": 100, "min_samples": 5, "min_history": 200,
                                      "factor": 5.0, "margin": None, "floor": 0.0,
                                      "while_rising": None, "rising_span": 50,
-                                     "rising_factor": 1.05, "rising_max": None}),
+                                     "rising_factor": 1.05, "rising_max": None,
+                                     "also_metric": None, "also_factor": 2.0,
+                                     "also_window": 50, "also_min_history": 100}),
     "above_peak": Kind(_above_peak, {"factor": 10.0, "settle": 100}),
     "lr_jump": Kind(_lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
     "entropy_collapse": Kind(_entropy_collapse, {"first_steps": 100, "min_samples": 5,

@@ -59,6 +59,10 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    while that scalar is more than ``rising_factor`` x its value
                    ``rising_span`` steps before (a warm-up still climbing), and with
                    ``rising_max`` at most that many times (a climb, not a step).
+                   ``also_metric: grad.norm``: only while that series' level (median of
+                   its last ``also_window`` steps) is ``also_factor`` x the lowest it
+                   settled to (from ``also_min_history`` steps into it) as well: two
+                   series rising together.
 ``above_peak``     the value is above ``factor`` x the peak the series settled at (its highest
                    value before it went ``settle`` steps without a new high): a learning rate
                    re-warmed, ramped or jumped far above where its schedule had settled.

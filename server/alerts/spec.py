@@ -384,7 +384,7 @@ class RuleSpec:
 
 # int params: windows and counts >= 1, min_samples of a slope >= 3, the rest (lag,
 # min_history: steps) >= 0
-_MIN_COUNT = {"window": 1, "samples": 1, "min_samples": 1}
+_MIN_COUNT = {"window": 1, "samples": 1, "min_samples": 1, "also_window": 1}
 _MIN_SLOPE_SAMPLES = {"trend": 3, "forecast": 3}
 
 
@@ -393,7 +393,7 @@ def _number(v: Any) -> bool:
 
 
 #: parameters that name another series, or are null (not used)
-_METRIC_OR_NULL = frozenset({"logit", "while_rising"})
+_METRIC_OR_NULL = frozenset({"logit", "while_rising", "also_metric"})
 
 
 def _param_problem(kind: str, key: str, v: Any) -> str:
