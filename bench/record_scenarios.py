@@ -75,6 +75,7 @@ from scenario_specs_fresh5 import FRESH5  # noqa: E402
 from scenario_specs_fresh6 import FRESH6  # noqa: E402
 from scenario_specs_fresh7 import FRESH7  # noqa: E402
 from scenario_specs_fresh8 import FRESH8  # noqa: E402
+from scenario_specs_fresh9 import FRESH9  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -87,7 +88,7 @@ STOP_NONFINITE = 10  # stop after this many non-finite losses in a row
 STOP_DIVERGED = 100  # stop this many steps after a divergence that has not recovered
 
 ALL: list[Scenario] = [*SCENARIOS, *FRESH, *FRESH2, *FRESH3, *FRESH4, *FRESH5, *FRESH6,
-                       *FRESH7, *FRESH8]
+                       *FRESH7, *FRESH8, *FRESH9]
 BY_NAME = {s.name: s for s in ALL}
 
 
@@ -250,8 +251,9 @@ SPLITS.update({s.name: "fresh5" for s in FRESH5})
 SPLITS.update({s.name: "fresh6" for s in FRESH6})
 SPLITS.update({s.name: "fresh7" for s in FRESH7})
 SPLITS.update({s.name: "fresh8" for s in FRESH8})
+SPLITS.update({s.name: "fresh9" for s in FRESH9})
 SPLIT_NAMES = ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-               "fresh6", "fresh7", "fresh8")
+               "fresh6", "fresh7", "fresh8", "fresh9")
 
 
 # -- recording ----------------------------------------------------------------------------

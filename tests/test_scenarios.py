@@ -112,7 +112,7 @@ def test_training_stops_when_the_run_is_gone(rec: ModuleType) -> None:
 
 
 def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
-    held = ("fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7", "fresh8")
+    held = ("fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7", "fresh8", "fresh9")
     splits = {n: h for n, h in rec.SPLITS.items() if h not in held}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
@@ -125,6 +125,7 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
     assert {n for n, h in rec.SPLITS.items() if h == "fresh6"} == {s.name for s in rec.FRESH6}
     assert {n for n, h in rec.SPLITS.items() if h == "fresh7"} == {s.name for s in rec.FRESH7}
     assert {n for n, h in rec.SPLITS.items() if h == "fresh8"} == {s.name for s in rec.FRESH8}
+    assert {n for n, h in rec.SPLITS.items() if h == "fresh9"} == {s.name for s in rec.FRESH9}
     assert len(rec.BY_NAME) == len(rec.ALL)  # no name twice
     assert not {s.name for s in rec.FRESH} & set(splits)
     assert splits == rec.assign_splits(list(reversed(rec.SCENARIOS)))  # order-free
