@@ -3,6 +3,8 @@
 Configurations, interleaved round by round so that a busy machine hurts all alike:
 
 * ``none``: the plain training step (AdamW, clip_grad_norm_ at 1.0);
+* ``between``: ``attach()`` sampling no timed step: what every step between two samples
+  costs (the history: loss, grad norm, clip flag, lr, log Z on 64 positions, hidden RMS);
 * ``default``: ``attach()`` with its defaults (one step in 10, 1 % overhead budget);
 * ``every``: every step sampled with the whole catalog, no budget;
 * ``wandb``: ``wandb.watch(model, log="all", log_freq=1)`` in offline mode plus a
@@ -73,6 +75,9 @@ class Runner:
 
         if self.name == "default":
             self.mon = attach(self.model, self.opt, run="bench", client=Client(None, run="bench"))
+        elif self.name == "between":  # step 0 (a warm-up step) sampled, never again
+            self.mon = attach(self.model, self.opt, run="bench", sample_every=10**9,
+                              overhead_budget=None, client=Client(None, run="bench"))
         elif self.name == "every":
             self.mon = attach(self.model, self.opt, run="bench", sample_every=1,
                               overhead_budget=None, client=Client(None, run="bench"))
@@ -254,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    configs = ["none", "default", "every"]
+    configs = ["none", "between", "default", "every"]
     if not args.no_wandb:
         try:
             import wandb  # noqa: F401
