@@ -545,17 +545,23 @@ def test_a_job_that_does_not_clip_sends_no_grad_norm_between_samples(torch_one_t
     assert [loss[s] for s in range(21)] == [seen[s]["last"] for s in range(21)]
 
 
-def test_gradient_accumulation_keeps_the_mean_loss(torch_one_thread: Any) -> None:
-    torch = torch_one_thread
+def monitored(torch: Any, steps: int, every: int, lr: float, micro: int = 1
+              ) -> tuple[Sink, list[dict[str, Any]]]:
+    """``tiny_lm`` trained ``steps`` steps with plain SGD, sampled one step in ``every``."""
     from logitwatch.hooks import attach
 
     model = tiny_lm()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     sink = Sink()
-    mon = attach(model, opt, run="h", client=sink.client, sample_every=5,
+    mon = attach(model, opt, run="h", client=sink.client, sample_every=every,
                  overhead_budget=None)
-    seen = train(model, opt, 11, micro=3)
+    seen = train(model, opt, steps, micro=micro)
     mon.close()
+    return sink, seen
+
+
+def test_gradient_accumulation_keeps_the_mean_loss(torch_one_thread: Any) -> None:
+    sink, seen = monitored(torch_one_thread, 11, 5, 0.1, micro=3)
     loss = sink.every_step("loss")
     assert sorted(loss) == list(range(11))
     logz, rms = sink.every_step("final.logz"), sink.every_step("final.hidden_rms")
@@ -567,16 +573,7 @@ def test_gradient_accumulation_keeps_the_mean_loss(torch_one_thread: Any) -> Non
 
 
 def test_every_step_log_z_and_hidden_rms_without_a_sync(torch_one_thread: Any) -> None:
-    torch = torch_one_thread
-    from logitwatch.hooks import attach
-
-    model = tiny_lm()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    sink = Sink()
-    mon = attach(model, opt, run="h", client=sink.client, sample_every=10,
-                 overhead_budget=None)
-    seen = train(model, opt, 25)
-    mon.close()
+    sink, seen = monitored(torch_one_thread, 25, 10, 0.5)
     logz, rms = sink.every_step("final.logz"), sink.every_step("final.hidden_rms")
     assert sorted(logz) == sorted(rms) == list(range(25))
     for s in range(25):  # 24 positions a batch: the unsampled estimate reads them all
