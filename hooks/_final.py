@@ -133,8 +133,8 @@ def step_final(hidden: torch.Tensor, logits: torch.Tensor,
 
     log Z is the mean log-sum-exp of at most ``rows`` positions evenly spaced over the batch
     (a sampled step pools every position; on the alert bench's models the estimate is off
-    by 0.01-0.1 nat (standard deviation) against a rule judging a nat on the series'
-    100-step median: docs/ALERTS.md, *Every-step log Z*): ``rows x V``
+    by 0.08-0.17 nat (standard deviation, no bias) against a rule judging a nat on the
+    series' 100-step median: docs/ALERTS.md, *Every-step log Z*): ``rows x V``
     logits, a few MiB at a 50k vocabulary, where pooling them all would read the whole
     ``(batch x seq) x V`` tensor every step. The hidden state is read whole (``d`` wide,
     as cheap as one elementwise op).

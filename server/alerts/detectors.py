@@ -378,6 +378,17 @@ def _level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                    baseline=low, limit=limit)
 
 
+def _other_series(m: Memory, key: str, fv: FrameView, name: str, step: int
+                  ) -> deque[tuple[int, float]]:
+    """The ``(step, value)`` samples of another scalar ``name`` a rule reads beside its own
+    series, kept in ``m.extra[key]``, with this frame's value (when finite) appended."""
+    seen: deque[tuple[int, float]] = m.extra.setdefault(key, deque(maxlen=SCALAR_KEEP))
+    x = fv.get(name)
+    if x is not None and math.isfinite(x) and (not seen or step > seen[-1][0]):
+        seen.append((step, x))
+    return seen
+
+
 def _also_level(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | None:
     """With ``also_metric: <scalar>`` (e.g. ``grad.norm``): that scalar's level (median of
     its last ``also_window`` steps) over the lowest level it settled to (from
@@ -387,10 +398,7 @@ def _also_level(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | Non
     name = r.param("also_metric")
     if not name:
         return None
-    seen: deque[tuple[int, float]] = m.extra.setdefault("also", deque(maxlen=SCALAR_KEEP))
-    x = fv.get(str(name))
-    if x is not None and math.isfinite(x) and (not seen or step > seen[-1][0]):
-        seen.append((step, x))
+    seen = _other_series(m, "also", fv, str(name), step)
     if not seen or seen[-1][0] != step or step - seen[0][0] < int(r.param("also_min_history")):
         return 0.0
     span = int(r.param("also_window"))
@@ -406,11 +414,7 @@ def _still_rising(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | N
     name = r.param("while_rising")
     if not name:
         return None
-    seen: deque[tuple[int, float]] = m.extra.setdefault("rising", deque(maxlen=SCALAR_KEEP))
-    x = fv.get(str(name))
-    if x is not None and math.isfinite(x):
-        if not seen or step > seen[-1][0]:
-            seen.append((step, x))
+    seen = _other_series(m, "rising", fv, str(name), step)
     span = int(r.param("rising_span"))
     before = [val for s_, val in seen if s_ <= step - span]
     if not before or not seen or seen[-1][0] != step or before[-1] <= 0:

@@ -431,10 +431,7 @@ def _confirmed(pg: Page, v: Verdict, other: int, own: int, started: int) -> bool
     ``pg.confirm_steps`` / ``pg.at_once_above`` (:class:`~.spec.Page`)."""
     if not pg.confirm_steps:
         return True
-    if pg.at_once_above is not None and v.baseline is not None:
-        try:
-            if float(v.value) - float(v.baseline) >= pg.at_once_above:
-                return True
-        except (TypeError, ValueError):
-            pass
+    if (pg.at_once_above is not None and v.baseline is not None
+            and v.value - v.baseline >= pg.at_once_above):
+        return True
     return max(own, other) - min(started, other) >= pg.confirm_steps
