@@ -56,7 +56,9 @@ after it was read, an eighth (``scenario_specs_fresh7.py``, split ``fresh7``) fo
 (tuning data: ``--split read6``, every run before it); after it was read, a ninth
 (``scenario_specs_fresh8.py``, split ``fresh8``) for round eight (tuning data:
 ``--split read7``); after it was read, a tenth (``scenario_specs_fresh9.py``, split
-``fresh9``) for round nine (tuning data: ``--split read8``).
+``fresh9``) for round nine (tuning data: ``--split read8``); an eleventh
+(``scenario_specs_fresh10.py``, split ``fresh10``) was fixed before the tenth was replayed,
+held out for the round after nine (tuning data: ``--split read9``).
 
 Usage::
 
@@ -391,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split",
                    choices=("tune", "holdout", "both", "fresh", "seen", "fresh2", "fresh3",
                             "read", "fresh4", "read5", "fresh5", "read6", "fresh6", "fresh7",
-                            "read7", "fresh8", "read8", "fresh9", "all"),
+                            "read7", "fresh8", "read8", "fresh9", "read9", "fresh10", "all"),
                    default="tune",
                    help="which runs to report: tune (default), holdout (the first held-out "
                    "half), both (the two halves), fresh (the second held-out set, recorded "
@@ -406,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                    "read), fresh7 (the eighth, fixed after fresh6 had been read), read7 (read6 "
                    "and fresh7), fresh8 (the ninth, fixed after fresh7 had been read), read8 "
                    "(read7 and fresh8), fresh9 (the tenth, fixed after fresh8 had been read), "
-                   "all")
+                   "read9 (read8 and fresh9), fresh10 (the eleventh, fixed before fresh9 was "
+                   "replayed), all")
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)),
                    help="sampling intervals to replay at (default 1,10,25,40,50)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
@@ -425,8 +428,10 @@ def main(argv: list[str] | None = None) -> int:
                         "fresh6", "fresh7"),
               "read8": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
                         "fresh6", "fresh7", "fresh8"),
+              "read9": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
+                        "fresh6", "fresh7", "fresh8", "fresh9"),
               "all": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-                      "fresh6", "fresh7", "fresh8", "fresh9")}.get(
+                      "fresh6", "fresh7", "fresh8", "fresh9", "fresh10")}.get(
         a.split, (a.split,))
     files = sorted(a.scenarios.glob("*.jsonl.gz"))
     headers = {f: read_header(f) for f in files}

@@ -112,20 +112,17 @@ def test_training_stops_when_the_run_is_gone(rec: ModuleType) -> None:
 
 
 def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
-    held = ("fresh", "fresh2", "fresh3", "fresh4", "fresh5", "fresh6", "fresh7", "fresh8", "fresh9")
-    splits = {n: h for n, h in rec.SPLITS.items() if h not in held}
+    sets = {"fresh": rec.FRESH, "fresh2": rec.FRESH2, "fresh3": rec.FRESH3,
+            "fresh4": rec.FRESH4, "fresh5": rec.FRESH5, "fresh6": rec.FRESH6,
+            "fresh7": rec.FRESH7, "fresh8": rec.FRESH8, "fresh9": rec.FRESH9,
+            "fresh10": rec.FRESH10}
+    splits = {n: h for n, h in rec.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
-    # the second held-out set is its own split, every run of it, and nothing else
-    assert {n for n, h in rec.SPLITS.items() if h == "fresh"} == {s.name for s in rec.FRESH}
-    assert {n for n, h in rec.SPLITS.items() if h == "fresh2"} == {s.name for s in rec.FRESH2}
-    assert {n for n, h in rec.SPLITS.items() if h == "fresh3"} == {s.name for s in rec.FRESH3}
-    assert {n for n, h in rec.SPLITS.items() if h == "fresh4"} == {s.name for s in rec.FRESH4}
-    assert {n for n, h in rec.SPLITS.items() if h == "fresh5"} == {s.name for s in rec.FRESH5}
-    assert {n for n, h in rec.SPLITS.items() if h == "fresh6"} == {s.name for s in rec.FRESH6}
-    assert {n for n, h in rec.SPLITS.items() if h == "fresh7"} == {s.name for s in rec.FRESH7}
-    assert {n for n, h in rec.SPLITS.items() if h == "fresh8"} == {s.name for s in rec.FRESH8}
-    assert {n for n, h in rec.SPLITS.items() if h == "fresh9"} == {s.name for s in rec.FRESH9}
+    # each held-out set is its own split, every run of it, and nothing else
+    for split, runs in sets.items():
+        assert {n for n, h in rec.SPLITS.items() if h == split} == {s.name for s in runs}
+    assert set(rec.SPLIT_NAMES) == {"tune", "holdout", *sets}
     assert len(rec.BY_NAME) == len(rec.ALL)  # no name twice
     assert not {s.name for s in rec.FRESH} & set(splits)
     assert splits == rec.assign_splits(list(reversed(rec.SCENARIOS)))  # order-free
