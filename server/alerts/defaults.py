@@ -24,16 +24,22 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              summary="the loss is NaN or infinite: the run has diverged"),
     RuleSpec("loss_jump", "loss_jump", "loss", severity="critical", inhibits=True,
              params={"z": 8.0, "min_jump": 0.5, "window": 200, "center_window": 20,
-                     "noise": "diff"},
+                     "noise": "diff", "precursor_steps": 5},
              # round five: the third jump within 20 steps pages (each of a warm-up's bumps
              # recovered until it diverged; bad-data runs of the read runs jump at most twice
              # in 20 steps, three times in 50). Round seven: with an unclipped gradient spike
              # it pages once the pair spans two steps (a healthy unclipped SGD run's one bad
              # batch spiked the gradient 79x and the loss 1.0 nat on one step, back the
              # next), or at once 2.5 nats up (the blow-ups of the runs read that jump on their
-             # divergence step jump 6.3-15 nats; 2.5: between, in log space)
+             # divergence step jump 6.3-15 nats; 2.5: between, in log space). Round nine
+             # (chosen on --split read8, 488 runs): an unclipped pair pages only after a
+             # precursor, the gradient 2.2x its calm median in the 5 steps before the jump (a
+             # run of jumps leaving out its first three steps): the unclipped SGD blow-ups
+             # read reach 2.8-196x there, the healthy runs' garbage batches, out of the
+             # blue, 1.2-1.7x
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
                        repeats_within=20, confirm_steps=1, at_once_above=2.5,
+                       precursor_above=2.2,
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
              summary="the loss jumped far out of its recent range"),
@@ -54,10 +60,14 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # unclipped SGD run whose loss spiked once in warm-up, of the fifth held-out set, paged).
     # Round seven: corroborated over two steps, as loss_jump; an episode ends 10 calm steps
     # after its last breach (the kind's 100 joined two one-step blips 48 steps apart of a
-    # healthy run into one episode that "persisted" 48 steps and paged)
+    # healthy run into one episode that "persisted" 48 steps and paged). Round nine: with
+    # loss_jump's precursor; alone it pages after 30 steps, not 10 (a garbage batch left a
+    # healthy unclipped SGD run's gradient 2-6x up for 15 steps; no blow-up read paged
+    # through persistence before its divergence)
     RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning", keep_firing_for=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05, "only_unclipped": True},
-             page=Page(after=10, with_rules=("loss_jump",), confirm_steps=1),
+             page=Page(after=30, with_rules=("loss_jump",), confirm_steps=1,
+                       precursor_above=2.2),
              summary="an unclipped gradient spike went straight into the weights"),
     RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_steps=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05},

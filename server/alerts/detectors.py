@@ -311,6 +311,9 @@ def _spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                    baseline=med, limit=med + float(r.param("z")) * spread)
 
 
+_AFTERSHOCK = 2  # steps after one bad batch that its kick may still move loss and gradient
+
+
 def _loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                cell: tuple[int | None, int | None]) -> Verdict | None:
     if not math.isfinite(v):
@@ -324,11 +327,29 @@ def _loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     gmed = median(recent_g) if recent_g else None
     if lr is not None and math.isfinite(lr):
         m.extra["lr"] = lr
+    pre = int(r.param("precursor_steps"))
+    # every step's gradient norm, the jumping steps' too (``grads`` keeps the calm ones)
+    every: deque[tuple[int, float]] = m.extra.setdefault("every_grad", deque(maxlen=pre + 64))
+    if g is not None and math.isfinite(g) and pre:
+        every.append((step, g))
     if out is None or not out.breach:
         if g is not None and math.isfinite(g):
             grads.append((step, g))
         return out
     ev = dict(out.evidence)
+    if pre and gmed:
+        # the gradient at its highest in the steps before this jump, over its calm median:
+        # an instability building up shows there, a garbage batch comes out of the blue.
+        # A run of jumps (each within two steps of the last) leaves out its first step and
+        # the two after it: one bad batch's kick and aftershock must not be its own
+        # precursor, while a loss that stays out of range longer and jumps again may be
+        last = m.extra.get("jump_at")
+        start = m.extra["jump_from"] if last is not None and step - last <= 2 else step
+        m.extra.update(jump_at=step, jump_from=start)
+        before = [x for s, x in every
+                  if step - pre <= s < step and not start <= s <= start + _AFTERSHOCK]
+        if before:
+            ev["precursor"] = max(before) / gmed
     causes: list[str] = []
     if lr is not None and prev_lr and lr > 0 and abs(math.log(lr / prev_lr)) > math.log(1.5):
         causes.append(f"the learning rate changed from {prev_lr:.3g} to {lr:.3g}")
@@ -591,7 +612,7 @@ KINDS: dict[str, Kind] = {
     "loss_jump": Kind(_loss_jump, {"window": 200, "z": 6.0, "min_jump": 0.5,
                                    "min_samples": 5, "min_scale": 0.02,
                                    "only_unclipped": False, "center_window": None,
-                                   "noise": "level"},
+                                   "noise": "level", "precursor_steps": 0},
                       hold_breaches=True, keep_firing_for=0),
     "level_rise": Kind(_level_rise, {"window": 100, "min_samples": 5, "min_history": 200,
                                      "factor": 5.0, "margin": None, "floor": 0.0,

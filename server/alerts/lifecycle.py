@@ -169,7 +169,8 @@ class LifecycleMixin(RankState):
         if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
             return
         other = self._corroborated(pg, run_id, rank, t.step)
-        if other is not None and _confirmed(pg, t.verdict, other[1], t.step, t.started_step):
+        if (other is not None and _confirmed(pg, t.verdict, other[1], t.step, t.started_step)
+                and self._precursor_ok(pg, run_id, rank, rule.name, other[0])):
             return
         p.paged_because = self._repeated(rule, run_id, rank, t.step)
         if p.paged_because is None:
@@ -179,6 +180,8 @@ class LifecycleMixin(RankState):
             if pg.confirm_steps:
                 p.unpaged.update(confirm_steps=pg.confirm_steps,
                                  at_once_above=pg.at_once_above)
+            if pg.precursor_above is not None:
+                p.unpaged.update(precursor_above=pg.precursor_above)
 
     def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int) -> str | None:
         """Why a run-level episode firing at ``step`` pages as a repeat (``Page.repeats``
@@ -206,6 +209,23 @@ class LifecycleMixin(RankState):
                 return name, t.last_breach[0]
         return None
 
+    def _precursor_ok(self, pg: Page, run_id: int, rank: int, *names: str) -> bool:
+        """Whether a corroboration between the run-level rules ``names`` passes
+        ``pg.precursor_above``: the newest breach of one of them carries an
+        ``evidence.precursor`` at least that. Judged per breach, not per episode: a blow-up
+        may follow an earlier bump of the same episode. True when no breach says (a job
+        that sends neither every step's scalars nor frames near the breach cannot tell)."""
+        if pg.precursor_above is None:
+            return True
+        seen = []
+        for name in names:
+            t = self._tracks.get((name, run_id, rank, None, None))
+            v = t.last_breach[1] if t is not None and t.last_breach is not None else None
+            x = v.evidence.get("precursor") if v is not None else None
+            if isinstance(x, (int, float)):
+                seen.append(float(x))
+        return not seen or max(seen) >= pg.precursor_above
+
     def _page_due(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,
                   step: int) -> str | None:
         """Why the alert ``a``, held back by ``rule.page``, pages now (its cells breach at
@@ -226,8 +246,9 @@ class LifecycleMixin(RankState):
             own = t.last_breach[0]
             if pg.with_rules and step - own <= pg.within:
                 other = self._corroborated(pg, run_id, rank, own)
-                if other is not None and _confirmed(pg, t.last_breach[1], other[1], own,
-                                                    a.started_step):
+                if (other is not None
+                        and _confirmed(pg, t.last_breach[1], other[1], own, a.started_step)
+                        and self._precursor_ok(pg, run_id, rank, rule.name, other[0])):
                     return f"corroborated: {other[0]} breached at step {other[1]}"
             if own != step:
                 continue

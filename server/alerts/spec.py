@@ -165,7 +165,12 @@ class Page:
       ``confirm_steps`` the two breaches must span at least that many steps (the event seen
       on more than one step: an unclipped run's single bad batch spikes the gradient and the
       loss together on one step, then recovers), unless the breaching sample is at least
-      ``at_once_above`` over its baseline (the rule's unit: nats for the loss);
+      ``at_once_above`` over its baseline (the rule's unit: nats for the loss). With
+      ``precursor_above`` a corroboration counts only when the newest breach of this rule
+      or of the corroborating one carries an ``evidence.precursor`` at least that (the
+      ``loss_jump`` kind's: the gradient norm at its highest in the ``precursor_steps``
+      steps before the jump, over its median: an instability building up, where one
+      garbage batch comes out of the blue);
     * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
       (run-level) to fire within ``repeats_within`` steps: bumps that each recover but keep
       coming back are an unstable run, not one bad batch.
@@ -181,6 +186,7 @@ class Page:
     within: int = 5
     confirm_steps: int = 0
     at_once_above: float | None = None
+    precursor_above: float | None = None
     repeats: int | None = None
     repeats_within: int = 20
 
@@ -207,9 +213,13 @@ class Page:
         if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
                               or not math.isfinite(x) or x < 0):
             raise RuleError(f"page.at_once_above must be a number >= 0 or null, got {x!r}")
-        if (n or x is not None) and not w:
-            raise RuleError("page.confirm_steps and page.at_once_above qualify with_rules: "
-                            "give with_rules too")
+        p = self.precursor_above
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
+                              or not math.isfinite(p) or p < 0):
+            raise RuleError(f"page.precursor_above must be a number >= 0 or null, got {p!r}")
+        if (n or x is not None or p is not None) and not w:
+            raise RuleError("page.confirm_steps, at_once_above and precursor_above qualify "
+                            "with_rules: give with_rules too")
         r = self.repeats
         if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 2):
             raise RuleError(f"page.repeats must be an int >= 2 (episodes) or null, got {r!r}")
