@@ -172,7 +172,9 @@ def test_grad_norm_under_the_clip_threshold_is_not_a_blowup() -> None:
 
 
 def test_unclipped_blowup_pages_once_it_persists() -> None:
-    """No clipping: a one-step blip is shown (info); a norm that stays 100x up pages."""
+    """No clipping: a one-step blip is shown (info); a norm that stays 100x up pages once
+    it has persisted 30 steps (the loss not moving: with a loss jump after a precursor it
+    pages at once)."""
     def blip(step: int) -> float:
         return 50.0 if step == 500 else 0.5 + 0.01 * (step % 5)
     alerts = alerts_of(frames_at(1, 800, _grads(blip, None)))
@@ -183,7 +185,7 @@ def test_unclipped_blowup_pages_once_it_persists() -> None:
         return 50.0 * 1.05 ** (step - 500) if step >= 500 else 0.5 + 0.01 * (step % 5)
     alerts = alerts_of(frames_at(1, 800, _grads(blowup, None)))
     paged = [a for a in alerts if a.paged_step is not None]
-    assert paged and min(a.paged_step for a in paged) <= 520  # type: ignore[type-var]
+    assert paged and min(a.paged_step for a in paged) <= 530  # type: ignore[type-var]
 
 
 def test_per_head_judged_at_most_every_ten_steps() -> None:
@@ -227,7 +229,8 @@ def test_an_unclipped_spike_with_a_loss_jump_pages_at_once_after_a_precursor() -
     jump = by_rule(alerts, "loss_jump")[0]
     assert jump.severity == "critical" and jump.fired_step == 601
     blow = by_rule(alerts, "grad_blowup")[0]
-    assert blow.fired_step == 600 and "corroborated: loss_jump" in blow.evidence[
+    # the gradient 4x up is already an unclipped spike (shown from step 595, the precursor)
+    assert blow.fired_step == 595 and "corroborated: loss_jump" in blow.evidence[
         "escalated_because"]
 
 
@@ -275,7 +278,7 @@ def test_a_loss_jump_during_early_descent_is_seen_against_its_current_level() ->
     jump = by_rule(alerts, "loss_jump")
     assert jump and jump[0].fired_step == 60, [(a.rule, a.fired_step) for a in alerts]
     blow = by_rule(alerts, "grad_blowup")
-    assert blow and blow[0].fired_step == 60 and blow[0].paged_step == 60
+    assert blow and blow[0].fired_step == 56 and blow[0].paged_step == 60  # shown from 56
     # the rule as it was (the whole window's median and spread) does not see it
     from dataclasses import replace
 

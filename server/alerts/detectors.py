@@ -5,7 +5,10 @@ looks at one series cell (a scalar, one layer/head of a per-head metric, or the 
 all heads) one sample at a time, with a small :class:`~.series.Memory` of that cell's past,
 and returns a :class:`~.tracks.Verdict` (breach or not, plus evidence) or ``None`` when it
 cannot judge yet (no data, too little history). The memory and its windows (in steps) live
-in :mod:`.series`, the lifecycle (:class:`~.tracks.Track`) in :mod:`.tracks`.
+in :mod:`.series`, the lifecycle (:class:`~.tracks.Track`) in :mod:`.tracks`. The kinds that
+judge a run's per-step scalars (spikes, loss jumps, level rises, the LR, the clip rate) live in
+:mod:`.scalar_kinds`; this module keeps the attention and logit kinds and registers every kind
+in :data:`KINDS`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 # re-exported: the engine, the screens and the rule spec import them from here
+from logitwatch.server.alerts.scalar_kinds import (
+    above_peak,
+    clip_rate,
+    level_rise,
+    loss_jump,
+    lr_jump,
+    spike,
+)
 from logitwatch.server.alerts.series import (  # noqa: F401
     EARLY_MAX,
     RECENT_MAX,
@@ -262,239 +273,6 @@ def _num(v: float) -> float | str:
     return v if math.isfinite(v) else str(v)
 
 
-def _center_and_scale(r: RuleSpec, vals: list[float]) -> tuple[float, float]:
-    """The robust center and scale a ``spike`` (or ``loss_jump``) judges a value against.
-
-    By default the median and MAD of the window's values. With ``center_window: n`` the
-    center is the median of the newest ``n`` values only, and with ``noise: diff`` the scale
-    is the MAD of successive differences (divided by sqrt 2): a series still falling (a loss
-    early in training) has a wide spread of values but small step-to-step noise, and a
-    window's median taken while it falls sits above where it is now, so a jump out of its
-    current level would hide behind its own descent."""
-    n = r.param("center_window")
-    med = median(vals[-int(n):]) if n else median(vals)
-    if r.param("noise") == "diff" and len(vals) >= 3:
-        diffs = [b - a for a, b in zip(vals, vals[1:], strict=False)]
-        noise = mad(diffs, median(diffs)) * 1.4826 / math.sqrt(2.0)
-    else:
-        noise = mad(vals, median(vals)) * 1.4826
-    return med, max(noise, float(r.param("min_scale")))
-
-
-def _spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
-           cell: tuple[int | None, int | None]) -> Verdict | None:
-    past = window(m, step, 0, int(r.param("window")), int(r.param("min_samples")))
-    if len(past) < int(r.param("min_samples")):
-        return None
-    vals = [x for _, x in past]
-    med, spread = _center_and_scale(r, vals)
-    if not math.isfinite(v):
-        return Verdict(True, v, {"value": str(v), "median": med, "mad": spread},
-                       baseline=med)
-    z = (v - med) / spread
-    # the absolute jump is taken over the higher of the two centers: after a stretch of
-    # trivially easy batches (zero bytes: loss near 0) the newest values sit far below the
-    # run's level, and a return to that level is no jump
-    level = max(med, median(vals)) if r.param("center_window") else med
-    breach = z > float(r.param("z")) and v - level > float(r.param("min_jump"))
-    if breach and r.param("only_unclipped"):
-        clipped = fv.get("grad.clipped")
-        bound = fv.get("grad.max_norm")
-        if (clipped or 0.0) >= 0.5:
-            breach = False  # clipping bounded this step's update
-        elif bound is not None and math.isfinite(bound) and bound / 10 <= v <= bound:
-            # just under the job's own clip threshold: a norm it allows, bounded by the
-            # same threshold as a clipped step (a threshold 10x above the norm, e.g. 1e9 for
-            # "no clipping", bounds nothing)
-            breach = False
-    return Verdict(breach, v, {"value": v, "median": med, "robust_z": z, "scale": spread},
-                   baseline=med, limit=med + float(r.param("z")) * spread)
-
-
-_AFTERSHOCK = 2  # steps after one bad batch that its kick may still move loss and gradient
-
-
-def _loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
-               cell: tuple[int | None, int | None]) -> Verdict | None:
-    if not math.isfinite(v):
-        return None  # a non-finite loss is the nonfinite rule's
-    out = _spike(r, m, step, v, fv, cell)
-    lr, prev_lr = fv.get("lr"), m.extra.get("lr")
-    g = fv.get("grad.norm")
-    grads: deque[tuple[int, float]] = m.extra.setdefault("grads", deque(maxlen=SCALAR_KEEP))
-    span = int(r.param("window"))
-    recent_g = [x for s, x in grads if s >= step - span]
-    gmed = median(recent_g) if recent_g else None
-    if lr is not None and math.isfinite(lr):
-        m.extra["lr"] = lr
-    pre = int(r.param("precursor_steps"))
-    # every step's gradient norm, the jumping steps' too (``grads`` keeps the calm ones)
-    every: deque[tuple[int, float]] = m.extra.setdefault("every_grad", deque(maxlen=pre + 64))
-    if g is not None and math.isfinite(g) and pre:
-        every.append((step, g))
-    if out is None or not out.breach:
-        if g is not None and math.isfinite(g):
-            grads.append((step, g))
-        return out
-    ev = dict(out.evidence)
-    if pre and gmed:
-        # the gradient at its highest in the steps before this jump, over its calm median:
-        # an instability building up shows there, a garbage batch comes out of the blue.
-        # A run of jumps (each within two steps of the last) leaves out its first step and
-        # the two after it: one bad batch's kick and aftershock must not be its own
-        # precursor, while a loss that stays out of range longer and jumps again may be
-        last = m.extra.get("jump_at")
-        start = m.extra["jump_from"] if last is not None and step - last <= 2 else step
-        m.extra.update(jump_at=step, jump_from=start)
-        before = [x for s, x in every
-                  if step - pre <= s < step and not start <= s <= start + _AFTERSHOCK]
-        if before:
-            ev["precursor"] = max(before) / gmed
-    causes: list[str] = []
-    if lr is not None and prev_lr and lr > 0 and abs(math.log(lr / prev_lr)) > math.log(1.5):
-        causes.append(f"the learning rate changed from {prev_lr:.3g} to {lr:.3g}")
-    if g is not None and gmed and (not math.isfinite(g) or g > 5 * gmed):
-        causes.append(f"the gradient norm jumped to {g:.3g} (median {gmed:.3g})")
-    ev["causes"] = causes
-    return Verdict(True, v, ev, out.baseline, out.limit)
-
-
-def _level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
-                cell: tuple[int | None, int | None]) -> Verdict | None:
-    """The series' level (median of its last ``window`` steps) against the lowest level it
-    has settled to (lowest since ``min_history`` steps into the series)."""
-    if not math.isfinite(v):
-        return None
-    n = int(r.param("min_samples"))
-    pts = [*window(m, step, 0, int(r.param("window")), n - 1), (step, v)]
-    first = m.first_step
-    if len(pts) < n or first is None:
-        return None
-    level = median(x for _, x in pts)
-    rising = _still_rising(r, m, step, fv)
-    also = _also_level(r, m, step, fv)  # (both track their series from the first frame)
-    if step - first < int(r.param("min_history")):
-        return None  # early training: not settled yet
-    low = min(m.extra.get("low", math.inf), level)
-    m.extra["low"] = low
-    if r.param("margin") is not None:
-        limit = low + float(r.param("margin"))
-        how: dict[str, Any] = {"above_lowest": level - low}
-    else:
-        limit = low * float(r.param("factor"))
-        how = {"ratio": level / low if low > 0 else None}
-    limit = max(limit, float(r.param("floor")))
-    if rising is not None:
-        how["while_rising"] = r.param("while_rising")
-        how[f"{r.param('while_rising')}_ratio"] = rising
-    top = r.param("rising_max")  # a climb, not a jump: an LR stepped x10 has lr_jump
-    breach = level >= limit and (rising is None or (
-        rising > float(r.param("rising_factor")) and (top is None or rising <= float(top))))
-    if also is not None:
-        how[f"{r.param('also_metric')}_ratio"] = also
-        breach = breach and also >= float(r.param("also_factor"))
-    return Verdict(breach, level,
-                   {"level": level, "lowest_level": low, "limit": limit, "value": v,
-                    "window": int(r.param("window")), **how},
-                   baseline=low, limit=limit)
-
-
-def _other_series(m: Memory, key: str, fv: FrameView, name: str, step: int
-                  ) -> deque[tuple[int, float]]:
-    """The ``(step, value)`` samples of another scalar ``name`` a rule reads beside its own
-    series, kept in ``m.extra[key]``, with this frame's value (when finite) appended."""
-    seen: deque[tuple[int, float]] = m.extra.setdefault(key, deque(maxlen=SCALAR_KEEP))
-    x = fv.get(name)
-    if x is not None and math.isfinite(x) and (not seen or step > seen[-1][0]):
-        seen.append((step, x))
-    return seen
-
-
-def _also_level(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | None:
-    """With ``also_metric: <scalar>`` (e.g. ``grad.norm``): that scalar's level (median of
-    its last ``also_window`` steps) over the lowest level it settled to (from
-    ``also_min_history`` steps into it), for a rise that must be corroborated by another
-    series' rise; 0.0 while unknown (or this frame does not carry it); None without the
-    parameter."""
-    name = r.param("also_metric")
-    if not name:
-        return None
-    seen = _other_series(m, "also", fv, str(name), step)
-    if not seen or seen[-1][0] != step or step - seen[0][0] < int(r.param("also_min_history")):
-        return 0.0
-    span = int(r.param("also_window"))
-    level = median(v for s_, v in seen if s_ > step - span)
-    low = min(m.extra.get("also_low", math.inf), level)
-    m.extra["also_low"] = low
-    return level / low if low > 0 else 0.0
-
-
-def _still_rising(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | None:
-    """With ``while_rising: <scalar>`` (e.g. ``lr``): that scalar now over its value
-    ``rising_span`` steps ago (0.0 while unknown); None without the parameter."""
-    name = r.param("while_rising")
-    if not name:
-        return None
-    seen = _other_series(m, "rising", fv, str(name), step)
-    span = int(r.param("rising_span"))
-    before = [val for s_, val in seen if s_ <= step - span]
-    if not before or not seen or seen[-1][0] != step or before[-1] <= 0:
-        return 0.0
-    return seen[-1][1] / before[-1]
-
-
-def _above_peak(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
-                cell: tuple[int | None, int | None]) -> Verdict | None:
-    """The value against the peak the series settled at: the highest value before it went
-    ``settle`` steps without a new high (a learning rate after its warm-up)."""
-    if not math.isfinite(v):
-        return None
-    ex = m.extra
-    if "high" not in ex or v > ex["high"]:
-        ex["high"], ex["high_step"] = v, step
-    elif step - ex["high_step"] >= int(r.param("settle")) and "settled" not in ex:
-        ex["settled"], ex["settled_step"] = ex["high"], step
-    peak = ex.get("settled")
-    if peak is None or peak <= 0:
-        return None  # still rising (a warm-up): nothing settled to compare with
-    limit = float(r.param("factor")) * peak
-    return Verdict(v > limit, v, {"value": v, "settled_peak": peak, "limit": limit,
-                                  "ratio": v / peak, "settled_at_step": ex["settled_step"]},
-                   baseline=peak, limit=limit)
-
-
-def _lr_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
-             cell: tuple[int | None, int | None]) -> Verdict | None:
-    past = [x for _, x in list(m.recent)[-4:]]
-    if len(past) < 3 or not math.isfinite(v):
-        return None  # three samples first: a warm-up's start is a ramp, not a jump
-    prev = past[-1]
-    if prev <= 0 or v <= 0:
-        return None
-    ratio = v / prev
-    f = float(r.param("factor"))
-    steps = median(abs(b - a) for a, b in zip(past, past[1:], strict=False))
-    abrupt = abs(v - prev) > float(r.param("vs_schedule")) * max(steps, 1e-12)
-    return Verdict((ratio > f or ratio < 1 / f) and abrupt, v,
-                   {"value": v, "previous": prev, "previous_step": list(m.recent)[-1][0],
-                    "ratio": ratio, "schedule_step": steps}, baseline=prev)
-
-
-def _clip_rate(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
-               cell: tuple[int | None, int | None]) -> Verdict | None:
-    w = int(r.param("window"))
-    n = int(r.param("min_samples"))
-    pts = [*m.recent, *([(step, v)] if math.isfinite(v) else [])]
-    now = [x for s, x in pts if s > step - w]
-    before = [x for s, x in pts if step - 2 * w < s <= step - w]
-    first = m.first_step
-    if len(now) < n or len(before) < n or first is None or first > step - 2 * w + 1:
-        return None
-    rate, prev = sum(now) / len(now), sum(before) / len(before)
-    breach = rate >= float(r.param("rate")) and rate - prev >= float(r.param("rise"))
-    return Verdict(breach, rate, {"clip_rate": rate, "previous_rate": prev, "window": w})
-
-
 def _head_logit(fv: FrameView, metric: str, own: str, layer: int | None,
                 head: int | None) -> float | None:
     """The max attention logit a projection head feeds: the query head's own, or for a key
@@ -606,25 +384,25 @@ KINDS: dict[str, Kind] = {
                                  "critical_metric": "attn.dtype_max",
                                  "capped_metric": "attn.capped_logit_max"},
                      keep_firing_for=200),
-    "spike": Kind(_spike, {"window": 200, "z": 6.0, "min_jump": 0.0, "min_samples": 5,
+    "spike": Kind(spike, {"window": 200, "z": 6.0, "min_jump": 0.0, "min_samples": 5,
                            "min_scale": 1e-6, "only_unclipped": False, "center_window": None,
                            "noise": "level"}, hold_breaches=True),
-    "loss_jump": Kind(_loss_jump, {"window": 200, "z": 6.0, "min_jump": 0.5,
+    "loss_jump": Kind(loss_jump, {"window": 200, "z": 6.0, "min_jump": 0.5,
                                    "min_samples": 5, "min_scale": 0.02,
                                    "only_unclipped": False, "center_window": None,
                                    "noise": "level", "precursor_steps": 0},
                       hold_breaches=True, keep_firing_for=0),
-    "level_rise": Kind(_level_rise, {"window": 100, "min_samples": 5, "min_history": 200,
+    "level_rise": Kind(level_rise, {"window": 100, "min_samples": 5, "min_history": 200,
                                      "factor": 5.0, "margin": None, "floor": 0.0,
                                      "while_rising": None, "rising_span": 50,
                                      "rising_factor": 1.05, "rising_max": None,
                                      "also_metric": None, "also_factor": 2.0,
                                      "also_window": 50, "also_min_history": 100}),
-    "above_peak": Kind(_above_peak, {"factor": 10.0, "settle": 100}),
-    "lr_jump": Kind(_lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
+    "above_peak": Kind(above_peak, {"factor": 10.0, "settle": 100}),
+    "lr_jump": Kind(lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
     "entropy_collapse": Kind(_entropy_collapse, {"first_steps": 100, "min_samples": 5,
                                                  "fraction": 0.25}),
-    "clip_rate": Kind(_clip_rate, {"window": 100, "min_samples": 3, "rate": 0.9,
+    "clip_rate": Kind(clip_rate, {"window": 100, "min_samples": 3, "rate": 0.9,
                                    "rise": 0.5}),
     "ratio": Kind(_ratio, {"other": "qk.q_bias_norm", "window": 100, "min_change": 0.2,
                            "share": 0.0, "logit": None, "logit_floor": 0.0}),

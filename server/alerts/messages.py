@@ -28,8 +28,9 @@ def _page_text(why: dict[str, object], severity: str) -> str:
         if also and why.get("at_once_above") is not None:
             also += f" (at once {_fmt(why['at_once_above'])} above its baseline)"
         if why.get("precursor_above") is not None:
-            also += (f", after a precursor (a spike's series already "
-                     f"{_fmt(why['precursor_above'])}x its median in the steps before)")
+            also += (f", after a precursor (the gradient norm already "
+                     f"{_fmt(why['precursor_above'])}x its median in the steps before the "
+                     "loss jump)")
         conds.append("if " + " or ".join(str(r) for r in why["with_rules"])  # type: ignore[attr-defined]
                      + " breaches with it" + also)
     if why.get("repeats"):

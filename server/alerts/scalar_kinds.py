@@ -1,0 +1,251 @@
+"""Detectors of a run's scalars (one value per step): spikes and loss jumps against a robust
+recent range, a level rising above the lowest it settled to, the learning rate's jumps and
+peak, and the clip rate. Pure, as every detector (:mod:`.detectors` registers them as rule
+kinds): no clock, no I/O, a cell's :class:`~.series.Memory` and the frame in hand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from statistics import median
+from typing import TYPE_CHECKING, Any
+
+from logitwatch.server.alerts.series import SCALAR_KEEP, Memory, mad, window
+from logitwatch.server.alerts.tracks import FrameView, Verdict
+
+if TYPE_CHECKING:
+    from logitwatch.server.alerts.spec import RuleSpec
+
+
+def _center_and_scale(r: RuleSpec, vals: list[float]) -> tuple[float, float]:
+    """The robust center and scale a ``spike`` (or ``loss_jump``) judges a value against.
+
+    By default the median and MAD of the window's values. With ``center_window: n`` the
+    center is the median of the newest ``n`` values only, and with ``noise: diff`` the scale
+    is the MAD of successive differences (divided by sqrt 2): a series still falling (a loss
+    early in training) has a wide spread of values but small step-to-step noise, and a
+    window's median taken while it falls sits above where it is now, so a jump out of its
+    current level would hide behind its own descent."""
+    n = r.param("center_window")
+    med = median(vals[-int(n):]) if n else median(vals)
+    if r.param("noise") == "diff" and len(vals) >= 3:
+        diffs = [b - a for a, b in zip(vals, vals[1:], strict=False)]
+        noise = mad(diffs, median(diffs)) * 1.4826 / math.sqrt(2.0)
+    else:
+        noise = mad(vals, median(vals)) * 1.4826
+    return med, max(noise, float(r.param("min_scale")))
+
+
+def spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+           cell: tuple[int | None, int | None]) -> Verdict | None:
+    past = window(m, step, 0, int(r.param("window")), int(r.param("min_samples")))
+    if len(past) < int(r.param("min_samples")):
+        return None
+    vals = [x for _, x in past]
+    med, spread = _center_and_scale(r, vals)
+    if not math.isfinite(v):
+        return Verdict(True, v, {"value": str(v), "median": med, "mad": spread},
+                       baseline=med)
+    z = (v - med) / spread
+    # the absolute jump is taken over the higher of the two centers: after a stretch of
+    # trivially easy batches (zero bytes: loss near 0) the newest values sit far below the
+    # run's level, and a return to that level is no jump
+    level = max(med, median(vals)) if r.param("center_window") else med
+    breach = z > float(r.param("z")) and v - level > float(r.param("min_jump"))
+    if breach and r.param("only_unclipped"):
+        clipped = fv.get("grad.clipped")
+        bound = fv.get("grad.max_norm")
+        if (clipped or 0.0) >= 0.5:
+            breach = False  # clipping bounded this step's update
+        elif bound is not None and math.isfinite(bound) and bound / 10 <= v <= bound:
+            # just under the job's own clip threshold: a norm it allows, bounded by the
+            # same threshold as a clipped step (a threshold 10x above the norm, e.g. 1e9 for
+            # "no clipping", bounds nothing)
+            breach = False
+    return Verdict(breach, v, {"value": v, "median": med, "robust_z": z, "scale": spread},
+                   baseline=med, limit=med + float(r.param("z")) * spread)
+
+
+_AFTERSHOCK = 2  # steps after one bad batch that its kick may still move loss and gradient
+
+
+def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    if not math.isfinite(v):
+        return None  # a non-finite loss is the nonfinite rule's
+    out = spike(r, m, step, v, fv, cell)
+    lr, prev_lr = fv.get("lr"), m.extra.get("lr")
+    g = fv.get("grad.norm")
+    grads: deque[tuple[int, float]] = m.extra.setdefault("grads", deque(maxlen=SCALAR_KEEP))
+    span = int(r.param("window"))
+    recent_g = [x for s, x in grads if s >= step - span]
+    gmed = median(recent_g) if recent_g else None
+    if lr is not None and math.isfinite(lr):
+        m.extra["lr"] = lr
+    pre = int(r.param("precursor_steps"))
+    # every step's gradient norm, the jumping steps' too (``grads`` keeps the calm ones)
+    every: deque[tuple[int, float]] = m.extra.setdefault("every_grad", deque(maxlen=pre + 64))
+    if g is not None and math.isfinite(g) and pre:
+        every.append((step, g))
+    if out is None or not out.breach:
+        if g is not None and math.isfinite(g):
+            grads.append((step, g))
+        return out
+    ev = dict(out.evidence)
+    if pre and gmed:
+        # the gradient at its highest in the steps before this jump, over its calm median:
+        # an instability building up shows there, a garbage batch comes out of the blue.
+        # A run of jumps (each within two steps of the last) leaves out its first step and
+        # the two after it: one bad batch's kick and aftershock must not be its own
+        # precursor, while a loss that stays out of range longer and jumps again may be
+        last = m.extra.get("jump_at")
+        start = m.extra["jump_from"] if last is not None and step - last <= 2 else step
+        m.extra.update(jump_at=step, jump_from=start)
+        before = [x for s, x in every
+                  if step - pre <= s < step and not start <= s <= start + _AFTERSHOCK]
+        if before:
+            ev["precursor"] = max(before) / gmed
+    causes: list[str] = []
+    if lr is not None and prev_lr and lr > 0 and abs(math.log(lr / prev_lr)) > math.log(1.5):
+        causes.append(f"the learning rate changed from {prev_lr:.3g} to {lr:.3g}")
+    if g is not None and gmed and (not math.isfinite(g) or g > 5 * gmed):
+        causes.append(f"the gradient norm jumped to {g:.3g} (median {gmed:.3g})")
+    ev["causes"] = causes
+    return Verdict(True, v, ev, out.baseline, out.limit)
+
+
+def level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+                cell: tuple[int | None, int | None]) -> Verdict | None:
+    """The series' level (median of its last ``window`` steps) against the lowest level it
+    has settled to (lowest since ``min_history`` steps into the series)."""
+    if not math.isfinite(v):
+        return None
+    n = int(r.param("min_samples"))
+    pts = [*window(m, step, 0, int(r.param("window")), n - 1), (step, v)]
+    first = m.first_step
+    if len(pts) < n or first is None:
+        return None
+    level = median(x for _, x in pts)
+    rising = _still_rising(r, m, step, fv)
+    also = _also_level(r, m, step, fv)  # (both track their series from the first frame)
+    if step - first < int(r.param("min_history")):
+        return None  # early training: not settled yet
+    low = min(m.extra.get("low", math.inf), level)
+    m.extra["low"] = low
+    if r.param("margin") is not None:
+        limit = low + float(r.param("margin"))
+        how: dict[str, Any] = {"above_lowest": level - low}
+    else:
+        limit = low * float(r.param("factor"))
+        how = {"ratio": level / low if low > 0 else None}
+    limit = max(limit, float(r.param("floor")))
+    if rising is not None:
+        how["while_rising"] = r.param("while_rising")
+        how[f"{r.param('while_rising')}_ratio"] = rising
+    top = r.param("rising_max")  # a climb, not a jump: an LR stepped x10 has lr_jump
+    breach = level >= limit and (rising is None or (
+        rising > float(r.param("rising_factor")) and (top is None or rising <= float(top))))
+    if also is not None:
+        how[f"{r.param('also_metric')}_ratio"] = also
+        breach = breach and also >= float(r.param("also_factor"))
+    return Verdict(breach, level,
+                   {"level": level, "lowest_level": low, "limit": limit, "value": v,
+                    "window": int(r.param("window")), **how},
+                   baseline=low, limit=limit)
+
+
+def _other_series(m: Memory, key: str, fv: FrameView, name: str, step: int
+                  ) -> deque[tuple[int, float]]:
+    """The ``(step, value)`` samples of another scalar ``name`` a rule reads beside its own
+    series, kept in ``m.extra[key]``, with this frame's value (when finite) appended."""
+    seen: deque[tuple[int, float]] = m.extra.setdefault(key, deque(maxlen=SCALAR_KEEP))
+    x = fv.get(name)
+    if x is not None and math.isfinite(x) and (not seen or step > seen[-1][0]):
+        seen.append((step, x))
+    return seen
+
+
+def _also_level(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | None:
+    """With ``also_metric: <scalar>`` (e.g. ``grad.norm``): that scalar's level (median of
+    its last ``also_window`` steps) over the lowest level it settled to (from
+    ``also_min_history`` steps into it), for a rise that must be corroborated by another
+    series' rise; 0.0 while unknown (or this frame does not carry it); None without the
+    parameter."""
+    name = r.param("also_metric")
+    if not name:
+        return None
+    seen = _other_series(m, "also", fv, str(name), step)
+    if not seen or seen[-1][0] != step or step - seen[0][0] < int(r.param("also_min_history")):
+        return 0.0
+    span = int(r.param("also_window"))
+    level = median(v for s_, v in seen if s_ > step - span)
+    low = min(m.extra.get("also_low", math.inf), level)
+    m.extra["also_low"] = low
+    return level / low if low > 0 else 0.0
+
+
+def _still_rising(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | None:
+    """With ``while_rising: <scalar>`` (e.g. ``lr``): that scalar now over its value
+    ``rising_span`` steps ago (0.0 while unknown); None without the parameter."""
+    name = r.param("while_rising")
+    if not name:
+        return None
+    seen = _other_series(m, "rising", fv, str(name), step)
+    span = int(r.param("rising_span"))
+    before = [val for s_, val in seen if s_ <= step - span]
+    if not before or not seen or seen[-1][0] != step or before[-1] <= 0:
+        return 0.0
+    return seen[-1][1] / before[-1]
+
+
+def above_peak(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+                cell: tuple[int | None, int | None]) -> Verdict | None:
+    """The value against the peak the series settled at: the highest value before it went
+    ``settle`` steps without a new high (a learning rate after its warm-up)."""
+    if not math.isfinite(v):
+        return None
+    ex = m.extra
+    if "high" not in ex or v > ex["high"]:
+        ex["high"], ex["high_step"] = v, step
+    elif step - ex["high_step"] >= int(r.param("settle")) and "settled" not in ex:
+        ex["settled"], ex["settled_step"] = ex["high"], step
+    peak = ex.get("settled")
+    if peak is None or peak <= 0:
+        return None  # still rising (a warm-up): nothing settled to compare with
+    limit = float(r.param("factor")) * peak
+    return Verdict(v > limit, v, {"value": v, "settled_peak": peak, "limit": limit,
+                                  "ratio": v / peak, "settled_at_step": ex["settled_step"]},
+                   baseline=peak, limit=limit)
+
+
+def lr_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+             cell: tuple[int | None, int | None]) -> Verdict | None:
+    past = [x for _, x in list(m.recent)[-4:]]
+    if len(past) < 3 or not math.isfinite(v):
+        return None  # three samples first: a warm-up's start is a ramp, not a jump
+    prev = past[-1]
+    if prev <= 0 or v <= 0:
+        return None
+    ratio = v / prev
+    f = float(r.param("factor"))
+    steps = median(abs(b - a) for a, b in zip(past, past[1:], strict=False))
+    abrupt = abs(v - prev) > float(r.param("vs_schedule")) * max(steps, 1e-12)
+    return Verdict((ratio > f or ratio < 1 / f) and abrupt, v,
+                   {"value": v, "previous": prev, "previous_step": list(m.recent)[-1][0],
+                    "ratio": ratio, "schedule_step": steps}, baseline=prev)
+
+
+def clip_rate(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+               cell: tuple[int | None, int | None]) -> Verdict | None:
+    w = int(r.param("window"))
+    n = int(r.param("min_samples"))
+    pts = [*m.recent, *([(step, v)] if math.isfinite(v) else [])]
+    now = [x for s, x in pts if s > step - w]
+    before = [x for s, x in pts if step - 2 * w < s <= step - w]
+    first = m.first_step
+    if len(now) < n or len(before) < n or first is None or first > step - 2 * w + 1:
+        return None
+    rate, prev = sum(now) / len(now), sum(before) / len(before)
+    breach = rate >= float(r.param("rate")) and rate - prev >= float(r.param("rise"))
+    return Verdict(breach, rate, {"clip_rate": rate, "previous_rate": prev, "window": w})
