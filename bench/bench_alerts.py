@@ -59,7 +59,8 @@ after it was read, an eighth (``scenario_specs_fresh7.py``, split ``fresh7``) fo
 ``fresh9``) for round nine (tuning data: ``--split read8``); an eleventh
 (``scenario_specs_fresh10.py``, split ``fresh10``) was fixed before the tenth was replayed,
 replayed with round nine's rules unchanged; the next change is chosen on ``--split read10``
-(every set) and needs a twelfth set fixed before it.
+(every set read), held out from it: a twelfth (``scenario_specs_fresh11.py``, split
+``fresh11``).
 
 Usage::
 
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                    choices=("tune", "holdout", "both", "fresh", "seen", "fresh2", "fresh3",
                             "read", "fresh4", "read5", "fresh5", "read6", "fresh6", "fresh7",
                             "read7", "fresh8", "read8", "fresh9", "read9", "fresh10", "read10",
-                            "all"),
+                            "fresh11", "all"),
                    default="tune",
                    help="which runs to report: tune (default), holdout (the first held-out "
                    "half), both (the two halves), fresh (the second held-out set, recorded "
@@ -411,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
                    "and fresh7), fresh8 (the ninth, fixed after fresh7 had been read), read8 "
                    "(read7 and fresh8), fresh9 (the tenth, fixed after fresh8 had been read), "
                    "read9 (read8 and fresh9), fresh10 (the eleventh, fixed before fresh9 was "
-                   "replayed), read10 (every set: read9 and fresh10), all")
+                   "replayed), read10 (read9 and fresh10), fresh11 (the twelfth, fixed after "
+                   "fresh10 had been read), all")
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)),
                    help="sampling intervals to replay at (default 1,10,25,40,50)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
               "read10": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
                          "fresh6", "fresh7", "fresh8", "fresh9", "fresh10"),
               "all": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-                      "fresh6", "fresh7", "fresh8", "fresh9", "fresh10")}.get(
+                      "fresh6", "fresh7", "fresh8", "fresh9", "fresh10", "fresh11")}.get(
         a.split, (a.split,))
     files = sorted(a.scenarios.glob("*.jsonl.gz"))
     headers = {f: read_header(f) for f in files}

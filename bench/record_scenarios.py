@@ -77,6 +77,7 @@ from scenario_specs_fresh7 import FRESH7  # noqa: E402
 from scenario_specs_fresh8 import FRESH8  # noqa: E402
 from scenario_specs_fresh9 import FRESH9  # noqa: E402
 from scenario_specs_fresh10 import FRESH10  # noqa: E402
+from scenario_specs_fresh11 import FRESH11  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -89,7 +90,8 @@ STOP_NONFINITE = 10  # stop after this many non-finite losses in a row
 STOP_DIVERGED = 100  # stop this many steps after a divergence that has not recovered
 
 ALL: list[Scenario] = [*SCENARIOS, *FRESH, *FRESH2, *FRESH3, *FRESH4, *FRESH5, *FRESH6,
-                       *FRESH7, *FRESH8, *FRESH9, *FRESH10]
+                       *FRESH7, *FRESH8, *FRESH9, *FRESH10,
+                       *FRESH11]
 BY_NAME = {s.name: s for s in ALL}
 
 
@@ -254,8 +256,9 @@ SPLITS.update({s.name: "fresh7" for s in FRESH7})
 SPLITS.update({s.name: "fresh8" for s in FRESH8})
 SPLITS.update({s.name: "fresh9" for s in FRESH9})
 SPLITS.update({s.name: "fresh10" for s in FRESH10})
+SPLITS.update({s.name: "fresh11" for s in FRESH11})
 SPLIT_NAMES = ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-               "fresh6", "fresh7", "fresh8", "fresh9", "fresh10")
+               "fresh6", "fresh7", "fresh8", "fresh9", "fresh10", "fresh11")
 
 
 # -- recording ----------------------------------------------------------------------------
