@@ -452,6 +452,21 @@ def test_an_unclipped_garbage_batch_with_an_aftershock_is_shown_not_paged() -> N
     assert by_rule(alerts, "loss_jump")[0].evidence["precursor"] >= 2.2
 
 
+def test_a_blow_up_after_the_loss_stayed_up_pages_on_its_own_step() -> None:
+    """Unclipped SGD: the loss leaves its range at step 400 and stays a nat up for four
+    steps, the gradient climbing to 3x, then at step 404 both explode. The precursor is
+    judged per breach: the episode's first breach came out of the blue, but what preceded
+    the explosion (beyond the first three steps of the run of jumps) was building, and it
+    pages at step 404, at every interval, not after."""
+    events = {400: (4.2, 0.9), 401: (4.3, 1.6), 402: (4.4, 1.9), 403: (4.5, 2.2),
+              404: (19.0, 16.0), **{s: (25.0, 40.0) for s in range(405, 420)}}
+    for k in (1, 25):
+        alerts = alerts_of(frames_at(k, 700, _sgd_run(events), history=k > 1))
+        pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+        assert pages and pages[0][0] == 404, (k, pages)
+        assert by_rule(alerts, "loss_jump")[0].fired_step == 400
+
+
 def test_two_unclipped_blips_far_apart_are_two_episodes_not_a_persisting_one() -> None:
     """Gradient blips 48 steps apart, the loss untouched: each is its own short episode
     (grad_blowup holds 10 steps), not one that "persisted" 48 steps; nothing pages."""
