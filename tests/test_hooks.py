@@ -21,7 +21,7 @@ from torch import nn
 import logitwatch
 import logitwatch.hooks as lwh
 from logitwatch.client import Client, ClientConfig
-from logitwatch.hooks import Monitor, _capture, _frames, _monitor, attach
+from logitwatch.hooks import Monitor, _capture, _frames, _monitor, _optimizer_step, attach
 from logitwatch.hooks._attach import resolve_rank
 from logitwatch.hooks._probes import CountSyncs
 
@@ -553,7 +553,7 @@ def test_a_failure_disables_one_part_and_training_is_unaffected(
         raise RuntimeError("injected failure")
 
     target = {"attention": (_capture, "attention_head_stats"),
-              "grad": (_monitor, "global_grad_norm"),
+              "grad": (_optimizer_step, "global_grad_norm"),
               "step": (_frames, "collect")}[where]
     expected, _ = run_tiny(lambda model, opt: None)
     monkeypatch.setattr(*target, boom)
