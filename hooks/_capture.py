@@ -4,21 +4,18 @@ mode, HF eager attention and ``record_attention`` calls, the LM head (see
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
 from . import _adapter
+from ._cost import thread_clock
 from ._final import final_stats, step_final
 from ._logits import attention_head_stats
 from ._maxlogit import head_max
 from ._sdpa import SdpaCapture, parse_call
 
 __all__ = ["CaptureMixin", "attention_dtype_max"]
-
-#: The clock of the monitor's own cost (as in ``_monitor``).
-_clock = time.thread_time
 
 
 def _compiling() -> bool:
@@ -78,7 +75,7 @@ class CaptureMixin:
                 if self._rewriting():  # a fuse's rewrite holds in evaluation forwards too
                     self._start_max(args, kwargs, measure=False)
                 return
-            t0 = _clock()
+            t0 = thread_clock()
             self.capturing = True
             _adapter.push(self)
             self._calls = 0
@@ -90,7 +87,7 @@ class CaptureMixin:
             self._fail("attention")
         finally:
             if self.capturing and t0:
-                self._cost.add_host(_clock() - t0)
+                self._cost.add_host(thread_clock() - t0)
 
     def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if _compiling():
@@ -108,14 +105,14 @@ class CaptureMixin:
                 if module.training and torch.is_grad_enabled() and self._keeps_history():
                     self._history_loss(output)
                 return
-            t0 = _clock()
+            t0 = thread_clock()
             self._stop_capture()
             loss = getattr(output, "loss", None)
             if loss is None and isinstance(output, dict):
                 loss = output.get("loss")
             if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
                 self._buffer.add_auto_loss(loss)
-            self._cost.add_host(_clock() - t0)
+            self._cost.add_host(thread_clock() - t0)
         except Exception:
             self._fail("loss")
 
@@ -143,13 +140,13 @@ class CaptureMixin:
             if module.training and torch.is_grad_enabled() and self._keeps_history():
                 self._history_final(args, output)
             return
-        t0 = _clock()
+        t0 = thread_clock()
         try:
             if args and isinstance(args[0], torch.Tensor) and isinstance(output, torch.Tensor):
                 self._buffer.add_final(final_stats(args[0], output, self.memory_budget))
         except Exception:
             self._fail("final")
-        self._cost.add_host(_clock() - t0)
+        self._cost.add_host(thread_clock() - t0)
 
     def _history_final(self, args: Any, output: Any) -> None:
         """log Z and the hidden RMS of a training forward on a non-sampled step (no sync)."""
@@ -266,7 +263,7 @@ class CaptureMixin:
             self._record_max(layer, query, key, mask, is_causal, scale, query_valid,
                              key_valid)
             return
-        t0 = _clock()
+        t0 = thread_clock()
         try:
             index = self._calls if layer is None else layer
             self._calls += 1
@@ -289,7 +286,7 @@ class CaptureMixin:
             self._buffer.add_attention(index, stats)
         except Exception:
             self._fail("attention")
-        self._cost.add_host(_clock() - t0)
+        self._cost.add_host(thread_clock() - t0)
 
 
     def _record_max(

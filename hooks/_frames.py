@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ._buffer import collect
+from ._cost import thread_clock
 from ._history import LR, HistoryBlock
 from ._qk import qk_items, qk_norms
 from ._shard import GRAD_MISSING, GRAD_SQ, QK_MISSING
@@ -20,8 +21,6 @@ __all__ = ["FramesMixin"]
 #: Scalars that carry the exchange's "ranks missing" counts through the step's one
 #: transfer; removed from the frame.
 _GRAD_MISSING, _QK_MISSING = "_lw.grad_missing", "_lw.qk_missing"
-#: The clock of the monitor's own cost (as in ``_monitor``).
-_clock = time.thread_time
 
 
 def _takes_history(send: Any) -> bool:
@@ -150,7 +149,7 @@ class FramesMixin:
         shard, vec = self._shard, self._vec
         if shard is None or vec is None:
             return None
-        t0 = _clock()
+        t0 = thread_clock()
         try:
             vec.zero_()
         except Exception:
@@ -178,11 +177,11 @@ class FramesMixin:
             self._warn_once("exchange", "the end-of-step all_reduce failed")
             return None
         finally:
-            self._cost.add_host(_clock() - t0)
+            self._cost.add_host(thread_clock() - t0)
         return vec
 
     def _emit(self, step: int, vec: torch.Tensor | None = None) -> None:
-        t0 = _clock()
+        t0 = thread_clock()
         lr = self._lr()
         first = self._frames == 0
         sharded = self._shard is not None
@@ -219,7 +218,7 @@ class FramesMixin:
         block = self._take_history()
         if self.fuses:
             self.fuses.before_frame(scalars, heads)
-        host_ms = 1e3 * (self._cost.host_seconds + _clock() - t0)
+        host_ms = 1e3 * (self._cost.host_seconds + thread_clock() - t0)
         out_scalars, out_heads, syncs, nbytes, rows = collect(
             scalars, heads, extra=block.tensors if block is not None else None)
         history = None
@@ -237,7 +236,7 @@ class FramesMixin:
             out_scalars["grad.clip_rate"] = sum(self._clipped_window) / len(
                 self._clipped_window)
         out_scalars["hooks.host_ms"] = host_ms
-        self._cost.add_host(_clock() - t0)
+        self._cost.add_host(thread_clock() - t0)
         if self._shard is not None and self._shard.device.type != "cpu":
             syncs += 1  # reading the ranks' agreed interval at the end of this step
         if self._ranks is not None:

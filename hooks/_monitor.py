@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import time
 from collections import deque
 from typing import Any
 
@@ -16,7 +15,7 @@ from logitwatch.client import Client
 from . import _clip, _eager, _logits
 from ._buffer import StepBuffer
 from ._capture import CaptureMixin, attention_dtype_max
-from ._cost import MAX_INTERVAL, CostMeter
+from ._cost import MAX_INTERVAL, CostMeter, thread_clock
 from ._final import find_output_head, vocab_size
 from ._frames import FramesMixin
 from ._history import StepHistory
@@ -41,11 +40,6 @@ log = logging.getLogger("logitwatch.hooks")
 PARTS = ("attention", "final", "qk", "loss", "grad", "history", "step")
 #: Sampled frames over which ``grad.clip_rate`` is taken when the job never clips itself.
 CLIP_WINDOW = 20
-
-
-#: The clock of the monitor's own cost: CPU time of the training thread, which other
-#: processes on the machine do not inflate (see ``_cost``).
-_clock = time.thread_time
 
 
 class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
@@ -351,12 +345,12 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
                 log.warning("logitwatch: Monitor.step() ignored: the optimizer ends steps")
             return
         if self._scheduled and "grad" not in self.disabled and not self._clip_seen:
-            t0 = _clock()
+            t0 = thread_clock()
             try:
                 self._measure_grad(self.model.parameters())
             except Exception:
                 self._fail("grad")
-            self._cost.add_host(_clock() - t0)
+            self._cost.add_host(thread_clock() - t0)
         self._end_step()
 
     def close(self, timeout: float = 10.0, *, finished: bool = True) -> None:

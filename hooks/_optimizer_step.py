@@ -5,15 +5,12 @@ budget, the ranks' agreement)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
+from ._cost import thread_clock
 from ._stats import global_grad_norm
-
-#: The clock of the monitor's own cost: CPU time of the training thread (see ``_cost``).
-_clock = time.thread_time
 
 
 class OptimizerStepMixin:
@@ -47,10 +44,10 @@ class OptimizerStepMixin:
         try:
             if not self._scheduled or "grad" in self.disabled or self._clip_seen:
                 return
-            t0 = _clock()
+            t0 = thread_clock()
             params = [p for group in optimizer.param_groups for p in group["params"]]
             self._measure_grad(params)
-            self._cost.add_host(_clock() - t0)
+            self._cost.add_host(thread_clock() - t0)
         except Exception:
             self._fail("grad")
 
