@@ -389,6 +389,10 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
     return "\n".join(out)
 
 
+#: every recorded set, in the order they were fixed
+SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 12)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenarios", type=Path, default=HERE / "scenarios")
@@ -423,22 +427,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every row and summary here")
     a = p.parse_args(argv)
     intervals = sorted({int(x) for x in a.intervals.split(",") if x.strip()})
-    splits = {"both": ("tune", "holdout"), "seen": ("tune", "holdout", "fresh"),
-              "read": ("tune", "holdout", "fresh", "fresh2", "fresh3"),
-              "read5": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4"),
-              "read6": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-                        "fresh6"),
-              "read7": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-                        "fresh6", "fresh7"),
-              "read8": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-                        "fresh6", "fresh7", "fresh8"),
-              "read9": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-                        "fresh6", "fresh7", "fresh8", "fresh9"),
-              "read10": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-                         "fresh6", "fresh7", "fresh8", "fresh9", "fresh10"),
-              "all": ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-                      "fresh6", "fresh7", "fresh8", "fresh9", "fresh10", "fresh11")}.get(
-        a.split, (a.split,))
+    # each "read" split is every set up to and including the one it names last
+    through = {"seen": "fresh", "read": "fresh3", "read5": "fresh4", "read6": "fresh6",
+               "read7": "fresh7", "read8": "fresh8", "read9": "fresh9", "read10": "fresh10",
+               "all": SETS[-1]}
+    splits = (("tune", "holdout") if a.split == "both"
+              else SETS[:SETS.index(through[a.split]) + 1] if a.split in through
+              else (a.split,))
     files = sorted(a.scenarios.glob("*.jsonl.gz"))
     headers = {f: read_header(f) for f in files}
     files = [f for f in files if headers[f].get("split") in splits

@@ -168,9 +168,8 @@ class LifecycleMixin(RankState):
         eta = t.verdict.evidence.get("eta_steps")
         if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
             return
-        other = self._corroborated(pg, run_id, rank, t.step)
-        if (other is not None and _confirmed(pg, t.verdict, other[1], t.step, t.started_step)
-                and self._precursor_ok(pg, run_id, rank, rule.name, other[0])):
+        if self._pair_pages(pg, run_id, rank, rule.name, t.verdict, t.step,
+                            t.started_step) is not None:
             return
         p.paged_because = self._repeated(rule, run_id, rank, t.step)
         if p.paged_because is None:
@@ -209,6 +208,18 @@ class LifecycleMixin(RankState):
                 return name, t.last_breach[0]
         return None
 
+    def _pair_pages(self, pg: Page, run_id: int, rank: int, name: str, v: Verdict,
+                    own: int, started: int) -> tuple[str, int] | None:
+        """The corroborating rule and its breach step when rule ``name``'s breach ``v`` at
+        ``own`` (its episode started at ``started``) pages with it under ``pg``:
+        ``with_rules``, ``confirm_steps`` / ``at_once_above`` and ``precursor_above``
+        (:class:`~.spec.Page`); else None."""
+        other = self._corroborated(pg, run_id, rank, own)
+        if (other is not None and _confirmed(pg, v, other[1], own, started)
+                and self._precursor_ok(pg, run_id, rank, name, other[0])):
+            return other
+        return None
+
     def _precursor_ok(self, pg: Page, run_id: int, rank: int, *names: str) -> bool:
         """Whether a corroboration between the run-level rules ``names`` passes
         ``pg.precursor_above``: the newest breach of one of them carries an
@@ -245,10 +256,9 @@ class LifecycleMixin(RankState):
                 continue
             own = t.last_breach[0]
             if pg.with_rules and step - own <= pg.within:
-                other = self._corroborated(pg, run_id, rank, own)
-                if (other is not None
-                        and _confirmed(pg, t.last_breach[1], other[1], own, a.started_step)
-                        and self._precursor_ok(pg, run_id, rank, rule.name, other[0])):
+                other = self._pair_pages(pg, run_id, rank, rule.name, t.last_breach[1],
+                                         own, a.started_step)
+                if other is not None:
                     return f"corroborated: {other[0]} breached at step {other[1]}"
             if own != step:
                 continue

@@ -67,7 +67,9 @@ def spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                    baseline=med, limit=med + float(r.param("z")) * spread)
 
 
-_AFTERSHOCK = 2  # steps after one bad batch that its kick may still move loss and gradient
+#: steps after one bad batch that its kick may still move the loss and the gradient: a loss
+#: jump within this many steps of the last continues a run of jumps
+_AFTERSHOCK = 2
 
 
 def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
@@ -85,7 +87,7 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         m.extra["lr"] = lr
     pre = int(r.param("precursor_steps"))
     # every step's gradient norm, the jumping steps' too (``grads`` keeps the calm ones)
-    every: deque[tuple[int, float]] = m.extra.setdefault("every_grad", deque(maxlen=pre + 64))
+    every: deque[tuple[int, float]] = m.extra.setdefault("every_grad", deque(maxlen=pre + 1))
     if g is not None and math.isfinite(g) and pre:
         every.append((step, g))
     if out is None or not out.breach:
@@ -96,11 +98,12 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     if pre and gmed:
         # the gradient at its highest in the steps before this jump, over its calm median:
         # an instability building up shows there, a garbage batch comes out of the blue.
-        # A run of jumps (each within two steps of the last) leaves out its first step and
-        # the two after it: one bad batch's kick and aftershock must not be its own
-        # precursor, while a loss that stays out of range longer and jumps again may be
+        # A run of jumps leaves out its first step and the _AFTERSHOCK steps after it: one
+        # bad batch's kick and aftershock must not be its own precursor, while a loss that
+        # stays out of range longer and jumps again may be
         last = m.extra.get("jump_at")
-        start = m.extra["jump_from"] if last is not None and step - last <= 2 else step
+        start = (m.extra["jump_from"] if last is not None and step - last <= _AFTERSHOCK
+                 else step)
         m.extra.update(jump_at=step, jump_from=start)
         before = [x for s, x in every
                   if step - pre <= s < step and not start <= s <= start + _AFTERSHOCK]
