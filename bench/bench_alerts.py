@@ -58,9 +58,10 @@ after it was read, an eighth (``scenario_specs_fresh7.py``, split ``fresh7``) fo
 ``--split read7``); after it was read, a tenth (``scenario_specs_fresh9.py``, split
 ``fresh9``) for round nine (tuning data: ``--split read8``); an eleventh
 (``scenario_specs_fresh10.py``, split ``fresh10``) was fixed before the tenth was replayed,
-replayed with round nine's rules unchanged; the next change is chosen on ``--split read10``
-(every set read), held out from it: a twelfth (``scenario_specs_fresh11.py``, split
-``fresh11``).
+replayed with round nine's rules unchanged; round ten was chosen on ``--split read10``
+(every set read then), held out from it: a twelfth (``scenario_specs_fresh11.py``, split
+``fresh11``); a thirteenth (``scenario_specs_fresh12.py``, split ``fresh12``) was fixed before
+the twelfth was replayed, for the change after round ten (tuning data: ``--split read11``).
 
 Usage::
 
@@ -390,7 +391,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: every recorded set, in the order they were fixed
-SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 12)))
+SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 13)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                    choices=("tune", "holdout", "both", "fresh", "seen", "fresh2", "fresh3",
                             "read", "fresh4", "read5", "fresh5", "read6", "fresh6", "fresh7",
                             "read7", "fresh8", "read8", "fresh9", "read9", "fresh10", "read10",
-                            "fresh11", "all"),
+                            "fresh11", "read11", "fresh12", "all"),
                    default="tune",
                    help="which runs to report: tune (default), holdout (the first held-out "
                    "half), both (the two halves), fresh (the second held-out set, recorded "
@@ -417,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(read7 and fresh8), fresh9 (the tenth, fixed after fresh8 had been read), "
                    "read9 (read8 and fresh9), fresh10 (the eleventh, fixed before fresh9 was "
                    "replayed), read10 (read9 and fresh10), fresh11 (the twelfth, fixed after "
-                   "fresh10 had been read), all")
+                   "fresh10 had been read), read11 (read10 and fresh11), fresh12 (the "
+                   "thirteenth, fixed before fresh11 was replayed), all")
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)),
                    help="sampling intervals to replay at (default 1,10,25,40,50)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
@@ -430,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     # each "read" split is every set up to and including the one it names last
     through = {"seen": "fresh", "read": "fresh3", "read5": "fresh4", "read6": "fresh6",
                "read7": "fresh7", "read8": "fresh8", "read9": "fresh9", "read10": "fresh10",
-               "all": SETS[-1]}
+               "read11": "fresh11", "all": SETS[-1]}
     splits = (("tune", "holdout") if a.split == "both"
               else SETS[:SETS.index(through[a.split]) + 1] if a.split in through
               else (a.split,))
