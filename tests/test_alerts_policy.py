@@ -452,6 +452,32 @@ def test_an_unclipped_garbage_batch_with_an_aftershock_is_shown_not_paged() -> N
     assert by_rule(alerts, "loss_jump")[0].evidence["precursor"] >= 2.2
 
 
+def test_a_garbage_batch_that_damaged_the_weights_pages_on_the_next_step() -> None:
+    """Unclipped SGD meets one garbage batch out of the blue, and its update wrecks the
+    weights: on the next (clean) batch the loss is still 4 nats up and the gradient 20x its
+    median, and the run never comes back. Nothing built up before, so the precursor is
+    quiet; the damage (``evidence.aftershock``) pages it on that next step, at every
+    interval. The garbage batch of the test above, whose next batch's gradient is 5x up,
+    stays shown."""
+    events = {400: (9.0, 12.0), 401: (7.0, 14.0), 402: (5.5, 6.0),
+              **{s: (5.0, 2.5) for s in range(403, 700)}}
+    for k in (1, 25):
+        alerts = alerts_of(frames_at(k, 700, _sgd_run(events), history=k > 1))
+        pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+        assert pages and pages[0][0] == 401, (k, pages)
+        jump = by_rule(alerts, "loss_jump")[0]
+        assert jump.fired_step == 400 and jump.severity == "critical"
+        assert "after damage (the gradient norm 20x its median" in \
+            jump.evidence["escalated_because"], jump.evidence
+    # the same kick, its next batch's gradient 10x its median (the healthy runs' largest
+    # read 9.6x), and the run recovers: shown, not paged
+    mild = {400: (9.0, 12.0), 401: (7.0, 7.0), 402: (3.9, 1.2)}
+    alerts = alerts_of(frames_at(1, 700, _sgd_run(mild)))
+    assert {"loss_jump", "grad_blowup"} <= {a.rule for a in alerts}
+    assert not [a for a in alerts if a.severity in ("warning", "critical")], \
+        [(a.rule, a.severity, a.fired_step) for a in alerts]
+
+
 def test_a_blow_up_after_the_loss_stayed_up_pages_on_its_own_step() -> None:
     """Unclipped SGD: the loss leaves its range at step 400 and stays a nat up for four
     steps, the gradient climbing to 3x, then at step 404 both explode. The precursor is
@@ -490,9 +516,14 @@ def test_page_confirmation_is_validated() -> None:
         Page(after=10, confirm_steps=1)
     with pytest.raises(RuleError, match="precursor_above"):
         Page(with_rules=("a",), precursor_above=-1)
+    with pytest.raises(RuleError, match="aftershock_above"):
+        Page(with_rules=("a",), precursor_above=2.2, aftershock_above=float("inf"))
+    with pytest.raises(RuleError, match="give precursor_above"):
+        Page(with_rules=("a",), aftershock_above=12)
     back = Page.from_dict(Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5,
-                               precursor_above=2.2).to_dict())
-    assert (back.confirm_steps, back.at_once_above, back.precursor_above) == (1, 2.5, 2.2)
+                               precursor_above=2.2, aftershock_above=12).to_dict())
+    assert (back.confirm_steps, back.at_once_above, back.precursor_above,
+            back.aftershock_above) == (1, 2.5, 2.2, 12)
 
 
 def _warmup_run(lr_at, loss_at, grad_at=lambda s: 0.5):  # type: ignore[no-untyped-def]

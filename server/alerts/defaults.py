@@ -36,10 +36,13 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # precursor, the gradient 2.2x its calm median in the 5 steps before the jump (a
              # run of jumps leaving out its first three steps): the unclipped SGD blow-ups
              # read reach 2.8-196x there, the healthy runs' garbage batches, out of the
-             # blue, 1.2-1.7x
+             # blue, 1.2-1.7x. Round ten (--split read10, 600 runs): or after damage, the
+             # gradient 12x its calm median on a batch within two steps after the jump, the
+             # loss still out of range: the garbage batches that wrecked an unclipped run
+             # read 14.5-33x there, those the runs shrugged off 4.5-9.6x
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
                        repeats_within=20, confirm_steps=1, at_once_above=2.5,
-                       precursor_above=2.2,
+                       precursor_above=2.2, aftershock_above=12.0,
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
              summary="the loss jumped far out of its recent range"),
@@ -67,7 +70,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning", keep_firing_for=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05, "only_unclipped": True},
              page=Page(after=30, with_rules=("loss_jump",), confirm_steps=1,
-                       precursor_above=2.2),
+                       precursor_above=2.2, aftershock_above=12.0),
              summary="an unclipped gradient spike went straight into the weights"),
     RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_steps=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05},

@@ -181,6 +181,8 @@ class LifecycleMixin(RankState):
                                  at_once_above=pg.at_once_above)
             if pg.precursor_above is not None:
                 p.unpaged.update(precursor_above=pg.precursor_above)
+            if pg.aftershock_above is not None:
+                p.unpaged.update(aftershock_above=pg.aftershock_above)
 
     def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int) -> str | None:
         """Why a run-level episode firing at ``step`` pages as a repeat (``Page.repeats``
@@ -209,33 +211,43 @@ class LifecycleMixin(RankState):
         return None
 
     def _pair_pages(self, pg: Page, run_id: int, rank: int, name: str, v: Verdict,
-                    own: int, started: int) -> tuple[str, int] | None:
-        """The corroborating rule and its breach step when rule ``name``'s breach ``v`` at
-        ``own`` (its episode started at ``started``) pages with it under ``pg``:
-        ``with_rules``, ``confirm_steps`` / ``at_once_above`` and ``precursor_above``
-        (:class:`~.spec.Page`); else None."""
+                    own: int, started: int) -> tuple[str, int, str] | None:
+        """The corroborating rule, its breach step and what let the pair through when rule
+        ``name``'s breach ``v`` at ``own`` (its episode started at ``started``) pages with
+        it under ``pg``: ``with_rules``, ``confirm_steps`` / ``at_once_above`` and
+        ``precursor_above`` / ``aftershock_above`` (:class:`~.spec.Page`); else None."""
         other = self._corroborated(pg, run_id, rank, own)
-        if (other is not None and _confirmed(pg, v, other[1], own, started)
-                and self._precursor_ok(pg, run_id, rank, name, other[0])):
-            return other
-        return None
+        if other is None or not _confirmed(pg, v, other[1], own, started):
+            return None
+        why = self._pair_cause(pg, run_id, rank, name, other[0])
+        return None if why is None else (*other, why)
 
-    def _precursor_ok(self, pg: Page, run_id: int, rank: int, *names: str) -> bool:
-        """Whether a corroboration between the run-level rules ``names`` passes
+    def _pair_cause(self, pg: Page, run_id: int, rank: int, *names: str) -> str | None:
+        """What lets a corroboration between the run-level rules ``names`` page under
         ``pg.precursor_above``: the newest breach of one of them carries an
-        ``evidence.precursor`` at least that. Judged per breach, not per episode: a blow-up
-        may follow an earlier bump of the same episode. True when no breach says (a job
-        that sends neither every step's scalars nor frames near the breach cannot tell)."""
+        ``evidence.precursor`` at least that, or an ``evidence.aftershock`` at least
+        ``pg.aftershock_above``; the text says which (empty when there is no such gate, or
+        no breach carries a precursor: a job that sends neither every step's scalars nor
+        frames near the breach cannot tell); None when it does not pass. Judged per breach,
+        not per episode: a blow-up may follow an earlier bump of the same episode."""
         if pg.precursor_above is None:
-            return True
-        seen = []
+            return ""
+        said = False
         for name in names:
             t = self._tracks.get((name, run_id, rank, None, None))
-            v = t.last_breach[1] if t is not None and t.last_breach is not None else None
-            x = v.evidence.get("precursor") if v is not None else None
+            ev = t.last_breach[1].evidence if t is not None and t.last_breach is not None \
+                else {}
+            x, y = ev.get("precursor"), ev.get("aftershock")
             if isinstance(x, (int, float)):
-                seen.append(float(x))
-        return not seen or max(seen) >= pg.precursor_above
+                said = True
+                if x >= pg.precursor_above:
+                    return (f", after a precursor (the gradient norm {x:.3g}x its median in "
+                            "the steps before the loss jump)")
+            if (isinstance(y, (int, float)) and pg.aftershock_above is not None
+                    and y >= pg.aftershock_above):
+                return (f", after damage (the gradient norm {y:.3g}x its median on a batch "
+                        "after the jump, the loss still out of range)")
+        return None if said else ""
 
     def _page_due(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,
                   step: int) -> str | None:
@@ -259,7 +271,7 @@ class LifecycleMixin(RankState):
                 other = self._pair_pages(pg, run_id, rank, rule.name, t.last_breach[1],
                                          own, a.started_step)
                 if other is not None:
-                    return f"corroborated: {other[0]} breached at step {other[1]}"
+                    return f"corroborated: {other[0]} breached at step {other[1]}{other[2]}"
             if own != step:
                 continue
             if pg.after is not None and step - a.started_step >= pg.after:

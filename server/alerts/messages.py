@@ -31,6 +31,10 @@ def _page_text(why: dict[str, object], severity: str) -> str:
             also += (f", after a precursor (the gradient norm already "
                      f"{_fmt(why['precursor_above'])}x its median in the steps before the "
                      "loss jump)")
+            if why.get("aftershock_above") is not None:
+                also += (f" or after damage (the gradient norm still "
+                         f"{_fmt(why['aftershock_above'])}x its median on the batch after "
+                         "the jump, the loss still out of range)")
         conds.append("if " + " or ".join(str(r) for r in why["with_rules"])  # type: ignore[attr-defined]
                      + " breaches with it" + also)
     if why.get("repeats"):

@@ -95,20 +95,26 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
             grads.append((step, g))
         return out
     ev = dict(out.evidence)
+    # a run of jumps: each jump within _AFTERSHOCK steps of the last continues it
+    last = m.extra.get("jump_at")
+    start = (m.extra["jump_from"] if last is not None and step - last <= _AFTERSHOCK
+             else step)
+    m.extra.update(jump_at=step, jump_from=start)
     if pre and gmed:
         # the gradient at its highest in the steps before this jump, over its calm median:
         # an instability building up shows there, a garbage batch comes out of the blue.
-        # A run of jumps leaves out its first step and the _AFTERSHOCK steps after it: one
-        # bad batch's kick and aftershock must not be its own precursor, while a loss that
+        # The run's first step and the _AFTERSHOCK steps after it are left out: one bad
+        # batch's kick and aftershock must not be its own precursor, while a loss that
         # stays out of range longer and jumps again may be
-        last = m.extra.get("jump_at")
-        start = (m.extra["jump_from"] if last is not None and step - last <= _AFTERSHOCK
-                 else step)
-        m.extra.update(jump_at=step, jump_from=start)
         before = [x for s, x in every
                   if step - pre <= s < step and not start <= s <= start + _AFTERSHOCK]
         if before:
             ev["precursor"] = max(before) / gmed
+    if gmed and start < step <= start + _AFTERSHOCK and g is not None and math.isfinite(g):
+        # the loss still out of range on the batches after the kick, and the gradient on
+        # them over its calm median: a bad batch the run shrugs off leaves a modest one; an
+        # update that damaged the weights leaves the next clean batch's gradient far up
+        ev["aftershock"] = g / gmed
     causes: list[str] = []
     if lr is not None and prev_lr and lr > 0 and abs(math.log(lr / prev_lr)) > math.log(1.5):
         causes.append(f"the learning rate changed from {prev_lr:.3g} to {lr:.3g}")

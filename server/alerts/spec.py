@@ -170,7 +170,11 @@ class Page:
       or of the corroborating one carries an ``evidence.precursor`` at least that (the
       ``loss_jump`` kind's: the gradient norm at its highest in the ``precursor_steps``
       steps before the jump, over its median: an instability building up, where one
-      garbage batch comes out of the blue);
+      garbage batch comes out of the blue), or an ``evidence.aftershock`` at least
+      ``aftershock_above`` (the ``loss_jump`` kind's: on a step within two of a jump whose
+      loss is still out of range, the gradient norm over its median: the kick's update
+      damaged the weights, where a garbage batch the run shrugs off leaves the next
+      batch's gradient modest);
     * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
       (run-level) to fire within ``repeats_within`` steps: bumps that each recover but keep
       coming back are an unstable run, not one bad batch.
@@ -187,6 +191,7 @@ class Page:
     confirm_steps: int = 0
     at_once_above: float | None = None
     precursor_above: float | None = None
+    aftershock_above: float | None = None
     repeats: int | None = None
     repeats_within: int = 20
 
@@ -217,6 +222,13 @@ class Page:
         if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
                               or not math.isfinite(p) or p < 0):
             raise RuleError(f"page.precursor_above must be a number >= 0 or null, got {p!r}")
+        q = self.aftershock_above
+        if q is not None and (isinstance(q, bool) or not isinstance(q, (int, float))
+                              or not math.isfinite(q) or q < 0):
+            raise RuleError(f"page.aftershock_above must be a number >= 0 or null, got {q!r}")
+        if q is not None and p is None:
+            raise RuleError("page.aftershock_above is an alternative to precursor_above: "
+                            "give precursor_above too")
         if (n or x is not None or p is not None) and not w:
             raise RuleError("page.confirm_steps, at_once_above and precursor_above qualify "
                             "with_rules: give with_rules too")
