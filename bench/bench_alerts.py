@@ -61,7 +61,9 @@ after it was read, an eighth (``scenario_specs_fresh7.py``, split ``fresh7``) fo
 replayed with round nine's rules unchanged; round ten was chosen on ``--split read10``
 (every set read then), held out from it: a twelfth (``scenario_specs_fresh11.py``, split
 ``fresh11``); a thirteenth (``scenario_specs_fresh12.py``, split ``fresh12``) was fixed before
-the twelfth was replayed, for the change after round ten (tuning data: ``--split read11``).
+the twelfth was replayed, for round eleven (tuning data: ``--split read11``); a fourteenth
+(``scenario_specs_fresh13.py``, split ``fresh13``) before the thirteenth was replayed, for the
+change after round eleven (tuning data: ``--split read12``).
 
 Usage::
 
@@ -391,7 +393,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: every recorded set, in the order they were fixed
-SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 13)))
+SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 14)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -401,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                    choices=("tune", "holdout", "both", "fresh", "seen", "fresh2", "fresh3",
                             "read", "fresh4", "read5", "fresh5", "read6", "fresh6", "fresh7",
                             "read7", "fresh8", "read8", "fresh9", "read9", "fresh10", "read10",
-                            "fresh11", "read11", "fresh12", "all"),
+                            "fresh11", "read11", "fresh12", "read12", "fresh13",
+                            "all"),
                    default="tune",
                    help="which runs to report: tune (default), holdout (the first held-out "
                    "half), both (the two halves), fresh (the second held-out set, recorded "
@@ -419,7 +422,9 @@ def main(argv: list[str] | None = None) -> int:
                    "read9 (read8 and fresh9), fresh10 (the eleventh, fixed before fresh9 was "
                    "replayed), read10 (read9 and fresh10), fresh11 (the twelfth, fixed after "
                    "fresh10 had been read), read11 (read10 and fresh11), fresh12 (the "
-                   "thirteenth, fixed before fresh11 was replayed), all")
+                   "thirteenth, fixed before fresh11 was replayed), read12 (read11 and "
+                   "fresh12), fresh13 (the fourteenth, fixed before fresh12 was replayed), "
+                   "all")
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)),
                    help="sampling intervals to replay at (default 1,10,25,40,50)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
@@ -432,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     # each "read" split is every set up to and including the one it names last
     through = {"seen": "fresh", "read": "fresh3", "read5": "fresh4", "read6": "fresh6",
                "read7": "fresh7", "read8": "fresh8", "read9": "fresh9", "read10": "fresh10",
-               "read11": "fresh11", "all": SETS[-1]}
+               "read11": "fresh11", "read12": "fresh12", "all": SETS[-1]}
     splits = (("tune", "holdout") if a.split == "both"
               else SETS[:SETS.index(through[a.split]) + 1] if a.split in through
               else (a.split,))
