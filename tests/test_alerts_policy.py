@@ -401,6 +401,43 @@ def test_loss_bumps_that_keep_coming_back_page_on_the_third_within_20_steps() ->
     assert [a.paged_step for a in alerts][-1] is not None
 
 
+def _building(jumps: tuple[int, ...], build: range, clipped: float | None):  # type: ignore[no-untyped-def]
+    """Loss bumps at ``jumps`` (each back the next step); the gradient 2.4x its median over
+    ``build`` (within its noise's reach: not a spike); ``grad.clipped`` on every step as
+    given (None: the job does not clip)."""
+    def scalars(step: int) -> dict[str, float]:
+        noise = 0.02 * ((step * 7) % 5 - 2)
+        out = {"loss": 3.0 + noise + (1.2 if step in jumps else 0.0),
+               "grad.norm": 1.2 if step in build else 0.5 + 0.075 * ((step * 3) % 5 - 2),
+               "lr": 1e-3}
+        if clipped is not None:
+            out["grad.clipped"] = clipped
+        return out
+    return scalars
+
+
+def test_a_loss_bump_that_comes_back_after_the_gradient_built_pages_on_the_second() -> None:
+    """Unclipped: a loss bump at 300 (out of the blue, shown), then the gradient 2.4x its
+    median for five steps and a second bump at 312: an instability building, paged on the
+    second episode (``page.repeats_built``), at intervals 1 and 25. Two bumps out of the
+    blue, or the same build-up on clipped steps, page nothing."""
+    for k in (1, 25):
+        alerts = by_rule(alerts_of(frames_at(k, 400, _building((300, 312), range(307, 312),
+                                                               None), history=k > 1)),
+                         "loss_jump")
+        assert [a.paged_step for a in alerts] == [None, 312], (k, alerts)
+        assert alerts[1].evidence["paged_because"] == (
+            "episode 2 within 20 steps (fired at steps 300, 312), after a precursor (the "
+            "gradient norm 2.4x its median in the steps before), unclipped")
+    # not through the unclipped pair: the build-up is no gradient spike
+    assert not by_rule(alerts_of(frames_at(1, 400, _building((300, 312), range(307, 312),
+                                                             None))), "grad_blowup")
+    for scalars in (_building((300, 312), range(0), None),
+                    _building((300, 312), range(307, 312), 1.0)):
+        alerts = by_rule(alerts_of(frames_at(1, 400, scalars)), "loss_jump")
+        assert len(alerts) == 2 and all(a.paged_step is None for a in alerts), alerts
+
+
 def test_page_repeats_is_validated() -> None:
     import pytest
 
@@ -411,6 +448,14 @@ def test_page_repeats_is_validated() -> None:
             Page(**bad)
     assert Page(repeats=3).to_dict()["repeats_within"] == 20
     assert Page.from_dict({"repeats": 2, "repeats_within": 50}).repeats == 2
+    for bad in ({"repeats": 3, "repeats_built": 4, "precursor_above": 2.0, "with_rules": ("a",)},
+                {"repeats": 3, "repeats_built": 1, "precursor_above": 2.0, "with_rules": ("a",)}):
+        with pytest.raises(RuleError, match="repeats_built must be"):
+            Page(**bad)
+    with pytest.raises(RuleError, match="give repeats and precursor_above"):
+        Page(repeats=3, repeats_built=2)
+    assert Page.from_dict({"repeats": 3, "repeats_built": 2, "precursor_above": 2.2,
+                           "with_rules": ["a"]}).repeats_built == 2
 
 
 def _sgd_run(events: dict[int, tuple[float, float]]):  # type: ignore[no-untyped-def]

@@ -39,10 +39,14 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # blue, 1.2-1.7x. Round ten (--split read10, 600 runs): or after damage, the
              # gradient 12x its calm median on a batch within two steps after the jump, the
              # loss still out of range: the garbage batches that wrecked an unclipped run
-             # read 14.5-33x there, those the runs shrugged off 4.5-9.6x
+             # read 14.5-33x there, those the runs shrugged off 4.5-9.6x. Round eleven
+             # (--split read11, 647 runs): the second jump within 20 steps pages when it
+             # came after the precursor and went unclipped (two SGD blow-ups early in
+             # warm-up bumped, the gradient built 3.7-4.7x, and bumped again at divergence;
+             # on the clipped steps of a healthy LR bump and a bad-data run the same shape)
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
-                       repeats_within=20, confirm_steps=1, at_once_above=2.5,
-                       precursor_above=2.2, aftershock_above=12.0,
+                       repeats_within=20, repeats_built=2, confirm_steps=1,
+                       at_once_above=2.5, precursor_above=2.2, aftershock_above=12.0,
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
              summary="the loss jumped far out of its recent range"),

@@ -171,7 +171,7 @@ class LifecycleMixin(RankState):
         if self._pair_pages(pg, run_id, rank, rule.name, t.verdict, t.step,
                             t.started_step) is not None:
             return
-        p.paged_because = self._repeated(rule, run_id, rank, t.step)
+        p.paged_because = self._repeated(rule, run_id, rank, t.step, t.verdict)
         if p.paged_because is None:
             p.unpaged = {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note,
                          "with_rules": list(pg.with_rules), "repeats": pg.repeats,
@@ -183,10 +183,15 @@ class LifecycleMixin(RankState):
                 p.unpaged.update(precursor_above=pg.precursor_above)
             if pg.aftershock_above is not None:
                 p.unpaged.update(aftershock_above=pg.aftershock_above)
+            if pg.repeats_built is not None:
+                p.unpaged.update(repeats_built=pg.repeats_built)
 
-    def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int) -> str | None:
-        """Why a run-level episode firing at ``step`` pages as a repeat (``Page.repeats``
-        episodes of ``rule`` fired within ``Page.repeats_within`` steps), or None."""
+    def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int,
+                  v: Verdict | None = None) -> str | None:
+        """Why a run-level episode firing at ``step`` with ``v`` pages as a repeat
+        (``Page.repeats`` episodes of ``rule`` fired within ``Page.repeats_within`` steps,
+        ``Page.repeats_built`` when ``v`` came after a precursor and went unclipped), or
+        None."""
         pg = rule.page
         if pg is None or pg.repeats is None:
             return None
@@ -194,10 +199,18 @@ class LifecycleMixin(RankState):
         if t is None:
             return None
         recent = [s for s in t.fired if 0 <= step - s <= pg.repeats_within]
-        if len(recent) < pg.repeats:
+        need, built = pg.repeats, ""
+        if pg.repeats_built is not None and v is not None and pg.precursor_above is not None:
+            x = v.evidence.get("precursor")
+            if isinstance(x, (int, float)) and x >= pg.precursor_above \
+                    and v.evidence.get("unclipped") is True:
+                need = pg.repeats_built
+                built = (f", after a precursor (the gradient norm {x:.3g}x its median in the "
+                         "steps before), unclipped")
+        if len(recent) < need:
             return None
         return (f"episode {len(recent)} within {pg.repeats_within} steps (fired at steps "
-                f"{', '.join(map(str, recent))})")
+                f"{', '.join(map(str, recent))}){built}")
 
     def _corroborated(self, pg: Page, run_id: int, rank: int, step: int
                       ) -> tuple[str, int] | None:

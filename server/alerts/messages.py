@@ -38,7 +38,9 @@ def _page_text(why: dict[str, object], severity: str) -> str:
         conds.append("if " + " or ".join(str(r) for r in why["with_rules"])  # type: ignore[attr-defined]
                      + " breaches with it" + also)
     if why.get("repeats"):
-        conds.append(f"if it comes back {why['repeats']} times within "
+        built = (f" ({why['repeats_built']} after a precursor, unclipped)"
+                 if why.get("repeats_built") else "")
+        conds.append(f"if it comes back {why['repeats']} times{built} within "
                      f"{why.get('repeats_within')} steps")
     cond = " or ".join(conds)
     note = why.get("note")

@@ -53,18 +53,21 @@ def spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     # run's level, and a return to that level is no jump
     level = max(med, median(vals)) if r.param("center_window") else med
     breach = z > float(r.param("z")) and v - level > float(r.param("min_jump"))
-    if breach and r.param("only_unclipped"):
-        clipped = fv.get("grad.clipped")
-        bound = fv.get("grad.max_norm")
-        if (clipped or 0.0) >= 0.5:
-            breach = False  # clipping bounded this step's update
-        elif bound is not None and math.isfinite(bound) and bound / 10 <= v <= bound:
-            # just under the job's own clip threshold: a norm it allows, bounded by the
-            # same threshold as a clipped step (a threshold 10x above the norm, e.g. 1e9 for
-            # "no clipping", bounds nothing)
-            breach = False
+    if breach and r.param("only_unclipped") and _clip_bounded(fv, v):
+        breach = False
     return Verdict(breach, v, {"value": v, "median": med, "robust_z": z, "scale": spread},
                    baseline=med, limit=med + float(r.param("z")) * spread)
+
+
+def _clip_bounded(fv: FrameView, g: float) -> bool:
+    """Whether clipping bounded the update of this frame's step, whose gradient norm is
+    ``g``: the step was clipped, or ``g`` is just under the job's own clip threshold (a norm
+    it allows, bounded by the same threshold as a clipped step; a threshold 10x above the
+    norm, e.g. 1e9 for "no clipping", bounds nothing)."""
+    if (fv.get("grad.clipped") or 0.0) >= 0.5:
+        return True
+    bound = fv.get("grad.max_norm")
+    return bound is not None and math.isfinite(bound) and bound / 10 <= g <= bound
 
 
 #: steps after one bad batch that its kick may still move the loss and the gradient: a loss
@@ -115,6 +118,8 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         # them over its calm median: a bad batch the run shrugs off leaves a modest one; an
         # update that damaged the weights leaves the next clean batch's gradient far up
         ev["aftershock"] = g / gmed
+    if g is not None and math.isfinite(g):
+        ev["unclipped"] = not _clip_bounded(fv, g)  # this step's update went in unbounded
     causes: list[str] = []
     if lr is not None and prev_lr and lr > 0 and abs(math.log(lr / prev_lr)) > math.log(1.5):
         causes.append(f"the learning rate changed from {prev_lr:.3g} to {lr:.3g}")

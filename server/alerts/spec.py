@@ -177,7 +177,12 @@ class Page:
       batch's gradient modest);
     * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
       (run-level) to fire within ``repeats_within`` steps: bumps that each recover but keep
-      coming back are an unstable run, not one bad batch.
+      coming back are an unstable run, not one bad batch. With ``repeats_built`` (and
+      ``precursor_above``) an episode pages as the ``repeats_built``-th instead when its
+      first breach came after a precursor (``evidence.precursor`` at least
+      ``precursor_above``) and its step's update went in unclipped
+      (``evidence.unclipped``): a loss that jumps again after the gradient built up, and
+      nothing bounded it, is an instability, where bad batches come out of the blue.
 
     Any one of them pages. Until then the alert is stored as ``info`` with ``evidence.page``
     saying what would page it.
@@ -194,6 +199,7 @@ class Page:
     aftershock_above: float | None = None
     repeats: int | None = None
     repeats_within: int = 20
+    repeats_built: int | None = None
 
     def __post_init__(self) -> None:
         a = self.after
@@ -238,6 +244,14 @@ class Page:
         n = self.repeats_within
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise RuleError(f"page.repeats_within must be an int >= 1 (steps), got {n!r}")
+        b = self.repeats_built
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 2
+                              or (r is not None and b > r)):
+            raise RuleError(f"page.repeats_built must be an int from 2 to page.repeats "
+                            f"(episodes) or null, got {b!r}")
+        if b is not None and (p is None or r is None):
+            raise RuleError("page.repeats_built lowers repeats after a precursor: give "
+                            "repeats and precursor_above too")
         if a is None and e is None and not w and r is None:
             raise RuleError("page needs after (steps), eta_within (steps), with_rules or "
                             "repeats")
