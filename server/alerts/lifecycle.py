@@ -33,16 +33,15 @@ from logitwatch.server.alerts.messages import (
     _message,
     _page_text,
 )
+from logitwatch.server.alerts.page_policy import PagePolicyMixin
 from logitwatch.server.alerts.rules import (
     FrameView,
-    Page,
     RuleSpec,
     State,
     Transition,
-    Verdict,
     remedies_for,
 )
-from logitwatch.server.alerts.state import RankState, _Down
+from logitwatch.server.alerts.state import _Down
 from logitwatch.server.db.models import Alert, Run, Silence
 from logitwatch.server.store.ingest import NewFrame
 
@@ -68,7 +67,7 @@ class _Pending:
     paged_because: str | None = None  # why its Page let it page when it fired (a repeat)
 
 
-class LifecycleMixin(RankState):
+class LifecycleMixin(PagePolicyMixin):
     """Firing, grouping, holds, resolution, suppression, downgrades and page holds of the
     alerts of an :class:`~logitwatch.server.alerts.engine.AlertEngine` (see the module's
     docstring)."""
@@ -154,146 +153,6 @@ class LifecycleMixin(RankState):
             if a.suppressed is None:
                 out.append(a)
         return out
-
-    def _page_policy(self, p: _Pending, run_id: int, rank: int) -> None:
-        """Judge a firing alert by its rule's :class:`~.rules.Page` on the firing sample:
-        ``p.unpaged`` says what would page one it holds back at ``info``; an alert that
-        pages at once as a repeat keeps why in ``p.paged_because``."""
-        rule, t = p.rule, p.transition
-        pg = rule.page
-        if pg is None or rule.severity == "info":
-            return
-        if pg.after is not None and t.step - t.started_step >= pg.after:
-            return
-        eta = t.verdict.evidence.get("eta_steps")
-        if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
-            return
-        if self._pair_pages(pg, run_id, rank, rule.name, t.verdict, t.step,
-                            t.started_step) is not None:
-            return
-        p.paged_because = self._repeated(rule, run_id, rank, t.step, t.verdict)
-        if p.paged_because is None:
-            p.unpaged = {"after": pg.after, "eta_within": pg.eta_within, "note": pg.note,
-                         "with_rules": list(pg.with_rules), "repeats": pg.repeats,
-                         "repeats_within": pg.repeats_within}
-            if pg.confirm_steps:
-                p.unpaged.update(confirm_steps=pg.confirm_steps,
-                                 at_once_above=pg.at_once_above)
-            if pg.precursor_above is not None:
-                p.unpaged.update(precursor_above=pg.precursor_above)
-            if pg.aftershock_above is not None:
-                p.unpaged.update(aftershock_above=pg.aftershock_above)
-            if pg.repeats_built is not None:
-                p.unpaged.update(repeats_built=pg.repeats_built)
-
-    def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int,
-                  v: Verdict | None = None) -> str | None:
-        """Why a run-level episode firing at ``step`` with ``v`` pages as a repeat
-        (``Page.repeats`` episodes of ``rule`` fired within ``Page.repeats_within`` steps,
-        ``Page.repeats_built`` when ``v`` came after a precursor and went unclipped), or
-        None."""
-        pg = rule.page
-        if pg is None or pg.repeats is None:
-            return None
-        t = self._tracks.get((rule.name, run_id, rank, None, None))
-        if t is None:
-            return None
-        recent = [s for s in t.fired if 0 <= step - s <= pg.repeats_within]
-        need, built = pg.repeats, ""
-        if pg.repeats_built is not None and v is not None and pg.precursor_above is not None:
-            x = v.evidence.get("precursor")
-            if isinstance(x, (int, float)) and x >= pg.precursor_above \
-                    and v.evidence.get("unclipped") is True:
-                need = pg.repeats_built
-                built = (f", after a precursor (the gradient norm {x:.3g}x its median in the "
-                         "steps before), unclipped")
-        if len(recent) < need:
-            return None
-        return (f"episode {len(recent)} within {pg.repeats_within} steps (fired at steps "
-                f"{', '.join(map(str, recent))}){built}")
-
-    def _corroborated(self, pg: Page, run_id: int, rank: int, step: int
-                      ) -> tuple[str, int] | None:
-        """The first of ``pg.with_rules`` that breached on (run, rank) within ``pg.within``
-        steps of ``step``, and the step it breached, or None."""
-        for name in pg.with_rules:
-            t = self._tracks.get((name, run_id, rank, None, None))
-            if t is not None and t.last_breach is not None \
-                    and abs(t.last_breach[0] - step) <= pg.within:
-                return name, t.last_breach[0]
-        return None
-
-    def _pair_pages(self, pg: Page, run_id: int, rank: int, name: str, v: Verdict,
-                    own: int, started: int) -> tuple[str, int, str] | None:
-        """The corroborating rule, its breach step and what let the pair through when rule
-        ``name``'s breach ``v`` at ``own`` (its episode started at ``started``) pages with
-        it under ``pg``: ``with_rules``, ``confirm_steps`` / ``at_once_above`` and
-        ``precursor_above`` / ``aftershock_above`` (:class:`~.spec.Page`); else None."""
-        other = self._corroborated(pg, run_id, rank, own)
-        if other is None or not _confirmed(pg, v, other[1], own, started):
-            return None
-        why = self._pair_cause(pg, run_id, rank, name, other[0])
-        return None if why is None else (*other, why)
-
-    def _pair_cause(self, pg: Page, run_id: int, rank: int, *names: str) -> str | None:
-        """What lets a corroboration between the run-level rules ``names`` page under
-        ``pg.precursor_above``: the newest breach of one of them carries an
-        ``evidence.precursor`` at least that, or an ``evidence.aftershock`` at least
-        ``pg.aftershock_above``; the text says which (empty when there is no such gate, or
-        no breach carries a precursor: a job that sends neither every step's scalars nor
-        frames near the breach cannot tell); None when it does not pass. Judged per breach,
-        not per episode: a blow-up may follow an earlier bump of the same episode."""
-        if pg.precursor_above is None:
-            return ""
-        said = False
-        for name in names:
-            t = self._tracks.get((name, run_id, rank, None, None))
-            ev = t.last_breach[1].evidence if t is not None and t.last_breach is not None \
-                else {}
-            x, y = ev.get("precursor"), ev.get("aftershock")
-            if isinstance(x, (int, float)):
-                said = True
-                if x >= pg.precursor_above:
-                    return (f", after a precursor (the gradient norm {x:.3g}x its median in "
-                            "the steps before the loss jump)")
-            if (isinstance(y, (int, float)) and pg.aftershock_above is not None
-                    and y >= pg.aftershock_above):
-                return (f", after damage (the gradient norm {y:.3g}x its median on a batch "
-                        "after the jump, the loss still out of range)")
-        return None if said else ""
-
-    def _page_due(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,
-                  step: int) -> str | None:
-        """Why the alert ``a``, held back by ``rule.page``, pages now (its cells breach at
-        ``step`` and have persisted, or forecast a crossing close enough), else None."""
-        pg = rule.page
-        if pg is None:
-            return "its condition held"
-        if a.layer is None:
-            tracks = [self._tracks.get((rule.name, run_id, rank, None, None))]
-        else:
-            c = self._cells_of.get((rule.name, run_id, rank))
-            tracks = [(c.tracks.get((a.layer, h)) if c is not None else
-                       self._tracks.get((rule.name, run_id, rank, a.layer, h)))
-                      for h in (a.heads or [])]
-        for t in tracks:
-            if t is None or t.last_breach is None:
-                continue
-            own = t.last_breach[0]
-            if pg.with_rules and step - own <= pg.within:
-                other = self._pair_pages(pg, run_id, rank, rule.name, t.last_breach[1],
-                                         own, a.started_step)
-                if other is not None:
-                    return f"corroborated: {other[0]} breached at step {other[1]}{other[2]}"
-            if own != step:
-                continue
-            if pg.after is not None and step - a.started_step >= pg.after:
-                return (f"it persisted {step - a.started_step} steps (since step "
-                        f"{a.started_step})")
-            eta = t.last_breach[1].evidence.get("eta_steps")
-            if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
-                return f"the crossing is now ~{eta} steps away"
-        return None
 
     # -- persistence -----------------------------------------------------------------------
 
@@ -479,15 +338,3 @@ def _reopen(a: Alert, p: _Pending) -> None:
         ev["active_heads"] = sorted(set(active) | set(p.heads))
         a.heads = list(a.heads or []) + [h for h in p.heads if h not in (a.heads or [])]
     a.evidence = ev
-
-
-def _confirmed(pg: Page, v: Verdict, other: int, own: int, started: int) -> bool:
-    """Whether a corroboration (this rule breaching at ``own`` with ``v``, its episode
-    started at ``started``; a ``with_rules`` rule breaching at ``other``) pages under
-    ``pg.confirm_steps`` / ``pg.at_once_above`` (:class:`~.spec.Page`)."""
-    if not pg.confirm_steps:
-        return True
-    if (pg.at_once_above is not None and v.baseline is not None
-            and v.value - v.baseline >= pg.at_once_above):
-        return True
-    return max(own, other) - min(started, other) >= pg.confirm_steps
