@@ -36,7 +36,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # precursor, the gradient 2.2x its calm median in the 5 steps before the jump (a
              # run of jumps leaving out its first three steps): the unclipped SGD blow-ups
              # read reach 2.8-196x there, the healthy runs' garbage batches, out of the
-             # blue, 1.2-1.7x. Round ten (--split read10, 600 runs): or after damage, the
+             # blue, 1.2-1.7x. Round ten (--split read10, 598 runs): or after damage, the
              # gradient 12x its calm median on a batch within two steps after the jump, the
              # loss still out of range: the garbage batches that wrecked an unclipped run
              # read 14.5-33x there, those the runs shrugged off 4.5-9.6x. Round eleven
