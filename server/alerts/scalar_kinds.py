@@ -102,17 +102,20 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     last = m.extra.get("jump_at")
     start = (m.extra["jump_from"] if last is not None and step - last <= _AFTERSHOCK
              else step)
-    m.extra.update(jump_at=step, jump_from=start)
+    top = m.extra.get("jump_top", -math.inf) if start < step else -math.inf
+    m.extra.update(jump_at=step, jump_from=start, jump_top=max(top, v))
     if pre and gmed:
         # the gradient at its highest in the steps before this jump, over its calm median:
         # an instability building up shows there, a garbage batch comes out of the blue.
         # The run's first step and the _AFTERSHOCK steps after it are left out: one bad
         # batch's kick and aftershock must not be its own precursor, while a loss that
-        # stays out of range longer and jumps again may be
+        # stays out of range longer and jumps again may be, when it climbs to a new high
+        # for the run (a garbage stretch's loss wanders below its first kick, its gradient
+        # up with it; a blow-up climbs past it)
         before = [x for s, x in every
                   if step - pre <= s < step and not start <= s <= start + _AFTERSHOCK]
         if before:
-            ev["precursor"] = max(before) / gmed
+            ev["precursor"] = max(before) / gmed if v > top else 0.0
     if gmed and start < step <= start + _AFTERSHOCK and g is not None and math.isfinite(g):
         # the loss still out of range on the batches after the kick, and the gradient on
         # them over its calm median: a bad batch the run shrugs off leaves a modest one; an

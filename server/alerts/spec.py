@@ -170,7 +170,9 @@ class Page:
       or of the corroborating one carries an ``evidence.precursor`` at least that (the
       ``loss_jump`` kind's: the gradient norm at its highest in the ``precursor_steps``
       steps before the jump, over its median: an instability building up, where one
-      garbage batch comes out of the blue), or an ``evidence.aftershock`` at least
+      garbage batch comes out of the blue; 0 on a breach of a run of jumps that does not
+      take the loss to a new high for the run, as a garbage stretch's loss wanders under
+      its first kick with the gradient up), or an ``evidence.aftershock`` at least
       ``aftershock_above`` (the ``loss_jump`` kind's: on a step within two of a jump whose
       loss is still out of range, the gradient norm over its median: the kick's update
       damaged the weights, where a garbage batch the run shrugs off leaves the next
