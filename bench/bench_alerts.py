@@ -394,37 +394,22 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 14)))
+#: the "read" splits: every set up to and including the one named (a round's tuning data)
+READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4", "read6": "fresh6",
+                "read7": "fresh7", "read8": "fresh8", "read9": "fresh9", "read10": "fresh10",
+                "read11": "fresh11", "read12": "fresh12", "all": SETS[-1]}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenarios", type=Path, default=HERE / "scenarios")
-    p.add_argument("--split",
-                   choices=("tune", "holdout", "both", "fresh", "seen", "fresh2", "fresh3",
-                            "read", "fresh4", "read5", "fresh5", "read6", "fresh6", "fresh7",
-                            "read7", "fresh8", "read8", "fresh9", "read9", "fresh10", "read10",
-                            "fresh11", "read11", "fresh12", "read12", "fresh13",
-                            "all"),
-                   default="tune",
-                   help="which runs to report: tune (default), holdout (the first held-out "
-                   "half), both (the two halves), fresh (the second held-out set, recorded "
-                   "after the first held-out half had been read), seen (tune, holdout and "
-                   "fresh: every run a rule has been read against, the tuning data of round "
-                   "three), fresh2 (the third held-out set, recorded after fresh had been "
-                   "read), fresh3 (the fourth, fixed after fresh2 had been read), read (seen, "
-                   "fresh2 and fresh3: round five's tuning data), fresh4 (the fifth, fixed "
-                   "after fresh3 had been read), read5 (read and fresh4: round six's tuning "
-                   "data), fresh5 (the sixth, fixed after fresh4 had been read), read6 (read5, "
-                   "fresh5 and fresh6), fresh6 (the seventh, fixed after fresh5 had been "
-                   "read), fresh7 (the eighth, fixed after fresh6 had been read), read7 (read6 "
-                   "and fresh7), fresh8 (the ninth, fixed after fresh7 had been read), read8 "
-                   "(read7 and fresh8), fresh9 (the tenth, fixed after fresh8 had been read), "
-                   "read9 (read8 and fresh9), fresh10 (the eleventh, fixed before fresh9 was "
-                   "replayed), read10 (read9 and fresh10), fresh11 (the twelfth, fixed after "
-                   "fresh10 had been read), read11 (read10 and fresh11), fresh12 (the "
-                   "thirteenth, fixed before fresh11 was replayed), read12 (read11 and "
-                   "fresh12), fresh13 (the fourteenth, fixed before fresh12 was replayed), "
-                   "all")
+    p.add_argument("--split", choices=(*SETS, "both", *READ_THROUGH), default="tune",
+                   help="which runs to report: one recorded set (in the order they were "
+                   f"fixed: {', '.join(SETS)}; default tune), both (tune and holdout), or "
+                   "every set up to and including one: "
+                   + ", ".join(f"{k} (through {v})" for k, v in READ_THROUGH.items())
+                   + ". Which set each round was tuned on and held out from: "
+                   "bench/README.md, Alerts")
     p.add_argument("--intervals", default=",".join(map(str, INTERVALS)),
                    help="sampling intervals to replay at (default 1,10,25,40,50)")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
@@ -434,12 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every row and summary here")
     a = p.parse_args(argv)
     intervals = sorted({int(x) for x in a.intervals.split(",") if x.strip()})
-    # each "read" split is every set up to and including the one it names last
-    through = {"seen": "fresh", "read": "fresh3", "read5": "fresh4", "read6": "fresh6",
-               "read7": "fresh7", "read8": "fresh8", "read9": "fresh9", "read10": "fresh10",
-               "read11": "fresh11", "read12": "fresh12", "all": SETS[-1]}
     splits = (("tune", "holdout") if a.split == "both"
-              else SETS[:SETS.index(through[a.split]) + 1] if a.split in through
+              else SETS[:SETS.index(READ_THROUGH[a.split]) + 1] if a.split in READ_THROUGH
               else (a.split,))
     files = sorted(a.scenarios.glob("*.jsonl.gz"))
     headers = {f: read_header(f) for f in files}
