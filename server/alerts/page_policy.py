@@ -58,7 +58,7 @@ class PagePolicyMixin(RankState):
                 p.unpaged.update(repeats_built=pg.repeats_built)
 
     def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int,
-                  v: Verdict | None = None) -> str | None:
+                  v: Verdict) -> str | None:
         """Why a run-level episode firing at ``step`` with ``v`` pages as a repeat
         (``Page.repeats`` episodes of ``rule`` fired within ``Page.repeats_within`` steps,
         ``Page.repeats_built`` when ``v`` came after a precursor and went unclipped), or
@@ -71,7 +71,7 @@ class PagePolicyMixin(RankState):
             return None
         recent = [s for s in t.fired if 0 <= step - s <= pg.repeats_within]
         need, built = pg.repeats, ""
-        if pg.repeats_built is not None and v is not None and pg.precursor_above is not None:
+        if pg.repeats_built is not None and pg.precursor_above is not None:
             x = v.evidence.get("precursor")
             if isinstance(x, (int, float)) and x >= pg.precursor_above \
                     and v.evidence.get("unclipped") is True:

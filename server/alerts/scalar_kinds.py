@@ -77,6 +77,10 @@ _AFTERSHOCK = 2
 
 def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                cell: tuple[int | None, int | None]) -> Verdict | None:
+    """A :func:`spike` of the loss, its breach carrying what the page policy weighs: the
+    gradient's ``precursor`` (its highest in the ``precursor_steps`` steps before, over its
+    calm median), its ``aftershock`` (on a step just after a run of jumps began), whether
+    the step went ``unclipped``, and the ``causes`` seen (an LR change, a gradient jump)."""
     if not math.isfinite(v):
         return None  # a non-finite loss is the nonfinite rule's
     out = spike(r, m, step, v, fv, cell)
