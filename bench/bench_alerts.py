@@ -63,7 +63,9 @@ replayed with round nine's rules unchanged; round ten was chosen on ``--split re
 ``fresh11``); a thirteenth (``scenario_specs_fresh12.py``, split ``fresh12``) was fixed before
 the twelfth was replayed, for round eleven (tuning data: ``--split read11``); a fourteenth
 (``scenario_specs_fresh13.py``, split ``fresh13``) before the thirteenth was replayed, for the
-change after round eleven (tuning data: ``--split read12``).
+change after round eleven (tuning data: ``--split read12``); a fifteenth
+(``scenario_specs_fresh14.py``, split ``fresh14``) before round thirteen was chosen (tuning
+data: ``--split read13``, every set through the fourteenth).
 
 Usage::
 
@@ -393,11 +395,12 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: every recorded set, in the order they were fixed
-SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 14)))
+SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 15)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data)
 READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4", "read6": "fresh6",
                 "read7": "fresh7", "read8": "fresh8", "read9": "fresh9", "read10": "fresh10",
-                "read11": "fresh11", "read12": "fresh12", "all": SETS[-1]}
+                "read11": "fresh11", "read12": "fresh12",
+                "read13": "fresh13", "all": SETS[-1]}
 
 
 def main(argv: list[str] | None = None) -> int:
