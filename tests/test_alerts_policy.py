@@ -538,6 +538,29 @@ def test_a_stretch_of_garbage_data_under_unclipped_sgd_is_shown_not_paged() -> N
             (k, [(a.rule, a.severity, a.fired_step) for a in alerts])
 
 
+def test_a_small_jump_in_the_wake_of_a_garbage_batch_is_shown_not_paged() -> None:
+    """Unclipped SGD meets one garbage batch (the loss 5.5 nats up); for the next 15 steps
+    the loss sits a third of a nat up with the gradient 2-3x its median while the weights
+    heal, and eight steps after the kick the loss jumps again, by a nat: far under the
+    kick. The gradient in the steps before that jump is up because of the kick, not
+    because an instability builds: a breach within ``precursor_wake`` steps of a higher
+    jump carries no precursor, and nothing pages, at intervals 1 and 25. The same second
+    jump climbing past the kick (a blow-up) pages on its step."""
+    wake = {400: (8.5, 4.0), **{s: (3.35, 1.6 + 0.4 * (s % 3)) for s in range(401, 416)},
+            408: (4.1, 1.9)}
+    for k in (1, 25):
+        alerts = alerts_of(frames_at(k, 700, _sgd_run(wake), history=k > 1))
+        jumps = by_rule(alerts, "loss_jump")
+        assert [a.fired_step for a in jumps] == [400, 408], (k, [a.fired_step for a in jumps])
+        assert jumps[1].evidence["precursor"] == 0.0
+        assert not [a for a in alerts if a.severity in ("warning", "critical")], \
+            (k, [(a.rule, a.severity, a.fired_step) for a in alerts])
+    climbs = {**wake, 408: (9.5, 12.0), **{s: (12.0, 30.0) for s in range(409, 430)}}
+    alerts = alerts_of(frames_at(1, 700, _sgd_run(climbs)))
+    pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+    assert pages and pages[0][0] == 408, pages
+
+
 def test_a_blow_up_after_the_loss_stayed_up_pages_on_its_own_step() -> None:
     """Unclipped SGD: the loss leaves its range at step 400 and stays a nat up for four
     steps, the gradient climbing to 3x, then at step 404 both explode. The precursor is

@@ -24,7 +24,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              summary="the loss is NaN or infinite: the run has diverged"),
     RuleSpec("loss_jump", "loss_jump", "loss", severity="critical", inhibits=True,
              params={"z": 8.0, "min_jump": 0.5, "window": 200, "center_window": 20,
-                     "noise": "diff", "precursor_steps": 5},
+                     "noise": "diff", "precursor_steps": 5, "precursor_wake": 40},
              # round five: the third jump within 20 steps pages (each of a warm-up's bumps
              # recovered until it diverged; bad-data runs of the read runs jump at most twice
              # in 20 steps, three times in 50). Round seven: with an unclipped gradient spike
@@ -43,7 +43,12 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # (--split read11, 647 runs): the second jump within 20 steps pages when it
              # came after the precursor and went unclipped (two SGD blow-ups early in
              # warm-up bumped, the gradient built 3.7-4.7x, and bumped again at divergence;
-             # on the clipped steps of a healthy LR bump and a bad-data run the same shape)
+             # on the clipped steps of a healthy LR bump and a bad-data run the same shape).
+             # Round thirteen (--split read13, 749 runs): within 40 steps of a higher jump a
+             # breach counts no precursor (a garbage batch's kick left the gradient 2-5x up
+             # for tens of steps while the weights healed, and the loss jumped again, far
+             # under the kick: three healthy runs paged that way, one SGD blow-up bumped
+             # under its first bump and paged 5 steps later)
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
                        repeats_within=20, repeats_built=2, confirm_steps=1,
                        at_once_above=2.5, precursor_above=2.2, aftershock_above=12.0,

@@ -79,8 +79,10 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                cell: tuple[int | None, int | None]) -> Verdict | None:
     """A :func:`spike` of the loss, its breach carrying what the page policy weighs: the
     gradient's ``precursor`` (its highest in the ``precursor_steps`` steps before, over its
-    calm median), its ``aftershock`` (on a step just after a run of jumps began), whether
-    the step went ``unclipped``, and the ``causes`` seen (an LR change, a gradient jump)."""
+    calm median; 0 when the breach stays under an earlier jump of its run, or of the last
+    ``precursor_wake`` steps), its ``aftershock`` (on a step just after a run of jumps
+    began), whether the step went ``unclipped``, and the ``causes`` seen (an LR change, a
+    gradient jump)."""
     if not math.isfinite(v):
         return None  # a non-finite loss is the nonfinite rule's
     out = spike(r, m, step, v, fv, cell)
@@ -108,6 +110,17 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
              else step)
     top = m.extra.get("jump_top", -math.inf) if start < step else -math.inf
     m.extra.update(jump_at=step, jump_from=start, jump_top=max(top, v))
+    # the wake of an earlier, higher jump (round thirteen): within ``precursor_wake`` steps
+    # of it the new high is judged against it too. A garbage batch's kick leaves the
+    # gradient 2-5x up while the weights heal, and the loss jumps again, far under the kick
+    wake = int(r.param("precursor_wake"))
+    if wake:
+        wakes: deque[tuple[int, float]] = m.extra.setdefault("wake",
+                                                             deque(maxlen=SCALAR_KEEP))
+        while wakes and wakes[0][0] < step - wake:
+            wakes.popleft()
+        top = max([top, *(x for s, x in wakes if s < start)])
+        wakes.append((step, v))
     if pre and gmed:
         # the gradient at its highest in the steps before this jump, over its calm median:
         # an instability building up shows there, a garbage batch comes out of the blue.
