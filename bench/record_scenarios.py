@@ -81,6 +81,7 @@ from scenario_specs_fresh11 import FRESH11  # noqa: E402
 from scenario_specs_fresh12 import FRESH12  # noqa: E402
 from scenario_specs_fresh13 import FRESH13  # noqa: E402
 from scenario_specs_fresh14 import FRESH14  # noqa: E402
+from scenario_specs_fresh15 import FRESH15  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -94,7 +95,8 @@ STOP_DIVERGED = 100  # stop this many steps after a divergence that has not reco
 
 ALL: list[Scenario] = [*SCENARIOS, *FRESH, *FRESH2, *FRESH3, *FRESH4, *FRESH5, *FRESH6,
                        *FRESH7, *FRESH8, *FRESH9, *FRESH10,
-                       *FRESH11, *FRESH12, *FRESH13, *FRESH14]
+                       *FRESH11, *FRESH12, *FRESH13, *FRESH14,
+                       *FRESH15]
 BY_NAME = {s.name: s for s in ALL}
 
 
@@ -263,9 +265,10 @@ SPLITS.update({s.name: "fresh11" for s in FRESH11})
 SPLITS.update({s.name: "fresh12" for s in FRESH12})
 SPLITS.update({s.name: "fresh13" for s in FRESH13})
 SPLITS.update({s.name: "fresh14" for s in FRESH14})
+SPLITS.update({s.name: "fresh15" for s in FRESH15})
 SPLIT_NAMES = ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
                "fresh6", "fresh7", "fresh8", "fresh9", "fresh10", "fresh11", "fresh12",
-               "fresh13", "fresh14")
+               "fresh13", "fresh14", "fresh15")
 
 
 # -- recording ----------------------------------------------------------------------------
