@@ -11,6 +11,9 @@ sends it) carries in each frame the scalars of the steps in between as ``history
   sample it at once; ``spike_watch=False``: a job whose hooks cannot read those at no cost,
   such as one sharded over ranks);
 * ``seq`` renumbered 1..n;
+* ``optim.adaptive`` (whether the optimizer bounds a kick's update), which the hooks send
+  since round fourteen: a run recorded before gets the value its optimizer's class gives
+  (:func:`read_run`, from the header's ``spec.optimizer``);
 * ``history``: the steps after the previous derived frame and before this one, with their
   ``loss``, ``grad.norm``, ``grad.clipped``, ``lr``, ``final.logz`` and ``final.hidden_rms``
   (wire floats; null where a step did not have the series); none on the first frame or at
@@ -34,6 +37,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from logitwatch.hooks._optim_kind import adaptive_by_name
+
 HISTORY_SCALARS = ("loss", "grad.norm", "grad.clipped", "lr", "final.logz", "final.hidden_rms")
 #: Per-sample scalars that only describe the recorded interval (dropped from derived frames).
 INTERVAL_ONLY = ("hooks.overhead",)
@@ -46,7 +51,18 @@ def read_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     header, frames = read_frames(path)
     if header is None:
         raise ValueError(f"{path}: no header line (label, divergence_step)")
+    # the hooks send ``optim.adaptive`` (whether the optimizer bounds a kick's update) since
+    # round fourteen; a run recorded before gets the value its optimizer's class gives
+    kind = adaptive_by_name([_OPTIMIZER_CLASS.get(str((header.get("spec") or {}).get(
+        "optimizer")), "")])
+    if kind is not None:
+        for f in frames:
+            f.setdefault("scalars", {}).setdefault("optim.adaptive", kind)
     return header, frames
+
+
+#: ``RunSpec.optimizer`` -> the torch class ``build_optimizer`` makes
+_OPTIMIZER_CLASS = {"adamw": "AdamW", "adam": "Adam", "rmsprop": "RMSprop", "sgd": "SGD"}
 
 
 def read_header(path: str | Path) -> dict[str, Any]:

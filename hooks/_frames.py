@@ -193,6 +193,8 @@ class FramesMixin:
                 self._fail("grad")
         scalars = self._buffer.scalars(lr=lr, default_max_norm=self._max_grad_norm,
                                        ln_vocab=self._ln_vocab if first else None)
+        if self._optim_adaptive is not None:  # a host float: no transfer
+            scalars.setdefault("optim.adaptive", self._optim_adaptive)
         if sharded and vec is not None:  # read back with the rest, then removed
             scalars[_GRAD_MISSING] = vec[GRAD_MISSING]
             scalars[_QK_MISSING] = vec[QK_MISSING]

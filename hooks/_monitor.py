@@ -21,6 +21,7 @@ from ._frames import FramesMixin
 from ._history import StepHistory
 from ._logits import DEFAULT_BUDGET
 from ._lrwatch import LrWatch
+from ._optim_kind import adaptive
 from ._optimizer_step import OptimizerStepMixin
 from ._padding import PaddingMask
 from ._qk_find import QKDiscovery, QKLayout, no_shape
@@ -190,6 +191,8 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
                                                torch.optim.Optimizer):
             inner = inner.optimizer  # accelerate's AcceleratedOptimizer and the like
         self._step_optimizer = inner
+        #: ``optim.adaptive`` (1 Adam-like, 0 SGD, None unknown), a host float every frame
+        self._optim_adaptive = adaptive(inner)
         if inner is not None:
             self._handles.append(inner.register_step_pre_hook(self._pre_optimizer_step))
             self._handles.append(inner.register_step_post_hook(self._post_optimizer_step))

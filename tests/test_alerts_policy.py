@@ -523,6 +523,37 @@ def test_a_garbage_batch_that_damaged_the_weights_pages_on_the_next_step() -> No
         [(a.rule, a.severity, a.fired_step) for a in alerts]
 
 
+def test_under_an_adaptive_optimizer_a_garbage_batch_is_judged_without_the_damage_gate(
+) -> None:
+    """The damaging garbage batch of the test above, in a job whose optimizer normalises
+    each step by the gradient's running RMS (``optim.adaptive`` 1, sent with the sampled
+    frames only): the kick's update was bounded, so the next batch's gradient is no sign of
+    damage. Nothing pages on the next step; the gradient that stays up pages once it has
+    persisted 30 steps, the loss that never comes back after 100, at intervals 1 and 25.
+    The job's SGD (0) keeps the gate: it pages on the next step."""
+    events = {400: (9.0, 12.0), 401: (7.0, 14.0), 402: (5.5, 6.0),
+              **{s: (5.0, 2.5) for s in range(403, 700)}}
+
+    def frames(k: int, kind: float) -> list[dict[str, Any]]:
+        base = _sgd_run(events)
+        out = frames_at(k, 700, lambda s: {**base(s), "optim.adaptive": kind}, history=k > 1)
+        for f in out:  # as the hooks send it: not a column of each step's history
+            (f.get("history") or {}).get("scalars", {}).pop("optim.adaptive", None)
+        return out
+
+    for k in (1, 25):
+        alerts = alerts_of(frames(k, 1.0))
+        jump = by_rule(alerts, "loss_jump")[0]
+        assert jump.fired_step == 400 and jump.paged_step == 500, (k, jump.paged_step)
+        assert "persisted 100 steps" in jump.evidence["escalated_because"]
+        blow = by_rule(alerts, "grad_blowup")[0]
+        assert blow.paged_step == 430 and "persisted 30 steps" in \
+            blow.evidence["escalated_because"], (k, blow.paged_step)
+        assert min(a.paged_step for a in alerts if a.paged_step is not None) == 430
+    alerts = alerts_of(frames(25, 0.0))
+    assert min(a.paged_step for a in alerts if a.paged_step is not None) == 401
+
+
 def test_a_stretch_of_garbage_data_under_unclipped_sgd_is_shown_not_paged() -> None:
     """Unclipped SGD meets 15 steps of garbage data: the loss jumps 5.5 nats, then wanders
     2.9-3.5 nats up, under its first kick, with the gradient 3.4x its median the whole

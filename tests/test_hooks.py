@@ -32,7 +32,7 @@ COST = {"hooks.host_ms", "hooks.syncs", "hooks.bytes", "hooks.sample_every"}
 LATER = {"hooks.cost_ms", "hooks.overhead", "loss.first_over_ln_vocab"}
 FINAL = {"final.hidden_rms", "final.logz", "final.logit_max"}
 SCALARS = ({"loss", "grad.norm", "grad.clipped", "grad.max_norm", "grad.clip_rate", "lr",
-            "attn.dtype_max"}
+            "attn.dtype_max", "optim.adaptive"}
            | FINAL | COST)
 ATTN = {"attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
         "attn.entropy_mean", "attn.entropy_min"}
@@ -213,7 +213,25 @@ def test_custom_sdpa_model_frames(recorder) -> None:
         assert frame["scalars"]["grad.max_norm"] == 0.5
         assert frame["scalars"]["loss"] == pytest.approx(step["losses"][0].item(), rel=1e-6)
         assert frame["scalars"]["lr"] == 0.05
+        assert frame["scalars"]["optim.adaptive"] == 0.0  # SGD: a kick's update is unbounded
         assert frame["rank"] == 0 and frame["run"] == "r"
+
+
+def test_optimizer_kind_says_whether_a_kick_is_bounded() -> None:
+    """``optim.adaptive``: 1 for optimizers that normalise each step by a running RMS (a
+    subclass counts as its base), 0 for plain SGD, nothing for one of neither family."""
+    from logitwatch.hooks._optim_kind import adaptive
+
+    class MyAdamW(torch.optim.AdamW):
+        pass
+
+    params = list(nn.Linear(2, 2).parameters())
+    assert adaptive(torch.optim.SGD(params, lr=0.1)) == 0.0
+    assert adaptive(torch.optim.AdamW(params)) == 1.0
+    assert adaptive(torch.optim.RMSprop(params)) == 1.0
+    assert adaptive(MyAdamW(params)) == 1.0
+    assert adaptive(torch.optim.Rprop(params)) is None
+    assert adaptive(None) is None
 
 
 def train_demo_gpt(client: Client, attn_dtypes: list[str], steps: int = 3) -> None:
@@ -246,7 +264,8 @@ def test_attention_dtype_max_is_sent_on_sampled_steps(attn_dtypes, expected, rec
         assert frame["scalars"]["attn.dtype_max"] == pytest.approx(expected, rel=1e-7)
         # read from dtypes on the host: nothing added to the one transfer (lr is a float too)
         per_head = sum(len(row) for rows in frame["heads"].values() for row in rows)
-        tensor_scalars = set(frame["scalars"]) - COST - LATER - {"attn.dtype_max", "lr"}
+        tensor_scalars = (set(frame["scalars"]) - COST - LATER
+                          - {"attn.dtype_max", "lr", "optim.adaptive"})  # host floats
         # and the history's rows (6 float32 columns a step: its log Z is on the device)
         rows = len((frame.get("history") or {}).get("steps", []))
         assert frame["scalars"]["hooks.bytes"] == 4 * (per_head + len(tensor_scalars) + 6 * rows)
@@ -289,7 +308,8 @@ def test_no_clip_threshold_means_no_grad_clipped(recorder) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with watch(model, opt, run="r", client=client) as mon:
         train_tiny(model, opt, mon, batches(1), clip=None)
-    assert keys(rec.frames[0]) == {"loss", "grad.norm", "lr", "attn.dtype_max"} | FINAL | COST
+    assert keys(rec.frames[0]) == ({"loss", "grad.norm", "lr", "attn.dtype_max", "optim.adaptive"}
+                                   | FINAL | COST)
 
 
 @pytest.fixture(scope="module")

@@ -391,7 +391,7 @@ KINDS: dict[str, Kind] = {
                                    "min_samples": 5, "min_scale": 0.02,
                                    "only_unclipped": False, "center_window": None,
                                    "noise": "level", "precursor_steps": 0,
-                                   "precursor_wake": 0},
+                                   "precursor_wake": 0, "aftershock_adaptive": True},
                       hold_breaches=True, keep_firing_for=0),
     "level_rise": Kind(level_rise, {"window": 100, "min_samples": 5, "min_history": 200,
                                      "factor": 5.0, "margin": None, "floor": 0.0,

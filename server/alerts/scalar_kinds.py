@@ -81,8 +81,8 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     gradient's ``precursor`` (its highest in the ``precursor_steps`` steps before, over its
     calm median; 0 when the breach stays under an earlier jump of its run, or of the last
     ``precursor_wake`` steps), its ``aftershock`` (on a step just after a run of jumps
-    began), whether the step went ``unclipped``, and the ``causes`` seen (an LR change, a
-    gradient jump)."""
+    began; not under an ``adaptive`` optimizer unless ``aftershock_adaptive``), whether the
+    step went ``unclipped``, and the ``causes`` seen (an LR change, a gradient jump)."""
     if not math.isfinite(v):
         return None  # a non-finite loss is the nonfinite rule's
     out = spike(r, m, step, v, fv, cell)
@@ -94,6 +94,9 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     gmed = median(recent_g) if recent_g else None
     if lr is not None and math.isfinite(lr):
         m.extra["lr"] = lr
+    kind = fv.get("optim.adaptive")  # sent with the sampled frames, not each step's history
+    if kind is not None:
+        m.extra["adaptive"] = kind == 1.0
     pre = int(r.param("precursor_steps"))
     # every step's gradient norm, the jumping steps' too (``grads`` keeps the calm ones)
     every: deque[tuple[int, float]] = m.extra.setdefault("every_grad", deque(maxlen=pre + 1))
@@ -133,10 +136,17 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                   if step - pre <= s < step and not start <= s <= start + _AFTERSHOCK]
         if before:
             ev["precursor"] = max(before) / gmed if v > top else 0.0
-    if gmed and start < step <= start + _AFTERSHOCK and g is not None and math.isfinite(g):
+    adaptive = bool(m.extra.get("adaptive", False))
+    if adaptive:
+        ev["adaptive"] = True
+    if gmed and start < step <= start + _AFTERSHOCK and g is not None and math.isfinite(g) \
+            and (bool(r.param("aftershock_adaptive")) or not adaptive):
         # the loss still out of range on the batches after the kick, and the gradient on
         # them over its calm median: a bad batch the run shrugs off leaves a modest one; an
-        # update that damaged the weights leaves the next clean batch's gradient far up
+        # update that damaged the weights leaves the next clean batch's gradient far up.
+        # Unless ``aftershock_adaptive``, not under an adaptive optimizer (the job's
+        # ``optim.adaptive``, round fourteen): its step is normalised by the gradient's
+        # running RMS, so a kick's update is bounded, and its garbage batches heal
         ev["aftershock"] = g / gmed
     if g is not None and math.isfinite(g):
         ev["unclipped"] = not _clip_bounded(fv, g)  # this step's update went in unbounded
