@@ -67,7 +67,9 @@ change after round eleven (tuning data: ``--split read12``); a fifteenth
 (``scenario_specs_fresh14.py``, split ``fresh14``) before round thirteen was chosen (tuning
 data: ``--split read13``, every set through the fourteenth); a sixteenth
 (``scenario_specs_fresh15.py``, split ``fresh15``) after the fifteenth was replayed, for the
-change after round thirteen (tuning data: ``--split read14``).
+change after round thirteen (tuning data: ``--split read14``); a seventeenth
+(``scenario_specs_fresh16.py``, split ``fresh16``) after the sixteenth was replayed, for the
+change after round fourteen (tuning data: ``--split read15``).
 
 Usage::
 
@@ -397,12 +399,12 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: every recorded set, in the order they were fixed
-SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 16)))
+SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 17)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data)
 READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4", "read6": "fresh6",
                 "read7": "fresh7", "read8": "fresh8", "read9": "fresh9", "read10": "fresh10",
                 "read11": "fresh11", "read12": "fresh12",
-                "read13": "fresh13", "read14": "fresh14", "all": SETS[-1]}
+                "read13": "fresh13", "read14": "fresh14", "read15": "fresh15", "all": SETS[-1]}
 
 
 def main(argv: list[str] | None = None) -> int:
