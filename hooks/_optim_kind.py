@@ -6,7 +6,8 @@ the denominator with the numerator, so its update stays within a few learning ra
 clipped one does. Plain SGD applies ``lr * g``: the kick goes into the weights whole. The
 alert rules weigh a kick's aftermath by which of the two the job runs (docs/ALERTS.md).
 Judged once at attach from the class names in the optimizer's MRO: a subclass counts as its
-base; an optimizer of neither family sends nothing (the rules then cannot tell).
+base, a wrapper (ZeroRedundancyOptimizer, LightningOptimizer) as the optimizer it wraps; an
+optimizer of neither family sends nothing (the rules then weigh a kick as under SGD).
 """
 
 from __future__ import annotations
@@ -37,8 +38,26 @@ def adaptive_by_name(names: Any) -> float | None:
     return None
 
 
-def adaptive(optimizer: Any) -> float | None:
-    """``optim.adaptive`` for ``optimizer`` (see the module docstring); None for None."""
-    if optimizer is None:
+#: where a wrapping optimizer keeps the one that does the update: ZeroRedundancyOptimizer
+#: (``optim``), Lightning's LightningOptimizer (``_optimizer``), accelerate's and DeepSpeed's
+#: wrappers (``optimizer``)
+_INNER = ("optim", "_optimizer", "optimizer")
+
+
+def adaptive(optimizer: Any, _depth: int = 0) -> float | None:
+    """``optim.adaptive`` for ``optimizer`` (see the module docstring); None for None or
+    an optimizer of neither family. A wrapper of unknown class is judged by the optimizer it
+    wraps. Never raises: whatever goes wrong leaves the kind unknown."""
+    if optimizer is None or _depth > 4:
         return None
-    return adaptive_by_name(c.__name__ for c in type(optimizer).__mro__)
+    try:
+        kind = adaptive_by_name(c.__name__ for c in type(optimizer).__mro__)
+        if kind is not None:
+            return kind
+        for attr in _INNER:
+            inner = getattr(optimizer, attr, None)
+            if inner is not None and inner is not optimizer and hasattr(inner, "step"):
+                return adaptive(inner, _depth + 1)
+    except Exception:  # an exotic wrapper's property may raise: unknown, never an error
+        return None
+    return None

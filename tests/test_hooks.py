@@ -234,6 +234,34 @@ def test_optimizer_kind_says_whether_a_kick_is_bounded() -> None:
     assert adaptive(None) is None
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.distributed.optim's jit
+def test_optimizer_kind_looks_through_a_wrapper() -> None:
+    """ZeroRedundancyOptimizer (a real one, on a one-process gloo group) is judged by the
+    optimizer class it shards; a wrapper whose attribute raises leaves the kind unknown."""
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from logitwatch.hooks._optim_kind import adaptive
+
+    params = list(nn.Linear(2, 2).parameters())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        for cls, want in ((torch.optim.AdamW, 1.0), (torch.optim.SGD, 0.0)):
+            zero = ZeroRedundancyOptimizer(params, optimizer_class=cls, lr=1e-3)
+            assert adaptive(zero) == want
+    finally:
+        dist.destroy_process_group()
+
+    class Broken:
+        def step(self) -> None: ...
+
+        @property
+        def optim(self) -> None:
+            raise RuntimeError("not ready")
+
+    assert adaptive(Broken()) is None
+
+
 def train_demo_gpt(client: Client, attn_dtypes: list[str], steps: int = 3) -> None:
     """The demo GPT, one layer per entry of ``attn_dtypes`` (the dtype its attention runs in)."""
     from logitwatch.demo.model import GPTConfig, TinyGPT
