@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -521,6 +522,35 @@ def test_a_garbage_batch_that_damaged_the_weights_pages_on_the_next_step() -> No
     assert {"loss_jump", "grad_blowup"} <= {a.rule for a in alerts}
     assert not [a for a in alerts if a.severity in ("warning", "critical")], \
         [(a.rule, a.severity, a.fired_step) for a in alerts]
+
+
+def test_a_garbage_batch_whose_next_batch_the_weights_still_fit_is_shown_not_paged() -> None:
+    """Unclipped SGD meets one garbage batch, and the next (clean) batch's gradient is 15x
+    its median, over the damage threshold (12x), but its loss is only 1.5 nats over the
+    median: the weights still read clean data nearly as well as before, and the run heals.
+    Shown, not paged. The same kick whose next batch is still 3 nats up (the weights no
+    longer fit the data) pages on that next step; without the loss condition
+    (``aftershock_loss`` 0) the healing run would page too."""
+    median = 0.7  # the plateau's gradient norms read 0.6-0.8
+
+    def events(next_loss: float) -> dict[int, tuple[float, float]]:
+        return {400: (9.0, 12.0), 401: (next_loss, 15 * median), 402: (3.3, 1.2)}
+
+    for k in (1, 25):
+        alerts = alerts_of(frames_at(k, 700, _sgd_run(events(4.5)), history=k > 1))
+        assert {"loss_jump", "grad_blowup"} <= {a.rule for a in alerts}
+        assert not [a for a in alerts if a.severity in ("warning", "critical")], \
+            (k, [(a.rule, a.severity, a.fired_step) for a in alerts])
+        alerts = alerts_of(frames_at(k, 700, _sgd_run(events(6.0)), history=k > 1))
+        pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+        assert pages and pages[0][0] == 401, (k, pages)
+        jump = by_rule(alerts, "loss_jump")[0]
+        assert "the loss still 3.01 over its median" in jump.evidence["escalated_because"], \
+            jump.evidence["escalated_because"]
+    no_gate = [dataclasses.replace(r, params={**r.params, "aftershock_loss": 0.0})
+               if r.name == "loss_jump" else r for r in DEFAULT_RULES]
+    alerts = alerts_of(frames_at(1, 700, _sgd_run(events(4.5))), rules=no_gate)
+    assert min(a.paged_step for a in alerts if a.paged_step is not None) == 401
 
 
 def test_under_an_adaptive_optimizer_a_garbage_batch_is_judged_without_the_damage_gate(

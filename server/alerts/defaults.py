@@ -25,7 +25,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("loss_jump", "loss_jump", "loss", severity="critical", inhibits=True,
              params={"z": 8.0, "min_jump": 0.5, "window": 200, "center_window": 20,
                      "noise": "diff", "precursor_steps": 5, "precursor_wake": 40,
-                     "aftershock_adaptive": False},
+                     "aftershock_adaptive": False, "aftershock_loss": 1.9},
              # round five: the third jump within 20 steps pages (each of a warm-up's bumps
              # recovered until it diverged; bad-data runs of the read runs jump at most twice
              # in 20 steps, three times in 50). Round seven: with an unclipped gradient spike
@@ -53,7 +53,11 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # 801 runs): the damage test only under plain SGD (the job's optim.adaptive):
              # Adam's and RMSprop's step is normalised by the gradient's running RMS, so a
              # garbage batch's update is bounded and its 18-26x aftershock heals; four healthy
-             # runs under unclipped RMSprop paged that way, no diverging run needed it
+             # runs under unclipped RMSprop paged that way, no diverging run needed it. Round
+             # fifteen (--split read15, 857 runs): the damage test only while the batch after
+             # the jump is still 1.9 nats over the loss's median: on the garbage batches that
+             # wrecked an unclipped SGD run the next batch read 1.99-5.5 nats up, on those the
+             # runs healed from 1.22-1.82 (four healthy SGD runs paged that way); 1.9: between
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
                        repeats_within=20, repeats_built=2, confirm_steps=1,
                        at_once_above=2.5, precursor_above=2.2, aftershock_above=12.0,

@@ -279,7 +279,8 @@ class LifecycleMixin(PagePolicyMixin):
             self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((rule.name, p.layer))
         if p.unpaged is not None:
             ev["page"] = p.unpaged
-            message += _page_text(p.unpaged, rule.severity)
+            message += _page_text(p.unpaged, rule.severity,
+                                  rule.params.get("aftershock_loss"))
             self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((rule.name, p.layer))
         elif p.paged_because is not None:
             ev["paged_because"] = p.paged_because

@@ -15,8 +15,9 @@ from logitwatch.server.alerts.rules import RuleSpec, Transition
 from logitwatch.server.db.models import Run
 
 
-def _page_text(why: dict[str, object], severity: str) -> str:
-    """What an alert held back by its page policy adds to its message."""
+def _page_text(why: dict[str, object], severity: str, loss_over: object = None) -> str:
+    """What an alert held back by its page policy adds to its message; ``loss_over``: the
+    rule's ``aftershock_loss`` (nats the loss must still be over its median for damage)."""
     conds = []
     if why.get("after") is not None:
         conds.append(f"if it persists {why['after']} steps")
@@ -34,7 +35,10 @@ def _page_text(why: dict[str, object], severity: str) -> str:
             if why.get("aftershock_above") is not None:
                 also += (f" or after damage (the gradient norm still "
                          f"{_fmt(why['aftershock_above'])}x its median on the batch after "
-                         "the jump, the loss still out of range)")
+                         "the jump, the loss still "
+                         + (f"{_fmt(loss_over)} nats over its median)"
+                            if isinstance(loss_over, (int, float)) and loss_over > 0
+                            else "out of range)"))
         conds.append("if " + " or ".join(str(r) for r in why["with_rules"])  # type: ignore[attr-defined]
                      + " breaches with it" + also)
     if why.get("repeats"):

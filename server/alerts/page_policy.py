@@ -10,6 +10,7 @@ lifecycle module, which stores and escalates what this decides.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from logitwatch.server.alerts.rules import Page, RuleSpec, Verdict
@@ -129,8 +130,11 @@ class PagePolicyMixin(RankState):
                             "the steps before the loss jump)")
             if (isinstance(y, (int, float)) and pg.aftershock_above is not None
                     and y >= pg.aftershock_above):
+                z = ev.get("aftershock_loss")
+                still = (f"{z:.3g} over its median" if isinstance(z, (int, float))
+                         and math.isfinite(z) else "out of range")
                 return (f", after damage (the gradient norm {y:.3g}x its median on a batch "
-                        "after the jump, the loss still out of range)")
+                        f"after the jump, the loss still {still})")
         return None if said else ""
 
     def _page_due(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,

@@ -81,7 +81,8 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     gradient's ``precursor`` (its highest in the ``precursor_steps`` steps before, over its
     calm median; 0 when the breach stays under an earlier jump of its run, or of the last
     ``precursor_wake`` steps), its ``aftershock`` (on a step just after a run of jumps
-    began; not under an ``adaptive`` optimizer unless ``aftershock_adaptive``), whether the
+    began, the loss still ``aftershock_loss`` nats over its median; not under an ``adaptive``
+    optimizer unless ``aftershock_adaptive``), whether the
     step went ``unclipped``, and the ``causes`` seen (an LR change, a gradient jump)."""
     if not math.isfinite(v):
         return None  # a non-finite loss is the nonfinite rule's
@@ -139,15 +140,21 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     adaptive = bool(m.extra.get("adaptive", False))
     if adaptive:
         ev["adaptive"] = True
+    still = v - out.baseline if out.baseline is not None else math.inf
     if gmed and start < step <= start + _AFTERSHOCK and g is not None and math.isfinite(g) \
-            and (bool(r.param("aftershock_adaptive")) or not adaptive):
+            and (bool(r.param("aftershock_adaptive")) or not adaptive) \
+            and still >= float(r.param("aftershock_loss")):
         # the loss still out of range on the batches after the kick, and the gradient on
         # them over its calm median: a bad batch the run shrugs off leaves a modest one; an
         # update that damaged the weights leaves the next clean batch's gradient far up.
         # Unless ``aftershock_adaptive``, not under an adaptive optimizer (the job's
         # ``optim.adaptive``, round fourteen): its step is normalised by the gradient's
-        # running RMS, so a kick's update is bounded, and its garbage batches heal
+        # running RMS, so a kick's update is bounded, and its garbage batches heal. With
+        # ``aftershock_loss``, only while this batch's loss is still that many nats over its
+        # median (round fifteen): a batch the weights read as well as before costs a
+        # fraction of the kick, one they no longer fit keeps most of it
         ev["aftershock"] = g / gmed
+        ev["aftershock_loss"] = still
     if g is not None and math.isfinite(g):
         ev["unclipped"] = not _clip_bounded(fv, g)  # this step's update went in unbounded
     causes: list[str] = []

@@ -174,7 +174,8 @@ class Page:
       take the loss to a new high for the run, as a garbage stretch's loss wanders under
       its first kick with the gradient up), or an ``evidence.aftershock`` at least
       ``aftershock_above`` (the ``loss_jump`` kind's: on a step within two of a jump whose
-      loss is still out of range, the gradient norm over its median: the kick's update
+      loss is still out of range, and at least its ``aftershock_loss`` nats over its
+      median, the gradient norm over its median: the kick's update
       damaged the weights, where a garbage batch the run shrugs off leaves the next
       batch's gradient modest);
     * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
