@@ -1,0 +1,131 @@
+"""What every ``logitwatch`` command that opens the store shares: which store (``--db``,
+``$LOGITWATCH_DB_URL``, logitwatch's home), how it is shown (password hidden), a migrated
+session on it, and a run found by id or name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+__all__ = ["DB_OPTION", "NoStore", "find_run", "need_server", "resolve_db", "show_store",
+           "store", "store_exists", "url_host"]
+
+
+def url_host(host: str) -> str:
+    """``host`` as it goes into a URL (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def show_store(url: str) -> str:
+    """A database URL to print: the password of a PostgreSQL URL hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - printing must not fail; the URL is checked elsewhere
+        return url
+
+
+def need_server() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import sqlalchemy  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise click.ClickException(
+            f"the collector needs the server extra ({e.name} is missing): "
+            "pip install 'logitwatch[server]'"
+        ) from e
+
+
+class NoStore(click.ClickException):
+    """A command that only reads found no store where it looked."""
+
+
+def resolve_db(db_url: str | None) -> str:
+    """The store a command uses: ``--db``, else ``$LOGITWATCH_DB_URL``, else the SQLite
+    file in logitwatch's home (:func:`logitwatch.paths.default_db_url`)."""
+    need_server()
+    from logitwatch.server.settings import Settings
+
+    try:
+        return Settings(db_url=db_url).db_url if db_url else Settings().db_url
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+
+
+@contextmanager
+def store(db_url: str | None, *, announce: bool = True,
+           create: bool = True) -> Iterator[Session]:
+    """A migrated database's session, committed on success. ``announce``: say on stderr
+    which store this is (every command that reads or writes one does, once). ``create``
+    False: a SQLite store that does not exist yet is an error, not a new empty file."""
+    need_server()
+    from sqlalchemy.orm import sessionmaker
+
+    from logitwatch.server.db.session import make_engine, migrate, session_scope
+    from logitwatch.server.errors import ApiError
+
+    url = resolve_db(db_url)
+    if announce:
+        click.echo(f"store: {show_store(url)}", err=True)
+    if not create and not store_exists(url):
+        raise NoStore(f"no store at {show_store(url)} yet: nothing was recorded there "
+                      "(`logitwatch serve` and `logitwatch demo` create it; --db or "
+                      "LOGITWATCH_HOME name another)")
+    engine = make_engine(url)
+    try:
+        migrate(engine)
+        with session_scope(sessionmaker(engine, expire_on_commit=False)) as s:
+            yield s
+    except ApiError as e:
+        raise click.ClickException(e.message) from e
+    finally:
+        engine.dispose()
+
+
+DB_OPTION = click.option("--db", "db_url", default=None, metavar="URL",
+                   help="Database URL (default: $LOGITWATCH_DB_URL, else the SQLite file "
+                   "logitwatch.db in $LOGITWATCH_HOME, else in ~/.local/share/logitwatch: "
+                   "the store `logitwatch serve` and the demo use).")
+
+
+def find_run(s: Session, run: str, project: str | None) -> int:
+    """A run id from an id or a name (``--project`` disambiguates names)."""
+    from sqlalchemy import select
+
+    from logitwatch.server.db.models import Run
+
+    if run.isdigit():
+        return int(run)
+    q = select(Run.id, Run.project).where(Run.name == run)
+    if project is not None:
+        q = q.where(Run.project == project)
+    rows = s.execute(q).all()
+    if not rows:
+        raise click.ClickException(f"no run named {run!r}" + (
+            f" in project {project!r}" if project else "") + " (see `logitwatch runs list`)")
+    if len(rows) > 1:
+        raise click.ClickException(
+            f"{len(rows)} runs are named {run!r} (projects "
+            f"{', '.join(sorted(r.project for r in rows))}): pass --project or the run id")
+    return int(rows[0].id)
+
+
+def store_exists(url: str) -> bool:
+    """Whether ``url`` names a store that exists (a SQLite file is there; any other
+    database is taken to exist)."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite":
+        return True
+    return bool(u.database) and u.database != ":memory:" and Path(str(u.database)).exists()
