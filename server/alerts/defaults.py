@@ -87,7 +87,11 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # through persistence before its divergence)
     RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning", keep_firing_for=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05, "only_unclipped": True},
-             page=Page(after=30, with_rules=("loss_jump",), confirm_steps=1,
+             # Round sixteen (--split read16, 913 runs): alone after 60 steps, not 30 (two
+             # healthy unclipped SGD runs whose garbage stretch left the gradient up past 30
+             # steps while the weights healed paged that way; no diverging run read needed
+             # persistence under 60 steps to be caught by its divergence)
+             page=Page(after=60, with_rules=("loss_jump",), confirm_steps=1,
                        precursor_above=2.2, aftershock_above=12.0),
              summary="an unclipped gradient spike went straight into the weights"),
     RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_steps=10,
