@@ -33,6 +33,8 @@ def show_store(url: str) -> str:
 
 
 def need_server() -> None:
+    """Stop with what to install when the collector's packages (the server extra) are
+    missing."""
     try:
         import fastapi  # noqa: F401
         import sqlalchemy  # noqa: F401
@@ -62,7 +64,7 @@ def resolve_db(db_url: str | None) -> str:
 
 @contextmanager
 def store(db_url: str | None, *, announce: bool = True,
-           create: bool = True) -> Iterator[Session]:
+          create: bool = True) -> Iterator[Session]:
     """A migrated database's session, committed on success. ``announce``: say on stderr
     which store this is (every command that reads or writes one does, once). ``create``
     False: a SQLite store that does not exist yet is an error, not a new empty file."""
@@ -91,9 +93,10 @@ def store(db_url: str | None, *, announce: bool = True,
 
 
 DB_OPTION = click.option("--db", "db_url", default=None, metavar="URL",
-                   help="Database URL (default: $LOGITWATCH_DB_URL, else the SQLite file "
-                   "logitwatch.db in $LOGITWATCH_HOME, else in ~/.local/share/logitwatch: "
-                   "the store `logitwatch serve` and the demo use).")
+                         help="Database URL (default: $LOGITWATCH_DB_URL, else the SQLite "
+                         "file logitwatch.db in $LOGITWATCH_HOME, else in "
+                         "~/.local/share/logitwatch: the store `logitwatch serve` and the "
+                         "demo use).")
 
 
 def find_run(s: Session, run: str, project: str | None) -> int:

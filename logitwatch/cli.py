@@ -11,9 +11,9 @@ import click
 
 from logitwatch._cli_admin import retention, runs, token
 from logitwatch._cli_store import DB_OPTION as _DB
-from logitwatch._cli_store import NoStore, resolve_db, show_store  # noqa: F401 - re-exported
 from logitwatch._cli_store import find_run as _find_run
 from logitwatch._cli_store import need_server as _need_server
+from logitwatch._cli_store import resolve_db, show_store
 from logitwatch._cli_store import store as _store
 from logitwatch._cli_store import store_exists as _store_exists
 from logitwatch._cli_store import url_host as _url_host
