@@ -17,6 +17,7 @@ from typing import Any
 
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.replay import replay
+from logitwatch.server.alerts.rules import RuleSpec
 from logitwatch.server.schemas import AlertOut
 
 FP16 = 65504.0
@@ -47,6 +48,15 @@ def alerts_of(frames: list[dict[str, Any]], rules: Any = None) -> list[AlertOut]
 
 def by_rule(alerts: list[AlertOut], name: str) -> list[AlertOut]:
     return [a for a in alerts if a.rule == name]
+
+
+def _defaults_with(name: str, params: dict[str, Any] | None = None,
+                   page: dict[str, Any] | None = None) -> list[RuleSpec]:
+    """The default rules, rule ``name``'s params updated by ``params`` and its page's fields
+    by ``page``: a change taken back, to show the test fails without it."""
+    return [dataclasses.replace(r, params={**r.params, **(params or {})},
+                                page=dataclasses.replace(r.page, **page) if page else r.page)
+            if r.name == name else r for r in DEFAULT_RULES]
 
 
 def _loss(step: int) -> float:
@@ -284,10 +294,8 @@ def test_a_loss_jump_during_early_descent_is_seen_against_its_current_level() ->
     blow = by_rule(alerts, "grad_blowup")
     assert blow and blow[0].fired_step == 56 and blow[0].paged_step == 60  # shown from 56
     # the rule as it was (the whole window's median and spread) does not see it
-    from dataclasses import replace
-
-    old = [replace(r, params={k: v for k, v in r.params.items()
-                              if k not in ("center_window", "noise")})
+    old = [dataclasses.replace(r, params={k: v for k, v in r.params.items()
+                                          if k not in ("center_window", "noise")})
            if r.name == "loss_jump" else r for r in DEFAULT_RULES]
     assert not [a for a in by_rule(alerts_of(frames_at(1, 100, scalars), rules=old),
                                    "loss_jump") if a.fired_step <= 65]
@@ -311,9 +319,8 @@ def test_a_burst_of_samples_does_not_move_a_final_layer_baseline() -> None:
     assert not [a for a in alerts if a.rule.startswith("final_")], \
         [(a.rule, a.fired_step) for a in alerts]
     # the same burst judged by plain medians pages both (what the rules did before)
-    from dataclasses import replace
-
-    plain = [replace(r, params={k: v for k, v in r.params.items() if k != "step_weighted"})
+    plain = [dataclasses.replace(r, params={k: v for k, v in r.params.items()
+                                            if k != "step_weighted"})
              if r.name.startswith("final_") else r for r in DEFAULT_RULES]
     fired = {a.rule for a in alerts_of(frames, rules=plain)}
     assert {"final_rms_departure", "final_logz_departure"} <= fired, fired
@@ -363,15 +370,13 @@ def test_a_level_from_few_samples_must_clear_the_limit_by_its_noise() -> None:
     sampled every 50 steps, as recorded: 1.1 nat up over 300 steps, the two samples at 450
     and 500 just past baseline + 1 nat with a baseline of 5 noisy samples. With the gap's
     standard error (``noise_z``) it pages nothing; without it, it pages at 500."""
-    from dataclasses import replace
 
     logz = dict([(0, 5.55), (50, 5.25), (100, 5.98), (150, 6.19), (200, 6.44), (250, 6.78),
                  (300, 6.7), (350, 7.32), (400, 7.18), (450, 7.94), (500, 7.97),
                  (550, 7.62), (600, 7.76), (650, 7.84), (700, 7.8), (750, 7.9)])
     frames = frames_at(50, 800, lambda s: {"loss": 2.0, "final.logz": logz[s]})
     assert not by_rule(alerts_of(frames), "final_logz_departure")
-    plain = [replace(r, params={**r.params, "noise_z": 0.0})
-             if r.name == "final_logz_departure" else r for r in DEFAULT_RULES]
+    plain = _defaults_with("final_logz_departure", params={"noise_z": 0.0})
     assert [a.fired_step for a in by_rule(alerts_of(frames, rules=plain),
                                           "final_logz_departure")] == [500]
 
@@ -550,8 +555,7 @@ def test_a_garbage_batch_whose_next_batch_the_weights_still_fit_is_shown_not_pag
         jump = by_rule(alerts, "loss_jump")[0]
         assert "the loss still 3.01 over its median" in jump.evidence["escalated_because"], \
             jump.evidence["escalated_because"]
-    no_gate = [dataclasses.replace(r, params={**r.params, "aftershock_loss": 0.0})
-               if r.name == "loss_jump" else r for r in DEFAULT_RULES]
+    no_gate = _defaults_with("loss_jump", params={"aftershock_loss": 0.0})
     alerts = alerts_of(frames_at(1, 700, _sgd_run(events(4.5))), rules=no_gate)
     assert min(a.paged_step for a in alerts if a.paged_step is not None) == 401
 
@@ -614,8 +618,7 @@ def test_a_gradient_left_up_by_a_garbage_stretch_that_heals_is_shown_not_paged()
         assert "grad_blowup" in {a.rule for a in alerts}
         assert not [a for a in alerts if a.severity in ("warning", "critical")], \
             (k, [(a.rule, a.severity, a.fired_step) for a in alerts])
-    at30 = [dataclasses.replace(r, page=dataclasses.replace(r.page, after=30))
-            if r.name == "grad_blowup" else r for r in DEFAULT_RULES]
+    at30 = _defaults_with("grad_blowup", page={"after": 30})
     alerts = alerts_of(frames_at(1, 700, _sgd_run(events)), rules=at30)
     assert [a.paged_step for a in by_rule(alerts, "grad_blowup") if a.paged_step], alerts
 
