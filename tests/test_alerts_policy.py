@@ -694,12 +694,48 @@ def test_page_confirmation_is_validated() -> None:
             back.aftershock_above) == (1, 2.5, 2.2, 12)
 
 
-def _warmup_run(lr_at, loss_at, grad_at=lambda s: 0.5):  # type: ignore[no-untyped-def]
+def _warmup_run(lr_at, loss_at, grad_at=lambda s: 0.5,  # type: ignore[no-untyped-def]
+                clipped_at=lambda s: 0.0):
     def scalars(step: int) -> dict[str, float]:
         noise = 0.03 * ((step * 7) % 5 - 2)
         return {"loss": loss_at(step) + noise, "grad.norm": grad_at(step),
-                "grad.clipped": 0.0, "lr": lr_at(step)}
+                "grad.clipped": clipped_at(step), "lr": lr_at(step)}
     return scalars
+
+
+def test_loss_clip_ramp_pages_an_early_warm_up_whose_loss_climbs_at_the_clip() -> None:
+    """A warm-up ramping too far in its first 150 steps: the loss's level 0.35 nat above its
+    best while the gradient is clipped on every step (its norm 1.2-1.5 at the clip: no level
+    settled from step 100 to read 2.5x) pages `loss_clip_ramp`, not `loss_grad_ramp`, at
+    intervals 1 and 25 (every step's clip flag travels with the frames); the same climb
+    unclipped (an SGD warm-up bump), or clipped with the loss flat, does not page it."""
+    def lr(step: int) -> float:
+        return 1e-3 * (step + 1) / 300
+
+    def loss(step: int) -> float:
+        return 3.0 + min(0.35, 0.01 * (step - 100)) if step > 100 else 3.0
+
+    def clipped(step: int) -> float:
+        return 1.0 if step > 90 else 0.0
+
+    def grad(step: int) -> float:
+        return 1.2 + 0.3 * (step % 2) if step > 90 else 0.6
+
+    def fired(loss_at, clipped_at, k: int = 1):  # type: ignore[no-untyped-def]
+        frames = frames_at(k, 180, _warmup_run(lr, loss_at, grad, clipped_at), history=k > 1)
+        alerts = alerts_of(frames)
+        return [(a.fired_step, a.severity) for a in by_rule(alerts, "loss_clip_ramp")], alerts
+
+    for k in (1, 25):
+        got, alerts = fired(loss, clipped, k)
+        assert got and 135 <= got[0][0] <= 160 and got[0][1] == "warning", (k, got)
+        ev = by_rule(alerts, "loss_clip_ramp")[0].evidence
+        assert ev["grad.clipped_rate"] >= 0.75 and ev["above_lowest"] >= 0.3
+        assert not by_rule(alerts, "loss_grad_ramp") and not by_rule(alerts, "loss_ramp")
+    assert fired(loss, lambda s: 0.0)[0] == []  # the climb unclipped
+    assert fired(lambda s: 3.0, clipped)[0] == []  # clipped, the loss flat
+    # a third of the steps clipped is not "at the clip"
+    assert fired(loss, lambda s: 1.0 if s > 90 and s % 3 == 0 else 0.0)[0] == []
 
 
 def test_loss_grad_ramp_pages_a_warm_up_whose_loss_and_gradient_climb_together() -> None:

@@ -144,6 +144,22 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              summary="the loss's level rose 0.3 nat above its best and the gradient norm's "
              "2.5-fold above its lowest while the learning rate is still climbing (a warm-up "
              "ramping too far)"),
+    # the same loss level with the gradient at the clip on most steps instead of its level
+    # 2.5x up. Round seventeen (--split read17, 970 runs): a warm-up ramping too far within
+    # its first 150 steps diverges before the gradient's level has settled (from step 100)
+    # long enough to read 2.5x (four QK-norm ramps of the runs read were paged 2-15 steps
+    # after their divergence); there the gradient was clipped on every step for tens of
+    # steps. Of the 564 healthy runs read, none had the loss's level 0.3 nat up for 10
+    # steps while the LR climbed with more than a third of its last 20 steps clipped (one,
+    # a Llama at a high LR, with a fifth); the 13 fast ramps all reached 0.9.
+    # read17 @1: caught 372/386 -> 375/386, healthy paged 29/564 -> 29/564
+    RuleSpec("loss_clip_ramp", "level_rise", "loss", severity="warning", for_steps=10,
+             params={"window": 20, "margin": 0.3, "min_history": 50, "while_rising": "lr",
+                     "rising_span": 50, "rising_factor": 1.05, "rising_max": 4.0,
+                     "also_metric": "grad.clipped", "also_window": 20, "also_rate": 0.75},
+             summary="the loss's level rose 0.3 nat above its best with the gradient at the "
+             "clip on most steps while the learning rate is still climbing (a warm-up "
+             "ramping too far)"),
     RuleSpec("first_loss", "first_loss", "loss", severity="warning",
              summary="the first loss is far from ln(vocab)"),
     # -- the leading signals: attention logits leaving their range -------------------------

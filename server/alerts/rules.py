@@ -62,7 +62,9 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    ``also_metric: grad.norm``: only while that series' level (median of
                    its last ``also_window`` steps) is ``also_factor`` x the lowest it
                    settled to (from ``also_min_history`` steps into it) as well: two
-                   series rising together.
+                   series rising together. With ``also_rate``, the other series' mean over
+                   its last ``also_window`` steps must be at least ``also_rate`` instead
+                   (``also_metric: grad.clipped``: the share of those steps clipped).
 ``above_peak``     the value is above ``factor`` x the peak the series settled at (its highest
                    value before it went ``settle`` steps without a new high): a learning rate
                    re-warmed, ramped or jumped far above where its schedule had settled.

@@ -198,8 +198,9 @@ def level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     breach = level >= limit and (rising is None or (
         rising > float(r.param("rising_factor")) and (top is None or rising <= float(top))))
     if also is not None:
-        how[f"{r.param('also_metric')}_ratio"] = also
-        breach = breach and also >= float(r.param("also_factor"))
+        rate = r.param("also_rate")
+        how[f"{r.param('also_metric')}_{'rate' if rate is not None else 'ratio'}"] = also
+        breach = breach and also >= float(rate if rate is not None else r.param("also_factor"))
     return Verdict(breach, level,
                    {"level": level, "lowest_level": low, "limit": limit, "value": v,
                     "window": int(r.param("window")), **how},
@@ -222,14 +223,22 @@ def _also_level(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | Non
     its last ``also_window`` steps) over the lowest level it settled to (from
     ``also_min_history`` steps into it), for a rise that must be corroborated by another
     series' rise; 0.0 while unknown (or this frame does not carry it); None without the
-    parameter."""
+    parameter. With ``also_rate``, that scalar's mean over its last ``also_window`` steps
+    instead (a rate of a 0/1 flag, compared with ``also_rate``)."""
     name = r.param("also_metric")
     if not name:
         return None
     seen = _other_series(m, "also", fv, str(name), step)
+    span = int(r.param("also_window"))
+    if r.param("also_rate") is not None:
+        # ``also_rate``: the mean over the last ``also_window`` steps of a 0/1 series
+        # (``grad.clipped``: the share of those steps that were clipped), once it spans them
+        if not seen or seen[-1][0] != step or step - seen[0][0] < span - 1:
+            return 0.0
+        inside = [v for s_, v in seen if s_ > step - span]
+        return sum(inside) / len(inside)
     if not seen or seen[-1][0] != step or step - seen[0][0] < int(r.param("also_min_history")):
         return 0.0
-    span = int(r.param("also_window"))
     level = median(v for s_, v in seen if s_ > step - span)
     low = min(m.extra.get("also_low", math.inf), level)
     m.extra["also_low"] = low
