@@ -317,6 +317,8 @@ def test_step_median_weighs_each_sample_by_the_steps_it_stands_for() -> None:
      "param noise must be 'level' or 'diff'"),
     ({"name": "x", "kind": "level_rise", "metric": "m", "params": {"while_rising": 3}},
      "param while_rising must be a metric name or null"),
+    ({"name": "x", "kind": "level_rise", "metric": "m", "params": {"also_rate": 75}},
+     "param also_rate must be a share from 0 to 1 or null"),
     ({"name": "x", "kind": "ratio", "metric": "m", "params": {"other": 3}},
      "param other must be a non-empty string"),
     ({"name": "x", "kind": "departure", "metric": "m", "params": {"floor": float("nan")}},

@@ -450,6 +450,9 @@ def _param_problem(kind: str, key: str, v: Any) -> str:
         return "" if _number(v) else "must be a number"
     if key in _METRIC_OR_NULL:
         return "" if v is None or (isinstance(v, str) and v) else "must be a metric name or null"
+    if key == "also_rate":  # a share of steps (``grad.clipped``'s mean): above 1 never fires
+        ok = v is None or (_number(v) and 0 <= v <= 1)
+        return "" if ok else "must be a share from 0 to 1 or null"
     if default is None:
         return "" if v is None or _number(v) else "must be a number or null"
     if key == "op":
