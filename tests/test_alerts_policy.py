@@ -703,6 +703,14 @@ def _warmup_run(lr_at, loss_at, grad_at=lambda s: 0.5,  # type: ignore[no-untype
     return scalars
 
 
+def _fired_by(rule: str, steps: int, scalars: Any, k: int = 1
+              ) -> tuple[list[tuple[int, str]], list[AlertOut]]:
+    """``rule``'s alerts as ``(fired_step, severity)`` on ``steps`` steps of ``scalars``
+    sampled every ``k`` (every step's scalars in the history), and all the alerts."""
+    alerts = alerts_of(frames_at(k, steps, scalars, history=k > 1))
+    return [(a.fired_step, a.severity) for a in by_rule(alerts, rule)], alerts
+
+
 def test_loss_clip_ramp_pages_an_early_warm_up_whose_loss_climbs_at_the_clip() -> None:
     """A warm-up ramping too far in its first 150 steps: the loss's level 0.35 nat above its
     best while the gradient is clipped on every step (its norm 1.2-1.5 at the clip: no level
@@ -722,9 +730,7 @@ def test_loss_clip_ramp_pages_an_early_warm_up_whose_loss_climbs_at_the_clip() -
         return 1.2 + 0.3 * (step % 2) if step > 90 else 0.6
 
     def fired(loss_at, clipped_at, k: int = 1):  # type: ignore[no-untyped-def]
-        frames = frames_at(k, 180, _warmup_run(lr, loss_at, grad, clipped_at), history=k > 1)
-        alerts = alerts_of(frames)
-        return [(a.fired_step, a.severity) for a in by_rule(alerts, "loss_clip_ramp")], alerts
+        return _fired_by("loss_clip_ramp", 180, _warmup_run(lr, loss_at, grad, clipped_at), k)
 
     for k in (1, 25):
         got, alerts = fired(loss, clipped, k)
@@ -753,9 +759,7 @@ def test_loss_grad_ramp_pages_a_warm_up_whose_loss_and_gradient_climb_together()
         return 0.5 * min(3.0, 1.0 + 0.04 * (step - 180)) if step > 180 else 0.5
 
     def fired(loss_at, grad_at, k: int = 1):  # type: ignore[no-untyped-def]
-        frames = frames_at(k, 400, _warmup_run(lr, loss_at, grad_at), history=k > 1)
-        alerts = alerts_of(frames)
-        return [(a.fired_step, a.severity) for a in by_rule(alerts, "loss_grad_ramp")], alerts
+        return _fired_by("loss_grad_ramp", 400, _warmup_run(lr, loss_at, grad_at), k)
 
     for k in (1, 25):
         got, alerts = fired(loss, grad, k)
