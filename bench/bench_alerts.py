@@ -75,7 +75,9 @@ the change after round fifteen (tuning data: ``--split read16``); a nineteenth
 (``scenario_specs_fresh18.py``, split ``fresh18``) after the eighteenth was replayed, for the
 change after round sixteen (tuning data: ``--split read17``); a twentieth
 (``scenario_specs_fresh19.py``, split ``fresh19``) after the nineteenth was replayed, for the
-change after round seventeen (tuning data: ``--split read18``).
+change after round seventeen (tuning data: ``--split read18``), replayed with round seventeen's
+rules unchanged; a twenty-first (``scenario_specs_fresh20.py``, split ``fresh20``) after it,
+for the change after round seventeen (tuning data: ``--split read19``).
 
 Usage::
 
@@ -405,13 +407,14 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: every recorded set, in the order they were fixed
-SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 20)))
+SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 21)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data)
 READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4", "read6": "fresh6",
                 "read7": "fresh7", "read8": "fresh8", "read9": "fresh9", "read10": "fresh10",
                 "read11": "fresh11", "read12": "fresh12",
                 "read13": "fresh13", "read14": "fresh14", "read15": "fresh15", "read16": "fresh16",
                 "read17": "fresh17", "read18": "fresh18",
+                "read19": "fresh19",
                 "all": SETS[-1]}
 
 

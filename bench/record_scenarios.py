@@ -86,6 +86,7 @@ from scenario_specs_fresh16 import FRESH16  # noqa: E402
 from scenario_specs_fresh17 import FRESH17  # noqa: E402
 from scenario_specs_fresh18 import FRESH18  # noqa: E402
 from scenario_specs_fresh19 import FRESH19  # noqa: E402
+from scenario_specs_fresh20 import FRESH20  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -100,7 +101,8 @@ STOP_DIVERGED = 100  # stop this many steps after a divergence that has not reco
 ALL: list[Scenario] = [*SCENARIOS, *FRESH, *FRESH2, *FRESH3, *FRESH4, *FRESH5, *FRESH6,
                        *FRESH7, *FRESH8, *FRESH9, *FRESH10,
                        *FRESH11, *FRESH12, *FRESH13, *FRESH14,
-                       *FRESH15, *FRESH16, *FRESH17, *FRESH18, *FRESH19]
+                       *FRESH15, *FRESH16, *FRESH17, *FRESH18, *FRESH19,
+                       *FRESH20]
 BY_NAME = {s.name: s for s in ALL}
 
 
@@ -274,9 +276,11 @@ SPLITS.update({s.name: "fresh16" for s in FRESH16})
 SPLITS.update({s.name: "fresh17" for s in FRESH17})
 SPLITS.update({s.name: "fresh18" for s in FRESH18})
 SPLITS.update({s.name: "fresh19" for s in FRESH19})
+SPLITS.update({s.name: "fresh20" for s in FRESH20})
 SPLIT_NAMES = ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
                "fresh6", "fresh7", "fresh8", "fresh9", "fresh10", "fresh11", "fresh12",
-               "fresh13", "fresh14", "fresh15", "fresh16", "fresh17", "fresh18", "fresh19")
+               "fresh13", "fresh14", "fresh15", "fresh16", "fresh17", "fresh18", "fresh19",
+               "fresh20")
 
 
 # -- recording ----------------------------------------------------------------------------
