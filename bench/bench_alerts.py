@@ -74,10 +74,10 @@ change after round fourteen (tuning data: ``--split read15``); an eighteenth
 the change after round fifteen (tuning data: ``--split read16``); a nineteenth
 (``scenario_specs_fresh18.py``, split ``fresh18``) after the eighteenth was replayed, for the
 change after round sixteen (tuning data: ``--split read17``); a twentieth
-(``scenario_specs_fresh19.py``, split ``fresh19``) after the nineteenth was replayed, for the
-change after round seventeen (tuning data: ``--split read18``), replayed with round seventeen's
-rules unchanged; a twenty-first (``scenario_specs_fresh20.py``, split ``fresh20``) after it,
-for the change after round seventeen (tuning data: ``--split read19``).
+(``scenario_specs_fresh19.py``, split ``fresh19``) after the nineteenth was replayed, and
+replayed once with round seventeen's rules unchanged (a second held-out reading of them); a
+twenty-first (``scenario_specs_fresh20.py``, split ``fresh20``) after it, for the change
+after round seventeen (tuning data: ``--split read19``).
 
 Usage::
 
@@ -406,15 +406,14 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
     return "\n".join(out)
 
 
+#: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
+NEWEST = 20
 #: every recorded set, in the order they were fixed
-SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 21)))
-#: the "read" splits: every set up to and including the one named (a round's tuning data)
-READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4", "read6": "fresh6",
-                "read7": "fresh7", "read8": "fresh8", "read9": "fresh9", "read10": "fresh10",
-                "read11": "fresh11", "read12": "fresh12",
-                "read13": "fresh13", "read14": "fresh14", "read15": "fresh15", "read16": "fresh16",
-                "read17": "fresh17", "read18": "fresh18",
-                "read19": "fresh19",
+SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
+#: the "read" splits: every set up to and including the one named (a round's tuning data);
+#: from read6 on, readN reads through freshN
+READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4",
+                **{f"read{i}": f"fresh{i}" for i in range(6, NEWEST)},
                 "all": SETS[-1]}
 
 

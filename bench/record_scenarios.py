@@ -98,11 +98,15 @@ DEGRADED_NATS = 0.25
 STOP_NONFINITE = 10  # stop after this many non-finite losses in a row
 STOP_DIVERGED = 100  # stop this many steps after a divergence that has not recovered
 
-ALL: list[Scenario] = [*SCENARIOS, *FRESH, *FRESH2, *FRESH3, *FRESH4, *FRESH5, *FRESH6,
-                       *FRESH7, *FRESH8, *FRESH9, *FRESH10,
-                       *FRESH11, *FRESH12, *FRESH13, *FRESH14,
-                       *FRESH15, *FRESH16, *FRESH17, *FRESH18, *FRESH19,
-                       *FRESH20]
+#: the held-out sets, each fixed and recorded after the one before it had been read, in the
+#: order they were fixed: each is its own split, named by its key (a new set: one entry here)
+HELD_OUT: dict[str, list[Scenario]] = {
+    "fresh": FRESH, "fresh2": FRESH2, "fresh3": FRESH3, "fresh4": FRESH4, "fresh5": FRESH5,
+    "fresh6": FRESH6, "fresh7": FRESH7, "fresh8": FRESH8, "fresh9": FRESH9, "fresh10": FRESH10,
+    "fresh11": FRESH11, "fresh12": FRESH12, "fresh13": FRESH13, "fresh14": FRESH14,
+    "fresh15": FRESH15, "fresh16": FRESH16, "fresh17": FRESH17, "fresh18": FRESH18,
+    "fresh19": FRESH19, "fresh20": FRESH20}
+ALL: list[Scenario] = [*SCENARIOS, *(s for runs in HELD_OUT.values() for s in runs)]
 BY_NAME = {s.name: s for s in ALL}
 
 
@@ -254,33 +258,8 @@ def assign_splits(scenarios: list[Scenario]) -> dict[str, str]:
 
 
 SPLITS = assign_splits(SCENARIOS)
-#: the second held-out set, recorded after the first held-out half had been read
-SPLITS.update({s.name: "fresh" for s in FRESH})
-#: the third held-out set, recorded after the second had been read
-SPLITS.update({s.name: "fresh2" for s in FRESH2})
-#: the fourth, fixed after the third had been read (round four's held-out set)
-SPLITS.update({s.name: "fresh3" for s in FRESH3})
-SPLITS.update({s.name: "fresh4" for s in FRESH4})
-SPLITS.update({s.name: "fresh5" for s in FRESH5})
-SPLITS.update({s.name: "fresh6" for s in FRESH6})
-SPLITS.update({s.name: "fresh7" for s in FRESH7})
-SPLITS.update({s.name: "fresh8" for s in FRESH8})
-SPLITS.update({s.name: "fresh9" for s in FRESH9})
-SPLITS.update({s.name: "fresh10" for s in FRESH10})
-SPLITS.update({s.name: "fresh11" for s in FRESH11})
-SPLITS.update({s.name: "fresh12" for s in FRESH12})
-SPLITS.update({s.name: "fresh13" for s in FRESH13})
-SPLITS.update({s.name: "fresh14" for s in FRESH14})
-SPLITS.update({s.name: "fresh15" for s in FRESH15})
-SPLITS.update({s.name: "fresh16" for s in FRESH16})
-SPLITS.update({s.name: "fresh17" for s in FRESH17})
-SPLITS.update({s.name: "fresh18" for s in FRESH18})
-SPLITS.update({s.name: "fresh19" for s in FRESH19})
-SPLITS.update({s.name: "fresh20" for s in FRESH20})
-SPLIT_NAMES = ("tune", "holdout", "fresh", "fresh2", "fresh3", "fresh4", "fresh5",
-               "fresh6", "fresh7", "fresh8", "fresh9", "fresh10", "fresh11", "fresh12",
-               "fresh13", "fresh14", "fresh15", "fresh16", "fresh17", "fresh18", "fresh19",
-               "fresh20")
+SPLITS.update({s.name: split for split, runs in HELD_OUT.items() for s in runs})
+SPLIT_NAMES = ("tune", "holdout", *HELD_OUT)
 
 
 # -- recording ----------------------------------------------------------------------------

@@ -128,6 +128,11 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
     for split, runs in sets.items():
         assert {n for n, h in rec.SPLITS.items() if h == split} == {s.name for s in runs}
     assert set(rec.SPLIT_NAMES) == {"tune", "holdout", *sets}
+    # the bench replays exactly the recorded sets, in the order they were fixed, and each
+    # read split reads through its own set
+    bench = _load("bench_alerts")
+    assert bench.SETS == rec.SPLIT_NAMES
+    assert all(bench.READ_THROUGH[f"read{i}"] == f"fresh{i}" for i in range(6, bench.NEWEST))
     assert len(rec.BY_NAME) == len(rec.ALL)  # no name twice
     assert not {s.name for s in rec.FRESH} & set(splits)
     assert splits == rec.assign_splits(list(reversed(rec.SCENARIOS)))  # order-free
