@@ -14,8 +14,12 @@ event says it is done, typically a step later) and sample the next step when
   ``LOSS_Z`` robust deviations (1.4826 x MAD) and at least ``LOSS_MIN`` nats (the loss-jump
   rule's own test, so what pages is what was sampled),
 
-at most once every ``REARM`` steps while it lasts (a persisting blow-up is followed by a
-sample every ``REARM`` steps; a steady run never triggers). Thresholds follow the
+at most ``BURST`` times within ``REARM`` steps (a persisting blow-up is followed by a
+sample on each of its first three anomalous steps, then by one every few steps; a steady
+run never triggers). Three, because the collector's ``loss_jump`` decides a page on the
+jump and the two steps after it (a second breach, or the gradient's aftershock): with one
+sample per ``REARM`` steps, a blow-up whose jump came a step after the first trigger was
+judged on time but heard of only at the next scheduled frame, up to ``k`` steps later. Thresholds follow the
 collector's default ``grad_spike`` / ``loss_jump`` rules rather than being fitted to any
 run. Pure Python, shared by the hooks and by the bench that derives what a job sampling
 one step in k sends (``bench/scenario_frames.py``).
@@ -27,7 +31,7 @@ import math
 from collections import deque
 from statistics import median
 
-__all__ = ["GRAD_FACTOR", "LOSS_MIN", "LOSS_Z", "MIN_SEEN", "REARM", "WINDOW", "StepWatch"]
+__all__ = ["BURST", "GRAD_FACTOR", "LOSS_MIN", "LOSS_Z", "MIN_SEEN", "REARM", "WINDOW", "StepWatch"]
 
 WINDOW = 64
 MIN_SEEN = 16
@@ -35,6 +39,7 @@ GRAD_FACTOR = 10.0
 LOSS_Z = 8.0
 LOSS_MIN = 0.5
 REARM = 10
+BURST = 3
 
 
 def _finite(v: object) -> float | None:
@@ -51,6 +56,7 @@ class StepWatch:
         self.losses: deque[float] = deque(maxlen=WINDOW)
         self.norms: deque[float] = deque(maxlen=WINDOW)
         self.last_fire: int | None = None
+        self._fires: deque[int] = deque(maxlen=BURST)  # the last triggers' steps
         self.bad = False  # the previous step was non-finite
         self.fired = 0
 
@@ -76,8 +82,10 @@ class StepWatch:
         """Record ``step``'s ``loss`` and gradient ``norm``; True if the next step should be
         sampled."""
         hit = self._anomaly(_finite(loss), _finite(norm))
-        if not hit or (self.last_fire is not None and step - self.last_fire < REARM):
+        fires = self._fires
+        if not hit or (len(fires) == BURST and step - fires[0] < REARM):
             return False
+        fires.append(step)
         self.last_fire = step
         self.fired += 1
         return True

@@ -193,14 +193,18 @@ def test_derive_is_what_a_job_sampling_every_k_sends() -> None:
 
 
 def test_a_spike_is_sampled_at_once_and_a_steady_run_never() -> None:
-    from logitwatch.hooks._stepwatch import REARM, StepWatch
+    from logitwatch.hooks._stepwatch import BURST, REARM, StepWatch
 
     w = StepWatch()
     steady = [w.step(s, 3.0 - 0.001 * s + 0.01 * (s % 3), 0.5 + 0.05 * (s % 4))
               for s in range(300)]
     assert not any(steady)
     assert w.step(300, 3.0, 8.0)  # the gradient norm 16x its median
-    assert not w.step(301, 3.0, 8.0)  # re-armed only REARM steps later
+    # the steps after it are sampled too while they stay anomalous (the collector decides
+    # a jump on it and the two steps after), then no more than BURST within REARM steps
+    assert BURST == 3
+    assert w.step(301, 3.0, 8.0) and w.step(302, 3.0, 8.0)
+    assert not w.step(303, 3.0, 8.0) and not w.step(300 + REARM - 1, 3.0, 8.0)
     assert w.step(300 + REARM, 9.0, 0.5)  # a loss 6 nats above its median
     assert w.step(320, float("nan"), 0.5)  # the first non-finite step
     assert not w.step(340, float("nan"), 0.5)  # the run of NaN goes on: once is enough
