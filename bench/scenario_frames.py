@@ -24,10 +24,15 @@ sends it) carries in each frame the scalars of the steps in between as ``history
   ``grad.clip_rate`` = the share of clipped steps since the previous frame (what the hooks
   count on the device between two samples), and ``hooks.overhead`` (the monitor's share
   of training time at the recorded interval) is left out;
+* every ``flush_every`` (10) unsampled steps, the frame the hooks send ahead of the next
+  sample (``history_every``, ``logitwatch.hooks._history_flush``): the last of those steps
+  with its history scalars (no heads, ``hooks.history_flush`` = 1) and the steps before
+  it as its history. A CPU job sends it at once; a CUDA job once its copy is done,
+  typically a step later (not modelled: the bench's "on arrival" figures are the CPU's);
 * where the run ended between two samples, the frame ``Monitor.close()`` sends: the last
-  step with its history scalars (no heads) and the
-  steps before it as its history (with ``history=False`` there is none, as the hooks send
-  none to a client that does not take history).
+  step with its history scalars (no heads, ``hooks.closing`` = 1) and the steps before it
+  since the previous frame as its history (with ``history=False`` there is none, as the
+  hooks send none to a client that does not take history).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from logitwatch.hooks._optim_kind import adaptive_by_name
 HISTORY_SCALARS = ("loss", "grad.norm", "grad.clipped", "lr", "final.logz", "final.hidden_rms")
 #: Per-sample scalars that only describe the recorded interval (dropped from derived frames).
 INTERVAL_ONLY = ("hooks.overhead",)
+#: The hooks' default ``history_every`` (``logitwatch.hooks._history_flush``).
+FLUSH_EVERY = 10
 
 
 def read_run(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -78,19 +85,29 @@ def _clip_rate(values: list[Any]) -> float | None:
 
 
 def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True,
-           spike_watch: bool = True) -> list[dict[str, Any]]:
+           spike_watch: bool = True, flush_every: int | None = FLUSH_EVERY,
+           ) -> list[dict[str, Any]]:
     """The frames of ``frames`` (one per step, in step order) that a job sampling one step
     in ``k`` sends, as it sends them (see the module docstring). ``history=False`` leaves
-    the history out (a collector that does not take it)."""
+    the history out (a collector that does not take it); ``flush_every`` (the hooks'
+    ``history_every``, None: off) sends the kept steps ahead of the next frame."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     by_step = {f["step"]: f for f in frames}
     sampled = set(schedule(frames, k, spike_watch=spike_watch))
+    flush = flush_every if history and flush_every else None
     out: list[dict[str, Any]] = []
-    prev: int | None = None
+    prev: int | None = None  # the last sampled step
+    kept: list[int] = []  # unsampled steps since the last frame sent (sampled or flush)
     for f in frames:
         step = f["step"]
         if step not in sampled:
+            if prev is not None:
+                kept.append(step)
+            if flush is not None and len(kept) >= flush:
+                out.append(_scalars_frame(by_step[step], kept[:-1], by_step, len(out) + 1,
+                                          flag="hooks.history_flush", every=k))
+                kept = []
             continue
         between = [] if prev is None else list(range(prev + 1, step))
         g = {key: v for key, v in f.items() if key != "history"}
@@ -105,19 +122,15 @@ def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True,
                 scalars["grad.clip_rate"] = rate
         g["scalars"] = scalars
         g["seq"] = len(out) + 1
-        if history and between:
-            steps = [s for s in between if s in by_step]
-            if steps:
-                g["history"] = {"steps": steps, "scalars": {
-                    name: [by_step[s]["scalars"].get(name) for s in steps]
-                    for name in HISTORY_SCALARS
-                    if any(name in by_step[s]["scalars"] for s in steps)}}
+        if history and kept:
+            g["history"] = _history(kept, by_step)
+        kept = []
         out.append(g)
         prev = step
     last = frames[-1]["step"] if frames else None
-    if history and prev is not None and last is not None and last > prev:
-        out.append(_closing_frame(frames[-1], [s for s in range(prev + 1, last)
-                                               if s in by_step], by_step, len(out) + 1))
+    if history and kept and kept[-1] == last:
+        out.append(_scalars_frame(frames[-1], kept[:-1], by_step, len(out) + 1,
+                                  flag="hooks.closing", every=k))
     return out
 
 
@@ -149,18 +162,24 @@ def schedule(frames: list[dict[str, Any]], k: int, *, spike_watch: bool = True) 
     return out
 
 
-def _closing_frame(f: dict[str, Any], between: list[int], by_step: dict[int, Any],
-                   seq: int) -> dict[str, Any]:
-    """What the hooks send at ``Monitor.close()`` when the run ended between two samples:
-    one frame at the last step with its four history scalars (no heads), the steps before
-    it since the previous frame as its history."""
+def _history(steps: list[int], by_step: dict[int, Any]) -> dict[str, Any]:
+    return {"steps": steps, "scalars": {
+        name: [by_step[s]["scalars"].get(name) for s in steps]
+        for name in HISTORY_SCALARS if any(name in by_step[s]["scalars"] for s in steps)}}
+
+
+def _scalars_frame(f: dict[str, Any], between: list[int], by_step: dict[int, Any],
+                   seq: int, *, flag: str, every: int) -> dict[str, Any]:
+    """A frame without heads at ``f``'s step with its history scalars and the steps before
+    it since the previous frame as its history: what ``Monitor.close()`` sends when the run
+    ended between two samples (``flag`` ``hooks.closing``), and a flush of the history
+    between samples (``hooks.history_flush``)."""
     g = {key: v for key, v in f.items() if key not in ("history", "scalars", "heads")}
-    g.update(seq=seq, heads={}, scalars={n: f["scalars"][n] for n in HISTORY_SCALARS
-                                         if f["scalars"].get(n) is not None})
+    scalars = {n: f["scalars"][n] for n in HISTORY_SCALARS if f["scalars"].get(n) is not None}
+    scalars.update({flag: 1.0, "hooks.sample_every": float(every)})
+    g.update(seq=seq, heads={}, scalars=scalars)
     if between:
-        g["history"] = {"steps": between, "scalars": {
-            name: [by_step[s]["scalars"].get(name) for s in between]
-            for name in HISTORY_SCALARS if any(name in by_step[s]["scalars"] for s in between)}}
+        g["history"] = _history(between, by_step)
     return g
 
 

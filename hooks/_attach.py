@@ -11,6 +11,7 @@ import torch
 from logitwatch.client import Client, ClientConfig
 
 from ._cost import MAX_INTERVAL
+from ._history_flush import DEFAULT_EVERY as DEFAULT_FLUSH
 from ._logits import DEFAULT_BUDGET
 from ._monitor import Monitor
 from ._qk_find import QKLayout
@@ -76,6 +77,7 @@ def attach(
     tp_group: object | None = None,
     tp_rank: int | None = None,
     config: Mapping[str, object] | None = None,
+    history_every: int | None = DEFAULT_FLUSH,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
 
@@ -152,6 +154,12 @@ def attach(
         config: The run's configuration, a dict of JSON values (hyperparameters, model,
             data), shown in the collector's runs list; sent once by rank 0 in the
             background (``Client.set_config``). Values JSON cannot carry are left out.
+        history_every: Send the steps between samples (loss, grad norm, clip flag, lr, log
+            Z, hidden RMS) every this many unsampled steps, ahead of the next frame
+            (default 10), so that an alert judged on them reaches the collector within
+            that many steps whatever the sampling interval; read where that costs no
+            sync (host memory, or a non-blocking copy on CUDA sent once done, typically
+            a step later). None or 0: they travel with the next sampled frame only.
 
     Raises:
         TypeError, ValueError: An argument is invalid (checked here, never later).
@@ -201,6 +209,10 @@ def attach(
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"attach: config must be a dict, got {type(config).__name__}")
     fuses = parse_fuses(fuses) or None  # checked before anything is hooked
+    if history_every is not None and (isinstance(history_every, bool) or not isinstance(
+            history_every, int) or history_every < 0):
+        raise ValueError(
+            f"attach: history_every must be an int >= 0 or None, got {history_every!r}")
     if tp_rank is not None and tp_group is None:
         raise ValueError("attach: tp_rank needs tp_group")
     owns_client = client is None
@@ -227,4 +239,5 @@ def attach(
         reduce_ranks=reduce_ranks,
         tp_group=tp_group,
         tp_rank=tp_rank,
+        history_every=history_every,
     )

@@ -55,7 +55,10 @@ class FramesMixin:
         if self._ranks is not None and not self._ranks.sends:
             return  # reduce-before-send: the group's leader sends
         try:
+            self._send_flush(self._hflush.ready(wait=True))  # at close: a wait is allowed
             block = None if "history" in self.disabled else self._history.take()
+            if block is None and self._hflush.sent_to == last:
+                return  # a flush sent the last step already
             heads: dict[str, list[torch.Tensor]] = {}
             if self._shard is None and self._qk and "qk" not in self.disabled:
                 try:
@@ -98,6 +101,58 @@ class FramesMixin:
             self._history.end_step(step)
         except Exception:
             self._fail("history")
+
+    def _flush_between(self) -> None:
+        """After an unsampled step: send a started flush once its values are ready, and
+        start the next when ``every`` steps are kept (:mod:`~logitwatch.hooks._history_flush`).
+        Never a sync: a flush whose copy is still in flight waits for a later step."""
+        flush = self._hflush
+        if (not flush.enabled or "history" in self.disabled or "step" in self.disabled
+                or (self._ranks is not None and not self._ranks.sends)):
+            return
+        try:
+            self._send_flush(flush.ready())
+            if flush.busy or self._history.kept < (flush.every or 0):
+                return
+            device = self._history.device
+            if device is not None and device.type not in ("cpu", "cuda"):
+                flush.enabled = False  # no event to poll: the history goes with the frames
+                return
+            if device is not None and device.type == "cuda" and not flush.prepare(
+                    self._history.capacity):
+                self._warn_once("history-flush", "no pinned memory for the history's "
+                                "flushes; the steps between samples go with the next frame")
+                return
+            block = self._history.take()
+            if block is not None:
+                flush.start(block, self._history.read_host(block))
+                self._send_flush(flush.ready())
+        except Exception:
+            flush.enabled = False
+            self._warn_once("history-flush", "sending the history between samples failed; "
+                            "the steps between samples go with the next frame")
+
+    def _send_flush(self, got: tuple[HistoryBlock, list[float]] | None) -> None:
+        """Send a flushed history: a scalars-only frame at its last step
+        (``hooks.history_flush`` = 1), the steps before it as its history."""
+        if got is None:
+            return
+        block, flat = got
+        hist = block.values(flat)
+        steps, series = hist["steps"], hist["scalars"]
+        if not steps:
+            return
+        scalars: dict[str, float] = {n: v[-1] for n, v in series.items() if v[-1] is not None}
+        scalars["hooks.history_flush"] = 1.0
+        scalars["hooks.sample_every"] = float(self._effective_every)
+        if block.dropped:
+            scalars["hooks.history_dropped"] = float(block.dropped)
+        self._hflush.sent_to = steps[-1]
+        if len(steps) > 1 and self._send_takes_history():
+            rest = {"steps": steps[:-1], "scalars": {n: v[:-1] for n, v in series.items()}}
+            self.client.send(steps[-1], scalars, {}, time=time.time(), history=rest)
+        else:
+            self.client.send(steps[-1], scalars, {}, time=time.time())
 
     def _take_history(self) -> HistoryBlock | None:
         """The steps since the previous frame, for this frame (their rows are read back
@@ -256,6 +311,10 @@ class FramesMixin:
         self._frames += 1
         if self._ranks is not None and not self._ranks.sends:
             return  # reduce-before-send: the group's leader sends
+        try:  # a flush still in flight goes first: its steps come before this frame's
+            self._send_flush(self._hflush.ready(wait=True))  # the read-back above synced
+        except Exception:
+            self._fail("history")
         if history is not None and history["scalars"] and self._send_takes_history():
             self.client.send(step, out_scalars, out_heads, time=time.time(), history=history)
         else:

@@ -58,6 +58,7 @@ class HistoryBlock:
     host_values: list[dict[int, float]]  # per step: column -> value written on the host
     limits: list[float | None]  # per step: the clip call's max_norm, for the host's flag
     dropped: int
+    start: int = 0  # the ring row of the first step
 
     def values(self, flat: list[float]) -> dict[str, Any]:
         """``{"steps", "scalars"}`` from the read-back rows (``flat``: row-major floats);
@@ -110,6 +111,16 @@ class StepHistory:
         self._pending: tuple[int, Any, Any] | None = None
         self._host_view: Any = None  # a CPU buffer's memory, as numpy
         self._staged_meta: tuple[int, dict[int, float]] = (0, {})
+
+    @property
+    def kept(self) -> int:
+        """Steps kept since the last :meth:`take`."""
+        return self._count
+
+    @property
+    def device(self) -> torch.device | None:
+        """Where the buffer lives (None until a device value was first written)."""
+        return None if self._buf is None else self._buf.device
 
     # -- the current step ------------------------------------------------------------------
 
@@ -326,6 +337,20 @@ class StepHistory:
             steps=[self._steps[r] for r in rows], tensors=tensors,
             device_masks=[self._masks[r] for r in rows],
             host_values=[self._host[r] for r in rows],
-            limits=[self._limits[r] for r in rows], dropped=dropped)
+            limits=[self._limits[r] for r in rows], dropped=dropped, start=start)
         self._next = 0
         return block
+
+    def read_host(self, block: HistoryBlock) -> list[float] | None:
+        """``block``'s rows as floats, row-major, where the buffer is host memory (read
+        through its numpy view: no tensor call at all), else None. Call before the next
+        step writes into the ring."""
+        view = self._host_view
+        if view is None or not block.tensors:
+            return None if block.tensors else []
+        n, start = len(block.steps), block.start
+        end = start + n
+        if end <= self.capacity:
+            return view[_WIDTH * start:_WIDTH * end].tolist()
+        return (view[_WIDTH * start:].tolist()
+                + view[:_WIDTH * (end - self.capacity)].tolist())

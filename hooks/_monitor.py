@@ -19,6 +19,8 @@ from ._cost import MAX_INTERVAL, CostMeter, thread_clock
 from ._final import find_output_head, vocab_size
 from ._frames import FramesMixin
 from ._history import StepHistory
+from ._history_flush import DEFAULT_EVERY as DEFAULT_FLUSH
+from ._history_flush import HistoryFlush
 from ._logits import DEFAULT_BUDGET
 from ._lrwatch import LrWatch
 from ._optim_kind import adaptive
@@ -56,7 +58,9 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
     comparisons, a ``perf_counter()``, (when the job clips) one on-device comparison for
     the clip rate, and a few on-device copies that keep the step's loss, grad norm and
     clip flag (and its lr, a host float) for the next frame's ``history`` (see
-    :mod:`~logitwatch.hooks._history`); they never read a tensor value.
+    :mod:`~logitwatch.hooks._history`); they never read a tensor value. Every
+    ``history_every`` unsampled steps that history is sent ahead of the next frame, read
+    where that costs no sync (:mod:`~logitwatch.hooks._history_flush`).
 
     Capture rule: a forward is measured only when the step is sampled, the model is in
     training mode (``model.training``), autograd is enabled and it is not being traced
@@ -100,6 +104,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         reduce_ranks: Any = None,
         tp_group: Any = None,
         tp_rank: int | None = None,
+        history_every: int | None = DEFAULT_FLUSH,
     ) -> None:
         # checked before anything is installed: a bad ``fuses`` raises with the model untouched
         fuse_list = parse_fuses(fuses)
@@ -134,6 +139,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._clip_steps = 0
         self._clipped_window: deque[float] = deque(maxlen=CLIP_WINDOW)
         self._history = StepHistory()
+        self._hflush = HistoryFlush(history_every)
         self._lr_watch = LrWatch()
         self._spike_watch = StepWatch()
         self._send_key: Any = None
@@ -378,6 +384,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._qk_find.close()
         self.fuses.close()
         self._flush_history()
+        self._hflush.release()
         if self._owns_client:
             if finished and self._step > 0:
                 self.client.finish(step=self._step - 1)  # the last step, sampled or not
@@ -402,6 +409,8 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         step, sampled, scheduled = self._step, self.sampled, self._scheduled
         vec = None
         self._end_history(step)
+        if not scheduled:
+            self._flush_between()
         try:
             if scheduled or self.max_only:
                 self._stop_capture()

@@ -392,6 +392,13 @@ class Sink:
 
         self.client.send = send  # type: ignore[method-assign]
 
+    def sampled(self) -> list[int]:
+        """The sampled steps: frames that are neither a flush of the history between
+        samples nor the closing frame."""
+        return [f["step"] for f in self.frames
+                if "hooks.history_flush" not in f["scalars"]
+                and "hooks.closing" not in f["scalars"]]
+
     def every_step(self, name: str) -> dict[int, float | None]:
         """``name`` at every step the frames tell of: their own scalars and histories."""
         out: dict[int, float | None] = {}
@@ -713,7 +720,7 @@ def test_an_lr_jump_or_a_climb_past_the_settled_peak_samples_the_next_step(
     seen = train(model, opt, 216, sched=sched)
     mon.close()
     assert sink.frames[-1]["step"] == 215  # close() sends the steps since the last frame
-    sampled = [f["step"] for f in sink.frames[:-1]]
+    sampled = sink.sampled()
     watch, expected, last = LrWatch(), [0], 0
     for s in range(215):
         if watch.step(s, seen[s]["lr"]) or s + 1 >= last + 40:
@@ -783,7 +790,7 @@ def test_a_loss_or_grad_spike_samples_the_next_step_without_a_sync(torch_one_thr
             opt.zero_grad()
         syncs.append(probe.calls)
     mon.close()
-    sampled = [f["step"] for f in sink.frames[:-1]]
+    sampled = sink.sampled()
     assert 71 in sampled and 111 in sampled, sampled
     assert [s for s in sampled if s < 71] == [0, 50]  # steady training: nothing extra
     assert all(syncs[s] == [] for s in range(130) if s not in sampled), syncs

@@ -184,7 +184,8 @@ def test_derive_is_what_a_job_sampling_every_k_sends() -> None:
     assert [f["step"] for f in tail] == [0, 5, 7]
     assert tail[2]["heads"] == {} and tail[2]["seq"] == 3
     assert tail[2]["scalars"] == {"loss": 2.93, "grad.norm": 7.5, "grad.clipped": 0.0,
-                                  "lr": 1e-3}
+                                  "lr": 1e-3, "hooks.closing": 1.0,
+                                  "hooks.sample_every": 5.0}
     assert tail[2]["history"]["steps"] == [6]
     one = sf.derive(frames, 1)
     assert [f["step"] for f in one] == list(range(8)) and all("history" not in f for f in one)
@@ -217,9 +218,33 @@ def test_derived_frames_pass_the_collectors_schema() -> None:
     from logitwatch.server.schemas import IngestIn
 
     frames = [_frame(s, 0.0) for s in range(100)]
-    body = IngestIn.model_validate({"frames": sf.derive(frames, 40)})
+    body = IngestIn.model_validate({"frames": sf.derive(frames, 40, flush_every=None)})
     assert [f.step for f in body.frames] == [0, 40, 80, 99]  # 99: the closing frame
     assert body.frames[1].history is not None and body.frames[1].history.steps[0] == 1
+    # the hooks' history flush: the kept steps every 10 unsampled steps, ahead of the frame
+    body = IngestIn.model_validate({"frames": sf.derive(frames, 40)})
+    assert [f.step for f in body.frames] == [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99]
+    flush = body.frames[1]
+    assert flush.heads == {} and flush.scalars["hooks.history_flush"] == 1.0
+    assert flush.history is not None and flush.history.steps == list(range(1, 10))
+    assert body.frames[4].history is not None and body.frames[4].history.steps == list(
+        range(31, 40))  # the sampled frame carries only the steps since the flush
+
+
+def test_derived_flushes_keep_every_step_and_do_not_move_the_samples() -> None:
+    sf = _load("scenario_frames")
+    frames = [_frame(s, 0.0) for s in range(137)]
+    for k in (1, 7, 25, 50):
+        plain = sf.derive(frames, k, flush_every=None)
+        flushed = sf.derive(frames, k)
+        heads = [f["step"] for f in flushed if f["heads"]]
+        assert heads == [f["step"] for f in plain if f["heads"]], k
+        told = sorted(s for f in flushed for s in [*f.get("history", {}).get("steps", []),
+                                                   f["step"]])
+        assert told == list(range(137)), k  # each step exactly once
+        # a frame at least every 10 steps, whatever the interval
+        assert max(f["step"] - e["step"] for e, f in zip(flushed, flushed[1:],
+                                                         strict=False)) <= min(k, 10), k
 
 
 # -- the recorded suite ---------------------------------------------------------------------
