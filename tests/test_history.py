@@ -799,3 +799,52 @@ def test_a_loss_or_grad_spike_samples_the_next_step_without_a_sync(torch_one_thr
 
     extra = [s for s in sampled if s not in (0, 50, 100)]
     assert all(b - a >= REARM for a, b in zip(extra, extra[BURST:], strict=False)), extra
+
+
+def test_the_steps_between_samples_are_flushed_every_10_without_a_read_back(
+        torch_one_thread: Any) -> None:
+    """At sample_every=50 the kept steps go out every 10 unsampled steps as a scalars-only
+    frame (``hooks.history_flush``), each step told exactly once with what it trained on,
+    no host read on any unsampled step (the flush steps included), and the frames pass the
+    collector's schema; ``history_every=None`` sends them with the sampled frames only."""
+    torch = torch_one_thread
+    from logitwatch.hooks import attach
+    from logitwatch.server.schemas import IngestIn
+
+    def run(**kw: Any) -> tuple[Sink, list[dict[str, Any]]]:
+        model = tiny_lm()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        sink = Sink()
+        mon = attach(model, opt, run="h", client=sink.client, sample_every=50,
+                     overhead_budget=None, **kw)
+        seen = train(model, opt, 75)
+        mon.close()
+        return sink, seen
+
+    sink, seen = run()
+    steps = [f["step"] for f in sink.frames]
+    assert steps == [0, 10, 20, 30, 40, 50, 60, 70, 74], steps
+    assert sink.sampled() == [0, 50]
+    flushes = [f for f in sink.frames if "hooks.history_flush" in f["scalars"]]
+    assert [f["step"] for f in flushes] == [10, 20, 30, 40, 60, 70]
+    assert flushes[0]["history"]["steps"] == list(range(1, 10))
+    assert sink.frames[5]["history"]["steps"] == list(range(41, 50))  # since the flush
+    told = sorted(s for f in sink.frames for s in [*(f["history"] or {}).get("steps", []),
+                                                   f["step"]])
+    assert told == list(range(75))  # each step exactly once
+    loss = sink.every_step("loss")
+    assert all(loss[s] == pytest.approx(seen[s]["loss"], rel=1e-6) for s in range(75))
+    norm = sink.every_step("grad.norm")
+    assert all(norm[s] == pytest.approx(seen[s]["norm"], rel=1e-5) for s in range(75))
+    assert all(seen[s]["syncs"] == [] for s in range(75) if s not in (0, 50)), seen
+    wire = [{"run": "h", "seq": i + 1, "time": 1.0, "step": f["step"],
+             "scalars": f["scalars"], "heads": {},
+             **({"history": f["history"]} if f["history"] else {})}
+            for i, f in enumerate(sink.frames)]
+    assert [f.step for f in IngestIn.model_validate({"frames": wire}).frames] == steps
+
+    off, _ = run(history_every=None)
+    assert [f["step"] for f in off.frames] == [0, 50, 74]
+    assert off.frames[1]["history"]["steps"] == list(range(1, 50))
+    with pytest.raises(ValueError, match="history_every"):
+        run(history_every=-1)

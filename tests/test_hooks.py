@@ -510,6 +510,52 @@ def test_cuda_non_sampled_steps_do_not_sync() -> None:
         assert history["scalars"]["grad.clipped"] == [float(norms[s] > 1.0) for s in steps]
 
 
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_history_flushes_do_not_sync() -> None:
+    """At sample_every=25 the history goes out every 10 unsampled steps through pinned
+    memory and an event: no sync on any unsampled step (sync debug mode "error"), each step
+    told once with what it trained on, the flush frames scalars-only."""
+    model = TinyLM().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    frames: list = []
+    client = Client(None, run="r")
+    client.send = lambda step, scalars, heads, time=None, history=None: frames.append(
+        (step, scalars, history, heads))
+    mon = watch(model, opt, run="r", client=client, sample_every=25)
+    losses, norms = [], []
+    for i, ids in enumerate(batches(40)):
+        ids = ids.cuda()
+        torch.cuda.set_sync_debug_mode("error" if i % 25 else "default")
+        try:
+            out = model(ids, ids.roll(-1, 1))
+            out.loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        losses.append(out.loss.item())
+        norms.append(norm.item())
+    mon.close()
+    flushes = [f for f in frames if "hooks.history_flush" in f[1]]
+    assert flushes and all(f[3] == {} for f in flushes)
+    assert [f[0] for f in frames if "hooks.history_flush" not in f[1]
+            and "hooks.closing" not in f[1]] == [0, 25]
+    told: dict[int, tuple[float, float]] = {}
+    for step, scalars, history, _ in frames:
+        rows = list(zip(history["steps"], history["scalars"]["loss"],
+                        history["scalars"]["grad.norm"], strict=True)) if history else []
+        rows.append((step, scalars.get("loss"), scalars.get("grad.norm")))
+        for s, loss, norm in rows:
+            assert s not in told, s  # each step exactly once
+            told[s] = (loss, norm)
+    assert sorted(told) == list(range(40))
+    for s in range(40):
+        if s not in (0, 25):  # a sampled step's loss is the frame's own, pooled the same
+            assert told[s] == (losses[s], norms[s]), s
+
+
 def test_sampling_interval_follows_control(recorder) -> None:
     rec, client = recorder
     rec.control = {"sample_every": 2}
