@@ -76,8 +76,10 @@ the change after round fifteen (tuning data: ``--split read16``); a nineteenth
 change after round sixteen (tuning data: ``--split read17``); a twentieth
 (``scenario_specs_fresh19.py``, split ``fresh19``) after the nineteenth was replayed, and
 replayed once with round seventeen's rules unchanged (a second held-out reading of them); a
-twenty-first (``scenario_specs_fresh20.py``, split ``fresh20``) after it, for the change
-after round seventeen (tuning data: ``--split read19``).
+twenty-first (``scenario_specs_fresh20.py``, split ``fresh20``) after it, replayed once
+with round seventeen's rules and the hooks' new delivery (the spike watch's burst, the
+history flush); a twenty-second (``scenario_specs_fresh21.py``, split ``fresh21``) after
+that, for the next change (tuning data: ``--split read20``).
 
 Usage::
 
@@ -407,7 +409,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 20
+NEWEST = 21
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
