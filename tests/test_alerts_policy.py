@@ -786,3 +786,41 @@ def test_loss_ramp_pages_a_warm_up_whose_loss_climbs_not_a_step_or_a_flat_lr() -
     assert got and 220 <= got[0] <= 250, got
     assert fired(lambda s: 1e-3) == []  # flat LR
     assert fired(lambda s: 1e-4 if s < 200 else 1e-3) == []  # stepped x10 at 200
+
+
+def test_under_an_adaptive_optimizer_a_spike_whose_loss_is_back_next_step_is_shown() -> None:
+    """Unclipped RMSprop (``optim.adaptive`` 1, sent with the sampled frames only): a blip
+    (the gradient 5x at 372), then one batch spikes it 135x with the loss 1.5 nats up, and
+    on the next step the gradient is still 34x while the loss is back. Adam's and RMSprop's
+    step is normalised, so the spike's update was bounded: shown, not paged, at intervals 1
+    and 25 (the pair spans two steps only through the gradient's blip and spike, not the
+    loss). Under SGD (0) the same steps page at the spike, after the precursor, as they do
+    without ``confirm_adaptive``; under RMSprop a loss that climbs on to 2 nats up on the
+    next step pages there, and a 3-nat jump at once."""
+    def events(after: float, jump: float = 1.5) -> dict[int, tuple[float, float]]:
+        return {372: (_loss(372), 3.0), 375: (_loss(375) + jump, 90.0),
+                376: (_loss(376) + after, 23.0)}
+
+    def frames(k: int, kind: float, ev: dict[int, tuple[float, float]]) -> list[Any]:
+        base = _sgd_run(ev)
+        out = frames_at(k, 700, lambda s: {**base(s), "optim.adaptive": kind},
+                        history=k > 1)
+        for f in out:  # as the hooks send it: not a column of each step's history
+            (f.get("history") or {}).get("scalars", {}).pop("optim.adaptive", None)
+        return out
+
+    def first_page(alerts: list[AlertOut]) -> int | None:
+        return min((a.paged_step for a in alerts if a.paged_step is not None), default=None)
+
+    for k in (1, 25):
+        alerts = alerts_of(frames(k, 1.0, events(0.1)))
+        assert {"loss_jump", "grad_blowup"} <= {a.rule for a in alerts}, k
+        assert first_page(alerts) is None, (k, [(a.rule, a.paged_step) for a in alerts])
+        assert by_rule(alerts, "grad_blowup")[0].evidence["page"]["with_rules"] == [
+            "loss_jump"]
+        assert first_page(alerts_of(frames(k, 0.0, events(0.1)))) == 375, k
+        assert first_page(alerts_of(frames(k, 1.0, events(2.0)))) == 376, k
+        assert first_page(alerts_of(frames(k, 1.0, events(0.1, jump=3.0)))) == 375, k
+    no_gate = [dataclasses.replace(r, page=dataclasses.replace(r.page, confirm_adaptive=False))
+               if r.name in ("loss_jump", "grad_blowup") else r for r in DEFAULT_RULES]
+    assert first_page(alerts_of(frames(1, 1.0, events(0.1)), rules=no_gate)) == 375

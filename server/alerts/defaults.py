@@ -57,10 +57,19 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # fifteen (--split read15, 857 runs): the damage test only while the batch after
              # the jump is still 1.9 nats over the loss's median: on the garbage batches that
              # wrecked an unclipped SGD run the next batch read 1.99-5.5 nats up, on those the
-             # runs healed from 1.22-1.82 (four healthy SGD runs paged that way); 1.9: between
+             # runs healed from 1.22-1.82 (four healthy SGD runs paged that way); 1.9: between.
+             # Round eighteen (--split read20, 1,148 runs): the pair's two steps are the
+             # loss's own under an adaptive optimizer, unclipped (confirm_adaptive): two
+             # healthy runs under unclipped RMSprop paged early in training, where a blip,
+             # then one batch spiked the gradient 135-151x with the loss 1.5-2.2 nats up and
+             # back on the next step, the gradient still up there; the pair spanned two
+             # steps through the gradient only. The one diverging run under an unclipped
+             # adaptive optimizer read (AdamW with eps 1) jumps 15 nats at once. read20 @1:
+             # caught 431/448 unchanged, healthy paged 36/678 -> 34/678
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
                        repeats_within=20, repeats_built=2, confirm_steps=1,
                        at_once_above=2.5, precursor_above=2.2, aftershock_above=12.0,
+                       confirm_adaptive=True,
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
              summary="the loss jumped far out of its recent range"),
@@ -90,9 +99,10 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # Round sixteen (--split read16, 913 runs): alone after 60 steps, not 30 (two
              # healthy unclipped SGD runs whose garbage stretch left the gradient up past 30
              # steps while the weights healed paged that way; no diverging run read needed
-             # persistence under 60 steps to be caught by its divergence)
+             # persistence under 60 steps to be caught by its divergence). Round eighteen:
+             # confirm_adaptive, as loss_jump's
              page=Page(after=60, with_rules=("loss_jump",), confirm_steps=1,
-                       precursor_above=2.2, aftershock_above=12.0),
+                       precursor_above=2.2, aftershock_above=12.0, confirm_adaptive=True),
              summary="an unclipped gradient spike went straight into the weights"),
     RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_steps=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05},

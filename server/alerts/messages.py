@@ -26,6 +26,8 @@ def _page_text(why: dict[str, object], severity: str, loss_over: object = None) 
     if why.get("with_rules"):
         also = (f" and the event lasts past {why['confirm_steps']} step(s)"
                 if why.get("confirm_steps") else "")
+        if also and why.get("confirm_adaptive"):
+            also += " (the loss's own steps under an adaptive optimizer, unclipped)"
         if also and why.get("at_once_above") is not None:
             also += f" (at once {_fmt(why['at_once_above'])} above its baseline)"
         if why.get("precursor_above") is not None:

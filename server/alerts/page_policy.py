@@ -51,6 +51,8 @@ class PagePolicyMixin(RankState):
             if pg.confirm_steps:
                 p.unpaged.update(confirm_steps=pg.confirm_steps,
                                  at_once_above=pg.at_once_above)
+            if pg.confirm_adaptive:
+                p.unpaged.update(confirm_adaptive=True)
             if pg.precursor_above is not None:
                 p.unpaged.update(precursor_above=pg.precursor_above)
             if pg.aftershock_above is not None:
@@ -104,8 +106,25 @@ class PagePolicyMixin(RankState):
         other = self._corroborated(pg, run_id, rank, own)
         if other is None or not _confirmed(pg, v, other[1], own, started):
             return None
+        if pg.confirm_adaptive and not _at_once(pg, v) \
+                and not self._loss_held(pg, run_id, rank, name, other[0]):
+            return None
         why = self._pair_cause(pg, run_id, rank, name, other[0])
         return None if why is None else (*other, why)
+
+    def _loss_held(self, pg: Page, run_id: int, rank: int, *names: str) -> bool:
+        """Under ``pg.confirm_adaptive``: False when the newest breach of one of the rules
+        ``names`` (the loss's) went in unclipped under an adaptive optimizer
+        (``evidence.adaptive`` and ``evidence.unclipped``) and its episode has not breached
+        ``pg.confirm_steps`` steps after it began; else True (not such a job, or held)."""
+        for name in names:
+            t = self._tracks.get((name, run_id, rank, None, None))
+            if t is None or t.last_breach is None:
+                continue
+            ev = t.last_breach[1].evidence
+            if ev.get("adaptive") is True and ev.get("unclipped") is True:
+                return t.last_breach[0] - t.started_step >= pg.confirm_steps
+        return True
 
     def _pair_cause(self, pg: Page, run_id: int, rank: int, *names: str) -> str | None:
         """What lets a corroboration between the run-level rules ``names`` page under
@@ -171,13 +190,16 @@ class PagePolicyMixin(RankState):
         return None
 
 
+def _at_once(pg: Page, v: Verdict) -> bool:
+    """Whether the breach ``v`` is ``pg.at_once_above`` or more over its baseline."""
+    return (pg.at_once_above is not None and v.baseline is not None
+            and v.value - v.baseline >= pg.at_once_above)
+
+
 def _confirmed(pg: Page, v: Verdict, other: int, own: int, started: int) -> bool:
     """Whether a corroboration (this rule breaching at ``own`` with ``v``, its episode
     started at ``started``; a ``with_rules`` rule breaching at ``other``) pages under
     ``pg.confirm_steps`` / ``pg.at_once_above`` (:class:`~.spec.Page`)."""
-    if not pg.confirm_steps:
-        return True
-    if (pg.at_once_above is not None and v.baseline is not None
-            and v.value - v.baseline >= pg.at_once_above):
+    if not pg.confirm_steps or _at_once(pg, v):
         return True
     return max(own, other) - min(started, other) >= pg.confirm_steps

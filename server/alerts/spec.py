@@ -177,7 +177,13 @@ class Page:
       loss is still out of range, and at least its ``aftershock_loss`` nats over its
       median, the gradient norm over its median: the kick's update
       damaged the weights, where a garbage batch the run shrugs off leaves the next
-      batch's gradient modest);
+      batch's gradient modest). With ``confirm_adaptive`` the ``confirm_steps`` must be the
+      loss's own when its step went in unclipped under an adaptive optimizer (the newest
+      ``loss_jump`` breach of the pair carries ``evidence.adaptive`` and
+      ``evidence.unclipped``): its episode has breached that many steps after it began,
+      where otherwise the gradient's breach on the next step counts (Adam's and RMSprop's
+      step is normalised by the gradient's running RMS, so one bad batch's update is
+      bounded: its loss is back the next step while its gradient stays up a step longer);
     * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
       (run-level) to fire within ``repeats_within`` steps: bumps that each recover but keep
       coming back are an unstable run, not one bad batch. With ``repeats_built`` (and
@@ -203,6 +209,7 @@ class Page:
     repeats: int | None = None
     repeats_within: int = 20
     repeats_built: int | None = None
+    confirm_adaptive: bool = False
 
     def __post_init__(self) -> None:
         a = self.after
@@ -238,6 +245,12 @@ class Page:
         if q is not None and p is None:
             raise RuleError("page.aftershock_above is an alternative to precursor_above: "
                             "give precursor_above too")
+        if not isinstance(self.confirm_adaptive, bool):
+            raise RuleError(f"page.confirm_adaptive must be true or false, got "
+                            f"{self.confirm_adaptive!r}")
+        if self.confirm_adaptive and not n:
+            raise RuleError("page.confirm_adaptive says whose steps confirm_steps counts: "
+                            "give confirm_steps too")
         if (n or x is not None or p is not None) and not w:
             raise RuleError("page.confirm_steps, at_once_above and precursor_above qualify "
                             "with_rules: give with_rules too")
