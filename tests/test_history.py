@@ -286,6 +286,11 @@ def test_the_live_stream_sends_every_step_and_the_sampled_frames_matrices(
             assert last == run["last_frame_id"]
             _, frames, latest = frames_since(s, run_id=1, after_id=last, limit=2)
             assert [f["step"] for f in frames] == [5, 6] and latest == {"step": 6}
+            # a scalars-only frame (a history flush) after the sampled one in the same page
+            # leaves the heatmap on the sampled frame's matrices
+            _, frames, latest = frames_since(s, run_id=1, after_id=0, limit=100)
+            assert [f["step"] for f in frames] == list(range(1, 9))
+            assert latest == {"step": 4, "attn.logit_max": [[1.0, 2.0]]}
     finally:
         engine.dispose()
 

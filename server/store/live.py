@@ -21,8 +21,9 @@ def frames_since(
 
     Each frame is ``{"step", "scalars": {name: value}}`` with non-finite values encoded as
     on the wire; the steps of a frame's history (scalars-only rows, ``seq < 0``) come as
-    frames too. The matrices are those of the newest sampled frame, ``{"step", name:
-    matrix}`` (only ``{"step"}`` when the page holds history steps only).
+    frames too. The matrices are those of the newest frame with attention matrices,
+    ``{"step", name: matrix}`` (only ``{"step"}`` when the page holds none: history steps,
+    a history flush or a closing frame only).
     """
     frames = session.execute(
         select(Frame.id, Frame.step, Frame.seq)
@@ -36,12 +37,18 @@ def frames_since(
     metrics = {m.id: m for m in session.scalars(select(Metric).where(Metric.run_id == run_id))
                if "#" not in m.name}  # hidden rollups (store/ingest.py ENVELOPE)
     out: dict[int, dict[str, Any]] = {f.id: {"step": f.step, "scalars": {}} for f in frames}
-    sampled = [f for f in frames if f.seq >= 0]
-    newest = sampled[-1] if sampled else frames[-1]
-    latest: dict[str, Any] = {"step": newest.step}
     rows = session.execute(
         select(Point.frame_id, Point.metric_id, Point.data).where(Point.frame_id.in_(ids))
     ).all()
+    # the newest frame with per-head matrices: a history flush or a closing frame after a
+    # sampled one in the same page carries scalars (or q/k norms) only
+    with_heads = {fid for fid, mid, _ in rows
+                  if (m := metrics.get(mid)) is not None and m.layers
+                  and m.name.startswith("attn.")}
+    sampled = [f for f in frames if f.seq >= 0]
+    newest = next((f for f in reversed(frames) if f.id in with_heads),
+                  sampled[-1] if sampled else frames[-1])
+    latest: dict[str, Any] = {"step": newest.step}
     for fid, mid, data in rows:
         m = metrics.get(mid)
         if m is None:
