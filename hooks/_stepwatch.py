@@ -19,10 +19,10 @@ sample on each of its first three anomalous steps, then by one every few steps; 
 run never triggers). Three, because the collector's ``loss_jump`` decides a page on the
 jump and the two steps after it (a second breach, or the gradient's aftershock): with one
 sample per ``REARM`` steps, a blow-up whose jump came a step after the first trigger was
-judged on time but heard of only at the next scheduled frame, up to ``k`` steps later. Thresholds follow the
-collector's default ``grad_spike`` / ``loss_jump`` rules rather than being fitted to any
-run. Pure Python, shared by the hooks and by the bench that derives what a job sampling
-one step in k sends (``bench/scenario_frames.py``).
+judged on time but heard of only at the next scheduled frame, up to ``k`` steps later.
+Thresholds follow the collector's default ``grad_spike`` / ``loss_jump`` rules rather
+than being fitted to any run. Pure Python, shared by the hooks and by the bench that
+derives what a job sampling one step in k sends (``bench/scenario_frames.py``).
 """
 
 from __future__ import annotations

@@ -308,6 +308,25 @@ def test_worst_heads_counts_sampled_frames_not_history_steps(api: TestClient) ->
     assert (r.json()["window"], top["trend_steps"], top["before"]) == (3, [0, 10, 20], 1.0)
 
 
+def test_worst_heads_passes_over_the_history_flushes_between_samples(api: TestClient) -> None:
+    """Sampled every 100 steps, the hooks send a scalars-only frame every 10 steps in
+    between (``hooks.history_flush``): the worst-heads window still holds the newest
+    ``window`` sampled matrices, not those among the newest few frames."""
+    frames, seq = [], 0
+    for step in range(0, 301, 10):
+        seq += 1
+        if step % 100:
+            frames.append(hframe(seq, step, **{"loss": 3.0, "hooks.history_flush": 1.0}))
+        else:
+            frames.append({**hframe(seq, step),
+                           "heads": {"attn.logit_max": [[1.0 + step / 100, 0.5]]}})
+    post(api, *frames)
+    r = api.get("/api/v1/runs/1/worst_heads", params={"name": "attn.logit_max", "window": 3})
+    assert r.status_code == 200, r.text
+    top = r.json()["rows"][0]
+    assert (r.json()["window"], top["trend_steps"], top["before"]) == (3, [100, 200, 300], 2.0)
+
+
 # --- the client: send(..., history=) ------------------------------------------------------
 
 

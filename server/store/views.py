@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select
+from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
 from logitwatch.server.db.models import Frame, Metric, Point
@@ -126,7 +126,7 @@ def worst_heads(
     # join ordered by step would visit every point of the metric. Sampled frames only: the
     # history steps between them (seq < 0, store/ingest.py) carry no matrices.
     size = m.layers * m.heads
-    rows = _newest_rows(session, run_id, m.id, rank, 4 * window)[:window][::-1]
+    rows = _newest_rows(session, run_id, m.id, rank, window)[::-1]
     if not rows:
         return empty
     mat = np.frombuffer(b"".join(r.data for r in rows), dtype="<f4").reshape(len(rows), size)
@@ -138,12 +138,11 @@ def worst_heads(
         if good is not None:
             later = [r.step for r in rows if r.step > good]
             nonfinite_from = later[0] if later else None
-            rows = _newest_rows(session, run_id, m.id, rank, 4 * window, until=good)
-            rows = rows[:window][::-1]
+            rows = _newest_rows(session, run_id, m.id, rank, window, until=good)[::-1]
             mat = np.frombuffer(b"".join(r.data for r in rows), dtype="<f4")
             mat = mat.reshape(len(rows), size).astype(np.float64)
             if nonfinite_from is None:
-                nonfinite_from = _next_step(session, run_id, rank, good)
+                nonfinite_from = next_sample(session, run_id, rank, good, m.id)
     steps = [r.step for r in rows]
     now = mat[-1]
     finite_now = now[np.isfinite(now)]
@@ -171,33 +170,53 @@ def worst_heads(
                          nonfinite_from=nonfinite_from)
 
 
+#: Look-back queries :func:`_newest_rows` makes at most.
+ROWS_CHUNKS = 8
+
+
 def _newest_rows(session: Session, run_id: int, metric_id: int, rank: int, n: int,
                  until: int | None = None) -> list[_Row]:
-    """The ``n`` newest sampled frames' matrices (at or before step ``until``), newest
-    first. Frame ids through the (run, step) index first, then their points by key: a join
-    ordered by step would visit every point of the metric. Sampled frames only: the history
-    steps between them (seq < 0, store/ingest.py) carry no matrices."""
+    """The ``n`` newest matrices of the metric (at or before step ``until``), newest first.
+    Frame ids through the (run, step) index first, then their points by key: a join
+    ordered by step would visit every point of the metric. Frames without the metric are
+    passed over: the history steps (seq < 0, store/ingest.py), and the scalars-only frames
+    a job sends between samples (a history flush every 10 steps, a closing frame), so the
+    frames are read newest first in chunks until ``n`` matrices are found (at most
+    :data:`ROWS_CHUNKS` queries)."""
     bounds = run_bounds(session, run_id)
-    q = (select(Frame.id, Frame.step, Frame.time)
-         .where(Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0)
-         .order_by(Frame.step.desc(), Frame.seq.desc()).limit(n))
-    if until is not None:
-        q = q.where(Frame.step <= until)
-    recent = session.execute(prune_frames(q, bounds)).all()
-    if not recent:
-        return []
-    times = [f.time for f in recent]  # their points lie in those frames' days only
-    data = dict(session.execute(prune_points(
-        select(Point.frame_id, Point.data)
-        .where(Point.metric_id == metric_id, Point.frame_id.in_([f.id for f in recent])),
-        (min(times), max(times)) if bounds else None)
-    ).all())
-    return [_Row(f.step, data[f.id]) for f in recent if f.id in data]
+    out: list[_Row] = []
+    for _ in range(ROWS_CHUNKS):
+        limit = max(64, 2 * (n - len(out)))
+        q = (select(Frame.id, Frame.step, Frame.time)
+             .where(Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0)
+             .order_by(Frame.step.desc(), Frame.seq.desc()).limit(limit))
+        if until is not None:
+            q = q.where(Frame.step <= until)
+        recent = session.execute(prune_frames(q, bounds)).all()
+        if not recent:
+            break
+        times = [f.time for f in recent]  # their points lie in those frames' days only
+        data = dict(session.execute(prune_points(
+            select(Point.frame_id, Point.data)
+            .where(Point.metric_id == metric_id, Point.frame_id.in_([f.id for f in recent])),
+            (min(times), max(times)) if bounds else None)
+        ).all())
+        out.extend(_Row(f.step, data[f.id]) for f in recent if f.id in data)
+        if len(out) >= n or len(recent) < limit:
+            break
+        until = recent[-1].step - 1
+        if until < 0:
+            break
+    return out[:n]
 
 
-def _next_step(session: Session, run_id: int, rank: int, step: int) -> int | None:
+def next_sample(session: Session, run_id: int, rank: int, step: int,
+                metric_id: int) -> int | None:
+    """The first step after ``step`` with a matrix of the metric (a scalars-only frame
+    between samples has none)."""
     return session.scalar(prune_frames(select(func.min(Frame.step)).where(
-        Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0, Frame.step > step),
+        Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0, Frame.step > step,
+        exists().where(Point.frame_id == Frame.id, Point.metric_id == metric_id)),
         run_bounds(session, run_id)))
 
 

@@ -13,12 +13,12 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from logitwatch.server import figures
 from logitwatch.server.api.deps import RunIdDep, SessionDep
-from logitwatch.server.db.models import Frame, Metric
+from logitwatch.server.db.models import Metric
 from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import MAX_RANK, MAX_STEP, AlertOut, HeatmapOut, SeriesOut
 from logitwatch.server.store import queries, views
@@ -272,8 +272,7 @@ def _last_finite(session: Session, run_id: int, rank: int,
                                   size=m.layers * m.heads)
     if good is None:
         return latest, None
-    since = session.scalar(select(func.min(Frame.step)).where(
-        Frame.run_id == run_id, Frame.rank == rank, Frame.seq >= 0, Frame.step > good))
+    since = views.next_sample(session, run_id, rank, good, m.id)
     return _heatmap(session, run_id=run_id, rank=rank, step=good, name=latest.name), since
 
 
