@@ -313,6 +313,8 @@ class FramesMixin:
             return  # reduce-before-send: the group's leader sends
         try:  # a flush still in flight goes first: its steps come before this frame's
             self._send_flush(self._hflush.ready(wait=True))  # the read-back above synced
+            if self._hflush.wants_prepare:
+                self._hflush.prepare(self._history.capacity)
         except Exception:
             self._fail("history")
         if history is not None and history["scalars"] and self._send_takes_history():

@@ -35,9 +35,12 @@ class HistoryFlush:
     """Starts a flush of a :class:`HistoryBlock` and says when its values are ready.
     Training thread only."""
 
-    def __init__(self, every: int | None = DEFAULT_EVERY) -> None:
+    def __init__(self, every: int | None = DEFAULT_EVERY, *, cuda: bool = False) -> None:
         self.every = every
         self.enabled = bool(every)
+        #: make the pinned buffer at the next sampled step, whose read-back syncs anyway
+        #: (allocating pinned memory is not a step to take between samples)
+        self.wants_prepare = self.enabled and cuda
         self._pending: tuple[HistoryBlock, Any, int] | None = None  # block, event, values
         self._pinned: torch.Tensor | None = None
         self._pinned_view: Any = None
@@ -54,6 +57,7 @@ class HistoryFlush:
     def prepare(self, capacity: int) -> bool:
         """Make the pinned buffer for ``capacity`` history rows and the event (once, before
         the first CUDA flush takes any rows); False where that is not possible."""
+        self.wants_prepare = False
         if self._pinned is not None:
             return True
         try:

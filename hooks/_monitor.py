@@ -139,7 +139,8 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._clip_steps = 0
         self._clipped_window: deque[float] = deque(maxlen=CLIP_WINDOW)
         self._history = StepHistory()
-        self._hflush = HistoryFlush(history_every)
+        self._hflush = HistoryFlush(history_every, cuda=any(
+            p.device.type == "cuda" for p in model.parameters()))
         self._lr_watch = LrWatch()
         self._spike_watch = StepWatch()
         self._send_key: Any = None
