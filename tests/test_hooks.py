@@ -10,6 +10,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import numpy as np
@@ -476,19 +477,21 @@ def test_no_host_sync_on_non_sampled_steps(recorder) -> None:
         assert f["history"]["scalars"]["grad.norm"] == [norms[s] for s in steps]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_non_sampled_steps_do_not_sync() -> None:
+def _cuda_train(sample_every: int, steps: int) -> tuple[list[Any], list[float], list[float]]:
+    """``steps`` steps of TinyLM on CUDA, sync debug mode "error" on the steps not sampled
+    by the interval: the frames sent ``(step, scalars, history, heads)``, and each step's
+    loss and clip norm as the loop saw them."""
     model = TinyLM().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    frames: list = []
+    frames: list[Any] = []
     client = Client(None, run="r")
     client.send = lambda step, scalars, heads, time=None, history=None: frames.append(
-        (step, scalars, history))
-    mon = watch(model, opt, run="r", client=client, sample_every=3)
+        (step, scalars, history, heads))
+    mon = watch(model, opt, run="r", client=client, sample_every=sample_every)
     losses, norms = [], []
-    for i, ids in enumerate(batches(7)):
+    for i, ids in enumerate(batches(steps)):
         ids = ids.cuda()
-        torch.cuda.set_sync_debug_mode("error" if i % 3 else "default")
+        torch.cuda.set_sync_debug_mode("error" if i % sample_every else "default")
         try:
             out = model(ids, ids.roll(-1, 1))
             out.loss.backward()
@@ -500,15 +503,20 @@ def test_cuda_non_sampled_steps_do_not_sync() -> None:
         losses.append(out.loss.item())
         norms.append(norm.item())
     mon.close()
+    return frames, losses, norms
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_non_sampled_steps_do_not_sync() -> None:
+    frames, losses, norms = _cuda_train(3, 7)
     assert [f[0] for f in frames] == [0, 3, 6]
     assert [f[1]["hooks.syncs"] for f in frames] == [1.0, 1.0, 1.0]
     assert [f[2] and f[2]["steps"] for f in frames] == [None, [1, 2], [4, 5]]
-    for _, _, history in frames[1:]:
+    for _, _, history, _ in frames[1:]:
         steps = history["steps"]
         assert history["scalars"]["loss"] == [losses[s] for s in steps]
         assert history["scalars"]["grad.norm"] == [norms[s] for s in steps]
         assert history["scalars"]["grad.clipped"] == [float(norms[s] > 1.0) for s in steps]
-
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -516,28 +524,7 @@ def test_cuda_history_flushes_do_not_sync() -> None:
     """At sample_every=25 the history goes out every 10 unsampled steps through pinned
     memory and an event: no sync on any unsampled step (sync debug mode "error"), each step
     told once with what it trained on, the flush frames scalars-only."""
-    model = TinyLM().cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    frames: list = []
-    client = Client(None, run="r")
-    client.send = lambda step, scalars, heads, time=None, history=None: frames.append(
-        (step, scalars, history, heads))
-    mon = watch(model, opt, run="r", client=client, sample_every=25)
-    losses, norms = [], []
-    for i, ids in enumerate(batches(40)):
-        ids = ids.cuda()
-        torch.cuda.set_sync_debug_mode("error" if i % 25 else "default")
-        try:
-            out = model(ids, ids.roll(-1, 1))
-            out.loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        losses.append(out.loss.item())
-        norms.append(norm.item())
-    mon.close()
+    frames, losses, norms = _cuda_train(25, 40)
     flushes = [f for f in frames if "hooks.history_flush" in f[1]]
     assert flushes and all(f[3] == {} for f in flushes)
     assert [f[0] for f in frames if "hooks.history_flush" not in f[1]
