@@ -79,7 +79,9 @@ replayed once with round seventeen's rules unchanged (a second held-out reading 
 twenty-first (``scenario_specs_fresh20.py``, split ``fresh20``) after it, replayed once
 with round seventeen's rules and the hooks' new delivery (the spike watch's burst, the
 history flush); a twenty-second (``scenario_specs_fresh21.py``, split ``fresh21``) after
-that, for the next change (tuning data: ``--split read20``).
+that, replayed once with round eighteen's rules (tuning data: ``--split read20``); a
+twenty-third (``scenario_specs_fresh22.py``, split ``fresh22``) after it, for the next change
+(tuning data: ``--split read21``).
 
 Usage::
 
@@ -409,7 +411,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 21
+NEWEST = 22
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
