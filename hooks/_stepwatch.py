@@ -14,9 +14,9 @@ event says it is done, typically a step later) and sample the next step when
   ``LOSS_Z`` robust deviations (1.4826 x MAD) and at least ``LOSS_MIN`` nats (the loss-jump
   rule's own test, so what pages is what was sampled),
 
-at most ``BURST`` times within ``REARM`` steps (a persisting blow-up is followed by a
-sample on each of its first three anomalous steps, then by one every few steps; a steady
-run never triggers). Three, because the collector's ``loss_jump`` decides a page on the
+at most ``BURST`` times within any ``REARM`` steps (a persisting blow-up is followed by a
+sample on each of its first three anomalous steps, then by at most three in every ten; a
+steady run never triggers). Three, because the collector's ``loss_jump`` decides a page on the
 jump and the two steps after it (a second breach, or the gradient's aftershock): with one
 sample per ``REARM`` steps, a blow-up whose jump came a step after the first trigger was
 judged on time but heard of only at the next scheduled frame, up to ``k`` steps later.
