@@ -36,6 +36,21 @@ def _takes_history(send: Any) -> bool:
                for p in params)
 
 
+def _split_last(hist: dict[str, Any], last: int) -> tuple[dict[str, float],
+                                                         dict[str, Any] | None]:
+    """A history (:meth:`HistoryBlock.values`) split for a frame at step ``last``: that
+    step's values as the frame's scalars (when it is the history's last step), and the
+    steps before it as the frame's history (None when there are none)."""
+    steps, series = hist["steps"], hist["scalars"]
+    upto, scalars = len(steps), {}
+    if steps and steps[-1] == last:
+        upto -= 1
+        scalars = {n: v[-1] for n, v in series.items() if v[-1] is not None}
+    rest = ({"steps": steps[:upto], "scalars": {n: v[:upto] for n, v in series.items()}}
+            if upto else None)
+    return scalars, rest
+
+
 class FramesMixin:
     """Frame building for :class:`~logitwatch.hooks._monitor.Monitor` (its state lives
     there)."""
@@ -67,24 +82,11 @@ class FramesMixin:
                     self._fail("qk")
             tensors = block.tensors if block is not None else []
             _, out_heads, _, _, flat = collect({}, heads, extra=tensors)
-            scalars: dict[str, float] = {}
-            rest = None
-            if block is not None and block.steps:
-                hist = block.values(flat)
-                steps, series = hist["steps"], hist["scalars"]
-                upto = len(steps)
-                if steps[-1] == last:
-                    upto -= 1
-                    scalars = {n: v[-1] for n, v in series.items() if v[-1] is not None}
-                if upto:
-                    rest = {"steps": steps[:upto],
-                            "scalars": {n: v[:upto] for n, v in series.items()}}
+            scalars, rest = (_split_last(block.values(flat), last) if block is not None
+                             else ({}, None))
             scalars["hooks.closing"] = 1.0
             scalars["hooks.sample_every"] = float(self._effective_every)
-            if rest is not None and self._send_takes_history():
-                self.client.send(last, scalars, out_heads, time=time.time(), history=rest)
-            else:
-                self.client.send(last, scalars, out_heads, time=time.time())
+            self._send(last, scalars, out_heads, rest)
         except Exception:
             self._fail("history")
 
@@ -112,7 +114,7 @@ class FramesMixin:
             return
         try:
             self._send_flush(flush.ready())
-            if flush.busy or self._history.kept < (flush.every or 0):
+            if flush.busy or self._history.kept < flush.every:
                 return
             device = self._history.device
             if device is not None and device.type not in ("cpu", "cuda"):
@@ -139,20 +141,25 @@ class FramesMixin:
             return
         block, flat = got
         hist = block.values(flat)
-        steps, series = hist["steps"], hist["scalars"]
-        if not steps:
+        if not hist["steps"]:
             return
-        scalars: dict[str, float] = {n: v[-1] for n, v in series.items() if v[-1] is not None}
+        last = hist["steps"][-1]
+        scalars, rest = _split_last(hist, last)
         scalars["hooks.history_flush"] = 1.0
         scalars["hooks.sample_every"] = float(self._effective_every)
         if block.dropped:
             scalars["hooks.history_dropped"] = float(block.dropped)
-        self._hflush.sent_to = steps[-1]
-        if len(steps) > 1 and self._send_takes_history():
-            rest = {"steps": steps[:-1], "scalars": {n: v[:-1] for n, v in series.items()}}
-            self.client.send(steps[-1], scalars, {}, time=time.time(), history=rest)
+        self._hflush.sent_to = last
+        self._send(last, scalars, {}, rest)
+
+    def _send(self, step: int, scalars: dict[str, float], heads: dict[str, Any],
+              history: dict[str, Any] | None) -> None:
+        """Hand one frame to the client, with ``history`` where it holds a series and the
+        client takes it."""
+        if history is not None and history["scalars"] and self._send_takes_history():
+            self.client.send(step, scalars, heads, time=time.time(), history=history)
         else:
-            self.client.send(steps[-1], scalars, {}, time=time.time())
+            self.client.send(step, scalars, heads, time=time.time())
 
     def _take_history(self) -> HistoryBlock | None:
         """The steps since the previous frame, for this frame (their rows are read back
@@ -317,10 +324,7 @@ class FramesMixin:
                 self._hflush.prepare(self._history.capacity)
         except Exception:
             self._fail("history")
-        if history is not None and history["scalars"] and self._send_takes_history():
-            self.client.send(step, out_scalars, out_heads, time=time.time(), history=history)
-        else:
-            self.client.send(step, out_scalars, out_heads, time=time.time())
+        self._send(step, out_scalars, out_heads, history)
 
     def _drop_missing(self, scalars: dict[str, float], heads: dict[str, Any],
                       vec: torch.Tensor | None) -> None:

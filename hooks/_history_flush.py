@@ -105,7 +105,7 @@ class HistoryFlush:
         if wait:
             event.synchronize()
         self._pending = None
-        return block, [float(x) for x in self._pinned_view[:n]]
+        return block, self._pinned_view[:n].tolist()  # pinned host memory, as numpy
 
     def release(self) -> None:
         """Drop the pinned buffer (at close)."""

@@ -55,7 +55,6 @@ class StepWatch:
     def __init__(self) -> None:
         self.losses: deque[float] = deque(maxlen=WINDOW)
         self.norms: deque[float] = deque(maxlen=WINDOW)
-        self.last_fire: int | None = None
         self._fires: deque[int] = deque(maxlen=BURST)  # the last triggers' steps
         self.bad = False  # the previous step was non-finite
         self.fired = 0
@@ -86,6 +85,5 @@ class StepWatch:
         if not hit or (len(fires) == BURST and step - fires[0] < REARM):
             return False
         fires.append(step)
-        self.last_fire = step
         self.fired += 1
         return True
