@@ -101,6 +101,54 @@ def test_departure_history_needed_is_in_steps() -> None:
     assert dep and dep[0].fired_step < 600, [(a.rule, a.fired_step) for a in alerts]
 
 
+F32 = 3.4028e38
+
+
+def _departure_with(loss: Any, recover_span: Any = "default") -> list[AlertOut]:
+    """Every step's loss (history at interval 10) and a float32 attention whose head (1, 2)
+    grows from step 400 (5.0 -> past the floor 50 by 516): the departure alerts."""
+    rules = None
+    if recover_span != "default":
+        rules = [dataclasses.replace(r, downgrade=dataclasses.replace(
+            r.downgrade, recover_span=recover_span)) if r.name == "attn_logit_departure" else r
+                 for r in DEFAULT_RULES]
+    frames = frames_at(10, 760, lambda s: {"loss": loss(s), "attn.dtype_max": F32},
+                       _growing(400), history=True)
+    return by_rule(alerts_of(frames, rules), "attn_logit_departure")
+
+
+def _garbage_then_recovery(step: int) -> float:
+    """20 steps of garbage batches from 430 (loss 7), then the loss wins its ground back:
+    1.5 nats up at 450, a third of that every 40 steps."""
+    if 430 <= step < 450:
+        return 7.0 + _loss(step)
+    if step >= 450:
+        return _loss(step) + 1.5 * math.exp(-(step - 450) / 40)
+    return _loss(step)
+
+
+def test_a_wide_dtype_departure_does_not_page_on_a_bump_being_recovered() -> None:
+    """Round nineteen: in a wide dtype the departure pages once the loss gives back ground;
+    a bad-data bump's loss, still up but winning it back (its newest 20 steps' median below
+    the 20 before), is the loss rules' to judge: the departure stays info."""
+    (a,) = _departure_with(_garbage_then_recovery)
+    assert a.severity == "info" and a.paged_step is None, (a.fired_step, a.evidence)
+    why = a.evidence["downgraded"]
+    assert why["loss_recovering"] is True and why["loss_rise"] >= 0.25, why
+    assert "is winning it back" in a.message
+    # without the recovery test the same run pages on the bump's rise
+    (b,) = _departure_with(_garbage_then_recovery, recover_span=None)
+    assert b.severity == "warning" and b.paged_step == b.fired_step
+    assert "downgraded" not in b.evidence  # the bump's rise counted when it fired
+
+
+def test_a_wide_dtype_departure_pages_when_the_loss_keeps_losing_ground() -> None:
+    """The same logits with the loss climbing 0.005 nat a step from 450: it pages."""
+    (a,) = _departure_with(lambda s: _loss(s) + 0.005 * max(0, s - 450))
+    assert a.severity == "warning" and a.paged_step is not None
+    assert a.paged_step <= 560, (a.fired_step, a.paged_step)  # 0.25 nat by 550 (+ a median)
+
+
 def _bump(start: int, length: int, height: float):  # type: ignore[no-untyped-def]
     def scalars(step: int) -> dict[str, float]:
         v = _loss(step) + (height if start <= step < start + length else 0.0)

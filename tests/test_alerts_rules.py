@@ -181,6 +181,10 @@ def test_downgrade_spec_round_trip_and_errors() -> None:
     for bad, msg in [({"to": "loud"}, "downgrade.to must be one of"),
                      ({"color": 1}, "downgrade: unknown fields ['color']"),
                      ({"loss_rise": -1}, "downgrade.loss_rise must be a positive"),
+                     ({"recover_span": 60}, "downgrade.recover_span must be null or an int in "
+                      "2..loss_window/2 (50), got 60"),
+                     ({"recover_span": 20, "loss_rise": None}, "recover_span needs loss_rise"),
+                     ({"recover_share": 1.5}, "downgrade.recover_share must be a number in"),
                      ("info", "downgrade must be a mapping")]:
         with pytest.raises(RuleError, match=re.escape(msg)):
             RuleSpec.from_dict({"name": "x", "kind": "departure", "metric": "m",

@@ -186,13 +186,20 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # 10-sample median 0.25 nat above its best; the scenarios' "degraded" margin): there
     # runaway logits saturate softmax and the run loses ground slowly (of the recorded
     # wide-dtype runs with a departure, 8 diverged, 7 ended 0.39-0.76 nat above their best,
-    # 2 healthy ones rose at most 0.19: docs/ALERTS.md, Evidence)
+    # 2 healthy ones rose at most 0.19: docs/ALERTS.md, Evidence). Round nineteen (--split
+    # read21, 1,210 runs): a rise the loss is winning back does not count (recover_span: its
+    # 20-step level down by half or more of the height its highest level within the 100
+    # steps reached over its best): two healthy Llama runs under momentum SGD grew a head's
+    # float32 logits past 50 after 10-18 garbage batches and paged 40-60 steps later, the
+    # loss 0.5 nat up on its way back; a bump is the loss rules' to judge. No diverging run
+    # read changes (the wide-dtype ones page on a loss still climbing). read21 @1: caught
+    # 450/469 unchanged, healthy paged 36/718 -> 34/718
     RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_steps=20,
              params={"factor": 4.0, "floor": 50.0, "window": 200, "lag": 50,
                      "min_history": 200},
              downgrade=Downgrade(
                  to="info", metric="attn.dtype_max", above=65504.0, loss_rise=0.25,
-                 loss_window=100,
+                 loss_window=100, recover_span=20,
                  note="In a wide dtype logits leaving their range tend to saturate softmax "
                  "and stall learning rather than overflow: consider QK-norm or QK-clip."),
              summary="a head's max attention logit left its settled range"),

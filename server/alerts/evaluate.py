@@ -35,7 +35,7 @@ from logitwatch.server.alerts.rules import (
     Transition,
     Verdict,
 )
-from logitwatch.server.alerts.state import STICKY, Cell, _Cells, _LossRise, _Thin
+from logitwatch.server.alerts.state import STICKY, Cell, _Cells, _loss_key, _LossRise, _Thin
 
 __all__ = ["EvaluationMixin"]
 
@@ -58,18 +58,18 @@ class EvaluationMixin(LifecycleMixin):
                     scalars: dict[str, float]) -> None:
         """Advance the loss-rise trackers the rules' downgrades read (every frame)."""
         loss = scalars.get("loss")
-        seen: set[tuple[int, int, int]] = set()
+        seen: set[tuple[int, int, int, int]] = set()
         for r in self._rules:
             d = r.downgrade
             if d is None or d.loss_rise is None or not r.enabled:
                 continue
-            key = (run_id, rank, d.loss_window)
+            key = _loss_key(run_id, rank, d)
             if key in seen:
                 continue
             seen.add(key)
             lr = self._loss.get(key)
             if lr is None:
-                lr = self._loss[key] = _LossRise(d.loss_window)
+                lr = self._loss[key] = _LossRise(d.loss_window, d.recover_span, d.recover_share)
             lr.push(step, None if loss is None else float(loss))
 
     def _cells(self, rule: RuleSpec, scalars: dict[str, float],

@@ -41,7 +41,7 @@ from logitwatch.server.alerts.rules import (
     Transition,
     remedies_for,
 )
-from logitwatch.server.alerts.state import _Down
+from logitwatch.server.alerts.state import _Down, _loss_key
 from logitwatch.server.db.models import Alert, Run, Silence
 from logitwatch.server.store.ingest import NewFrame
 
@@ -89,12 +89,16 @@ class LifecycleMixin(PagePolicyMixin):
         if capped:
             why["capped_metric"] = d.capped_metric
         if d.loss_rise is not None:
-            lr = self._loss.get((run_id, rank, d.loss_window))
+            lr = self._loss.get(_loss_key(run_id, rank, d))
             rise = 0.0 if lr is None else lr.rise
-            if rise >= d.loss_rise:
+            recovering = lr is not None and lr.recovering
+            if rise >= d.loss_rise and not recovering:
                 return None  # the loss shows harm
             why.update(loss_rise=round(rise, 4), loss_rise_limit=d.loss_rise,
                        loss_window=d.loss_window)
+            if rise >= d.loss_rise:
+                why.update(loss_recovering=True, recover_span=d.recover_span,
+                           recover_share=d.recover_share)
         if d.note:
             why["note"] = d.note
         return why
@@ -125,7 +129,7 @@ class LifecycleMixin(PagePolicyMixin):
                     because = (f"{d.metric} = {_fmt(x)}" if x is not None else
                                f"the job no longer sends {d.metric}")
                 else:
-                    lr = self._loss.get((f.run_id, f.rank, d.loss_window))
+                    lr = self._loss.get(_loss_key(f.run_id, f.rank, d))
                     rise = math.inf if lr is None else lr.rise
                     because = (f"the loss (median of its last {d.loss_window} steps) rose "
                                f"{_fmt(rise)} nats above its best")

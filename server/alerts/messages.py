@@ -57,7 +57,13 @@ def _downgrade_text(why: dict[str, object]) -> str:
     """What a downgraded alert adds to its message."""
     text = (f" {str(why['to']).capitalize()}, not {why['from']}: {why['metric']} = "
             f"{_fmt(why['value'])}")
-    if "loss_rise" in why:
+    if why.get("loss_recovering"):
+        text += (f" and the loss, {_fmt(why['loss_rise'])} nats above its best, is winning "
+                 f"it back (its level, the median of its newest {why['recover_span']} steps, "
+                 f"has come down by {_fmt(100 * float(why['recover_share']))}% or more of its "
+                 f"peak's height: a bump the loss rules judge; a rise that holds makes it a "
+                 f"{why['from']})")
+    elif "loss_rise" in why:
         text += (f" and the loss is {_fmt(why['loss_rise'])} nats above its best (a "
                  f"{_fmt(why['loss_rise_limit'])}-nat rise makes it a {why['from']})")
     note = why.get("note")

@@ -102,7 +102,12 @@ class Downgrade:
       whatever the raw logits do);
     * and the loss has not risen: the median of its samples over the last ``loss_window``
       **steps** is less than ``loss_rise`` nats above the lowest such median of the run
-      (``loss_rise: null``: the loss is not consulted).
+      (``loss_rise: null``: the loss is not consulted), or it is winning that ground back
+      (``recover_span``: its level, the median of its newest ``recover_span`` steps, has
+      come down from the highest level it had within the ``loss_window`` by at least
+      ``recover_share`` of that peak's height over the run's best level: a bump being
+      recovered from, which the loss rules judge, not ground being lost; ``null``: any
+      rise counts).
 
     A frame with neither ``metric`` nor ``capped_metric`` is never downgraded (a job that
     does not say). An alert that fires on a downgraded sample is stored with severity
@@ -117,6 +122,8 @@ class Downgrade:
     loss_window: int = 100
     note: str = ""
     capped_metric: str | None = "attn.capped_logit_max"
+    recover_span: int | None = None
+    recover_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.to not in SEVERITIES:
@@ -139,6 +146,16 @@ class Downgrade:
         if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= LOSS_STEPS_MAX:
             raise RuleError(f"downgrade.loss_window must be an int in 1..{LOSS_STEPS_MAX} "
                             f"(steps), got {w!r}")
+        g = self.recover_span
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int)
+                              or not 2 <= g <= w // 2):
+            raise RuleError(f"downgrade.recover_span must be null or an int in "
+                            f"2..loss_window/2 ({w // 2}), got {g!r}")
+        if g is not None and self.loss_rise is None:
+            raise RuleError("downgrade.recover_span needs loss_rise (it qualifies a loss rise)")
+        c = self.recover_share
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 1:
+            raise RuleError(f"downgrade.recover_share must be a number in (0, 1], got {c!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

@@ -25,7 +25,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from logitwatch.server.alerts.rules import CellMemory, Memory, RuleSpec, State, Track
+from logitwatch.server.alerts.rules import CellMemory, Downgrade, Memory, RuleSpec, State, Track
 from logitwatch.server.db.models import Alert, Frame, Metric, Point
 
 __all__ = [
@@ -54,6 +54,7 @@ IDLE_SECONDS = 1800.0
 #: hold the same number of samples at any interval up to this one.
 HEAD_EVERY = 10
 LOSS_MIN_SAMPLES = 5  # the fewest loss samples a downgrade's loss median is taken over
+RECOVER_MIN_SAMPLES = 3  # the fewest samples each span of a recovery test is taken over
 STICKY = "grad.max_norm"  # a scalar of sampled frames that holds for the steps after them
 
 
@@ -82,24 +83,41 @@ class _Cells:
 
 
 
+def _loss_key(run_id: int, rank: int, d: Downgrade) -> tuple[int, int, int, int]:
+    """The key of the loss-rise tracker a downgrade ``d`` reads on (run, rank)."""
+    return run_id, rank, d.loss_window, d.recover_span or 0
+
+
 @dataclass(slots=True)
 class _LossRise:
     """How far the median of the loss over the last ``span`` steps sits above the lowest
     such median of the run (a run's loss-side harm, for :class:`~.rules.Downgrade`). At a
     wide sampling interval without every-step history the median takes the newest
-    :data:`LOSS_MIN_SAMPLES` samples; it counts once the run has ``span`` steps of loss."""
+    :data:`LOSS_MIN_SAMPLES` samples; it counts once the run has ``span`` steps of loss.
+
+    ``level`` (``Downgrade.recover_span``): ``recovering`` says whether the loss is winning
+    back a bump: its level (the median of its newest ``level`` steps) has come down from
+    the highest level it had within the last ``span`` steps by at least ``share`` of that
+    peak's height over the run's best level (each level needs :data:`RECOVER_MIN_SAMPLES`
+    samples; fewer: not recovering, as before)."""
 
     span: int
+    level: int | None = None
+    share: float = 0.5
     recent: deque[tuple[int, float]] = field(default_factory=deque)
+    levels: deque[tuple[int, float]] = field(default_factory=deque)  # (step, level)
     first: int | None = None
     best: float = math.inf
+    best_level: float = math.inf
     rise: float = 0.0
+    recovering: bool = False
 
     def push(self, step: int, v: float | None) -> None:
         if v is None:
             return
         if not math.isfinite(v):
             self.rise = math.inf  # a non-finite loss is harm
+            self.recovering = False
             return
         if self.first is None:
             self.first = step
@@ -113,6 +131,21 @@ class _LossRise:
             self.rise = m - self.best
         else:
             self.rise = 0.0
+        if self.level is not None:
+            self.recovering = self._winning_back(step, self.level)
+
+    def _winning_back(self, step: int, level: int) -> bool:
+        newest = [x for s, x in self.recent if s > step - level]
+        if len(newest) < RECOVER_MIN_SAMPLES:
+            return False
+        now = median(newest)
+        self.best_level = min(self.best_level, now)
+        self.levels.append((step, now))
+        while self.levels[0][0] <= step - self.span:
+            self.levels.popleft()
+        peak = max(x for _, x in self.levels)
+        height = peak - self.best_level
+        return height > 0 and peak - now >= self.share * height
 
 
 @dataclass(slots=True)
@@ -150,7 +183,8 @@ class RankState:
         self._seen: OrderedDict[tuple[int, int], float] = OrderedDict()
         self._thin: dict[tuple[int, int], _Thin] = {}
         self._sticky: dict[tuple[int, int], float] = {}  # the last grad.max_norm a rank said
-        self._loss: dict[tuple[int, int, int], _LossRise] = {}  # run_id, rank, window
+        # run_id, rank, loss window, recover span (0: none)
+        self._loss: dict[tuple[int, int, int, int], _LossRise] = {}
         self._down: dict[tuple[int, int], _Down] = {}  # open downgraded alerts
         self._mem: dict[Key, Memory] = {}
         self._tracks: dict[Key, Track] = {}
