@@ -80,8 +80,10 @@ twenty-first (``scenario_specs_fresh20.py``, split ``fresh20``) after it, replay
 with round seventeen's rules and the hooks' new delivery (the spike watch's burst, the
 history flush); a twenty-second (``scenario_specs_fresh21.py``, split ``fresh21``) after
 that, replayed once with round eighteen's rules (tuning data: ``--split read20``); a
-twenty-third (``scenario_specs_fresh22.py``, split ``fresh22``) after it, for the next change
-(tuning data: ``--split read21``).
+twenty-third (``scenario_specs_fresh22.py``, split ``fresh22``) after it, replayed once
+with round nineteen's rules (tuning data: ``--split read21``); a twenty-fourth
+(``scenario_specs_fresh23.py``, split ``fresh23``), fixed before that replay, for the change
+after it (tuning data: ``--split read22``).
 
 Usage::
 
@@ -411,7 +413,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 22
+NEWEST = 23
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
