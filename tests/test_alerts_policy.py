@@ -736,6 +736,11 @@ def test_page_confirmation_is_validated() -> None:
         Page(with_rules=("a",), precursor_above=2.2, aftershock_above=float("inf"))
     with pytest.raises(RuleError, match="give precursor_above"):
         Page(with_rules=("a",), aftershock_above=12)
+    with pytest.raises(RuleError, match="at_once_adaptive_above must be a number"):
+        Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5, confirm_adaptive=True,
+             at_once_adaptive_above=-1)
+    with pytest.raises(RuleError, match="under confirm_adaptive: give both"):
+        Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5, at_once_adaptive_above=12)
     back = Page.from_dict(Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5,
                                precursor_above=2.2, aftershock_above=12).to_dict())
     assert (back.confirm_steps, back.at_once_above, back.precursor_above,
@@ -844,7 +849,7 @@ def test_under_an_adaptive_optimizer_a_spike_whose_loss_is_back_next_step_is_sho
     and 25 (the pair spans two steps only through the gradient's blip and spike, not the
     loss). Under SGD (0) the same steps page at the spike, after the precursor, as they do
     without ``confirm_adaptive``; under RMSprop a loss that climbs on to 2 nats up on the
-    next step pages there, and a 3-nat jump at once."""
+    next step pages there, and a 3-nat jump at once only after the update that did it."""
     def events(after: float, jump: float = 1.5) -> dict[int, tuple[float, float]]:
         return {372: (_loss(372), 3.0), 375: (_loss(375) + jump, 90.0),
                 376: (_loss(376) + after, 23.0)}
@@ -868,7 +873,43 @@ def test_under_an_adaptive_optimizer_a_spike_whose_loss_is_back_next_step_is_sho
             "loss_jump"]
         assert first_page(alerts_of(frames(k, 0.0, events(0.1)))) == 375, k
         assert first_page(alerts_of(frames(k, 1.0, events(2.0)))) == 376, k
-        assert first_page(alerts_of(frames(k, 1.0, events(0.1, jump=3.0)))) == 375, k
-    no_gate = [dataclasses.replace(r, page=dataclasses.replace(r.page, confirm_adaptive=False))
-               if r.name in ("loss_jump", "grad_blowup") else r for r in DEFAULT_RULES]
+        # round twenty: a 3-nat jump after an ordinary update is shown; after an update of
+        # 30x the gradient's median (the step before) it pages at once
+        assert first_page(alerts_of(frames(k, 1.0, events(0.1, jump=3.0)))) is None, k
+        went = {**events(0.1, jump=3.0), 374: (_loss(374), 21.0)}
+        assert first_page(alerts_of(frames(k, 1.0, went))) == 375, k
+    no_gate = [dataclasses.replace(r, page=dataclasses.replace(
+        r.page, confirm_adaptive=False, at_once_adaptive_above=None))
+        if r.name in ("loss_jump", "grad_blowup") else r for r in DEFAULT_RULES]
     assert first_page(alerts_of(frames(1, 1.0, events(0.1)), rules=no_gate)) == 375
+
+
+def test_under_an_adaptive_optimizer_one_garbage_batch_does_not_page_at_once() -> None:
+    """Round twenty: unclipped Adam meets one garbage batch: the loss jumps 9.7 nats and the
+    gradient 29x on the same step, after an ordinary update (and a 3x blip five steps
+    before, a precursor), and the next step is back. Shown, not paged; without
+    ``at_once_adaptive_above`` it paged at once. An update of 1e4x the gradient's median
+    (AdamW with eps 1, SGD-like) followed by a 15-nat jump that stays pages at its step."""
+    def frames(ev: dict[int, tuple[float, float]], k: int = 1) -> list[Any]:
+        base = _sgd_run(ev)
+        out = frames_at(k, 700, lambda s: {**base(s), "optim.adaptive": 1.0}, history=k > 1)
+        for f in out:
+            (f.get("history") or {}).get("scalars", {}).pop("optim.adaptive", None)
+        return out
+
+    def first_page(alerts: list[AlertOut]) -> int | None:
+        return min((a.paged_step for a in alerts if a.paged_step is not None), default=None)
+
+    garbage = {415: (_loss(415), 2.1), 420: (_loss(420) + 9.7, 20.0)}
+    no_went = [dataclasses.replace(r, page=dataclasses.replace(
+        r.page, at_once_adaptive_above=None)) if r.name == "loss_jump" else r
+        for r in DEFAULT_RULES]
+    blow = {599: (_loss(599), 7000.0), **{s: (_loss(s) + 15.0, 12.0) for s in range(600, 700)}}
+    for k in (1, 25):
+        alerts = alerts_of(frames(garbage, k))
+        (jump,) = by_rule(alerts, "loss_jump")
+        assert first_page(alerts) is None, (k, [(a.rule, a.paged_step) for a in alerts])
+        assert jump.evidence["went_in"] < 2 and jump.evidence["precursor"] >= 2.2
+        assert "after an update of 12x the gradient's median" in jump.message
+        assert first_page(alerts_of(frames(garbage, k), rules=no_went)) == 420, k
+        assert first_page(alerts_of(frames(blow, k))) == 600, k

@@ -65,11 +65,18 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # back on the next step, the gradient still up there; the pair spanned two
              # steps through the gradient only. The one diverging run under an unclipped
              # adaptive optimizer read (AdamW with eps 1) jumps 15 nats at once. read20 @1:
-             # caught 431/448 unchanged, healthy paged 36/678 -> 34/678
+             # caught 431/448 unchanged, healthy paged 36/678 -> 34/678. Round twenty
+             # (--split read22, 1,272 runs): there, at once only after the update that did it
+             # (at_once_adaptive_above: the step before the jump put a gradient 12x its median
+             # into the weights, as the damage test reads the batch after): of the 91 runs
+             # read under an unclipped adaptive optimizer, the 51 healthy ones with a jump of
+             # 2.5 nats or more had 0.8-2.2x there (one, a single garbage batch under Adam
+             # with the gradient 2.3x five steps before, paged), the one divergence 11,146x.
+             # read22 @1 on those 91 runs: caught 1/1 at the same step, healthy paged 1 -> 0
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
                        repeats_within=20, repeats_built=2, confirm_steps=1,
                        at_once_above=2.5, precursor_above=2.2, aftershock_above=12.0,
-                       confirm_adaptive=True,
+                       confirm_adaptive=True, at_once_adaptive_above=12.0,
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
              summary="the loss jumped far out of its recent range"),

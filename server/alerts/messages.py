@@ -29,7 +29,11 @@ def _page_text(why: dict[str, object], severity: str, loss_over: object = None) 
         if also and why.get("confirm_adaptive"):
             also += " (the loss's own steps under an adaptive optimizer, unclipped)"
         if also and why.get("at_once_above") is not None:
-            also += f" (at once {_fmt(why['at_once_above'])} above its baseline)"
+            also += f" (at once {_fmt(why['at_once_above'])} above its baseline"
+            if why.get("at_once_adaptive_above") is not None:
+                also += (f"; under an adaptive optimizer, unclipped, after an update of "
+                         f"{_fmt(why['at_once_adaptive_above'])}x the gradient's median")
+            also += ")"
         if why.get("precursor_above") is not None:
             also += (f", after a precursor (the gradient norm already "
                      f"{_fmt(why['precursor_above'])}x its median in the steps before the "

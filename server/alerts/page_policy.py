@@ -53,6 +53,8 @@ class PagePolicyMixin(RankState):
                                  at_once_above=pg.at_once_above)
             if pg.confirm_adaptive:
                 p.unpaged.update(confirm_adaptive=True)
+            if pg.at_once_adaptive_above is not None:
+                p.unpaged.update(at_once_adaptive_above=pg.at_once_adaptive_above)
             if pg.precursor_above is not None:
                 p.unpaged.update(precursor_above=pg.precursor_above)
             if pg.aftershock_above is not None:
@@ -106,8 +108,8 @@ class PagePolicyMixin(RankState):
         other = self._corroborated(pg, run_id, rank, own)
         if other is None or not _confirmed(pg, v, other[1], own, started):
             return None
-        if pg.confirm_adaptive and not _at_once(pg, v) \
-                and not self._loss_held(pg, run_id, rank, name, other[0]):
+        if pg.confirm_adaptive and not self._loss_held(pg, run_id, rank, name, other[0]) \
+                and not (_at_once(pg, v) and self._went_in(pg, run_id, rank, name, other[0])):
             return None
         why = self._pair_cause(pg, run_id, rank, name, other[0])
         return None if why is None else (*other, why)
@@ -125,6 +127,21 @@ class PagePolicyMixin(RankState):
             if ev.get("adaptive") is True and ev.get("unclipped") is True:
                 return t.last_breach[0] - t.started_step >= pg.confirm_steps
         return True
+
+    def _went_in(self, pg: Page, run_id: int, rank: int, *names: str) -> bool:
+        """Under ``pg.at_once_adaptive_above``: whether the newest breach of one of the rules
+        ``names`` that carries ``evidence.went_in`` (the loss's) followed an update of at
+        least that many times the gradient's median; True when the option is off."""
+        if pg.at_once_adaptive_above is None:
+            return True
+        for name in names:
+            t = self._tracks.get((name, run_id, rank, None, None))
+            if t is None or t.last_breach is None:
+                continue
+            x = t.last_breach[1].evidence.get("went_in")
+            if isinstance(x, (int, float)):
+                return x >= pg.at_once_adaptive_above
+        return False
 
     def _pair_cause(self, pg: Page, run_id: int, rank: int, *names: str) -> str | None:
         """What lets a corroboration between the run-level rules ``names`` page under

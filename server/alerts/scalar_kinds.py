@@ -137,6 +137,10 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                   if step - pre <= s < step and not start <= s <= start + _AFTERSHOCK]
         if before:
             ev["precursor"] = max(before) / gmed if v > top else 0.0
+        # the update just before this jump (round twenty): its gradient over the calm median
+        went = [x for s, x in every if s == step - 1]
+        if went:
+            ev["went_in"] = went[0] / gmed
     adaptive = bool(m.extra.get("adaptive", False))
     if adaptive:
         ev["adaptive"] = True

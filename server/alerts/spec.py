@@ -200,7 +200,11 @@ class Page:
       ``evidence.unclipped``): its episode has breached that many steps after it began,
       where otherwise the gradient's breach on the next step counts (Adam's and RMSprop's
       step is normalised by the gradient's running RMS, so one bad batch's update is
-      bounded: its loss is back the next step while its gradient stays up a step longer);
+      bounded: its loss is back the next step while its gradient stays up a step longer).
+      There ``at_once_above`` skips that hold only when the update of the step before the
+      jump went in at ``at_once_adaptive_above`` times the gradient's median or more (the
+      ``loss_jump`` kind's ``evidence.went_in``; null: any at-once jump): a garbage batch's
+      own loss jumps after an ordinary step, a blow-up after the update that did it;
     * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
       (run-level) to fire within ``repeats_within`` steps: bumps that each recover but keep
       coming back are an unstable run, not one bad batch. With ``repeats_built`` (and
@@ -227,6 +231,7 @@ class Page:
     repeats_within: int = 20
     repeats_built: int | None = None
     confirm_adaptive: bool = False
+    at_once_adaptive_above: float | None = None
 
     def __post_init__(self) -> None:
         a = self.after
@@ -268,6 +273,14 @@ class Page:
         if self.confirm_adaptive and not n:
             raise RuleError("page.confirm_adaptive says whose steps confirm_steps counts: "
                             "give confirm_steps too")
+        u = self.at_once_adaptive_above
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float))
+                              or not math.isfinite(u) or u < 0):
+            raise RuleError(f"page.at_once_adaptive_above must be a number >= 0 or null, "
+                            f"got {u!r}")
+        if u is not None and (not self.confirm_adaptive or x is None):
+            raise RuleError("page.at_once_adaptive_above qualifies at_once_above under "
+                            "confirm_adaptive: give both")
         if (n or x is not None or p is not None) and not w:
             raise RuleError("page.confirm_steps, at_once_above and precursor_above qualify "
                             "with_rules: give with_rules too")
