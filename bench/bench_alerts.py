@@ -82,8 +82,9 @@ history flush); a twenty-second (``scenario_specs_fresh21.py``, split ``fresh21`
 that, replayed once with round eighteen's rules (tuning data: ``--split read20``); a
 twenty-third (``scenario_specs_fresh22.py``, split ``fresh22``) after it, replayed once
 with round nineteen's rules (tuning data: ``--split read21``); a twenty-fourth
-(``scenario_specs_fresh23.py``, split ``fresh23``), fixed before that replay, for the change
-after it (tuning data: ``--split read22``).
+(``scenario_specs_fresh23.py``, split ``fresh23``), fixed before that replay, replayed once
+with round twenty's rules (tuning data: ``--split read22``). The next change tunes on
+``--split all`` and needs a new held-out set first.
 
 Usage::
 
