@@ -306,14 +306,20 @@ def logitwatch_row(header: dict[str, Any], frames: list[dict[str, Any]],
     return row
 
 
-def bench_one(path: str, k: int, history: bool | None = None) -> dict[str, Any]:
-    """Replay scenario ``path`` at interval ``k``; its row with the peers' columns."""
+def bench_one(path: str, k: int, history: bool | None = None,
+              rules_file: str | None = None) -> dict[str, Any]:
+    """Replay scenario ``path`` at interval ``k``; its row with the peers' columns.
+    ``rules_file``: a rules YAML merged over the defaults, as ``serve`` and ``replay``
+    apply ``LOGITWATCH_ALERT_RULES`` (a rule there replaces the default of its name)."""
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES, load_rules_file, merge_rules
+
     logging.getLogger("logitwatch").setLevel(logging.ERROR)  # the tables say it all
     header, frames = read_run(path)
     use_history = history_supported() if history is None else history
     derived = derive(frames, k, history=use_history)
+    rules = merge_rules(DEFAULT_RULES, load_rules_file(rules_file)) if rules_file else None
     t0 = time.perf_counter()
-    row = logitwatch_row(header, derived)
+    row = logitwatch_row(header, derived, rules)
     row.update(peers(header, derived))
     row.update(interval=k, frames=len(derived), replay_s=round(time.perf_counter() - t0, 2))
     return row
@@ -440,8 +446,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--names", nargs="*", default=None, help="only these scenarios")
     p.add_argument("--no-history", action="store_true",
                    help="leave the derived frames' history out")
+    p.add_argument("--rules", type=Path, default=None,
+                   help="a rules YAML merged over the defaults (a rule there replaces the "
+                   "default of its name): to measure a change, or one taken back, on the "
+                   "tuning data")
     p.add_argument("--json", type=Path, default=None, help="write every row and summary here")
     a = p.parse_args(argv)
+    if a.rules:
+        from logitwatch.server.alerts.defaults import load_rules_file
+        from logitwatch.server.alerts.rules import RuleError
+
+        try:
+            load_rules_file(a.rules)
+        except (OSError, RuleError, ValueError) as e:
+            p.error(f"--rules {a.rules}: {e}")
     intervals = sorted({int(x) for x in a.intervals.split(",") if x.strip()})
     splits = (("tune", "holdout") if a.split == "both"
               else SETS[:SETS.index(READ_THROUGH[a.split]) + 1] if a.split in READ_THROUGH
@@ -459,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-        futures = [pool.submit(bench_one, f, k, history) for f, k in tasks]
+        futures = [pool.submit(bench_one, f, k, history, str(a.rules) if a.rules else None)
+                   for f, k in tasks]
         for i, fut in enumerate(as_completed(futures), 1):
             r = fut.result()
             rows.append(r)
@@ -476,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
             print(_table(sp, k, results[(sp, k)], len(sel)))
     print(_side_by_side(results, splits, intervals))
     print(f"\n{len(files)} scenarios x {len(intervals)} intervals replayed in "
-          f"{time.perf_counter() - t0:.0f}s ({'with' if history else 'without'} history)")
+          f"{time.perf_counter() - t0:.0f}s ({'with' if history else 'without'} history; "
+          f"rules: the defaults{f' with {a.rules}' if a.rules else ''})")
     if a.json:
         a.json.write_text(json.dumps(
             {"rows": sorted(rows, key=lambda r: (r["split"], r["interval"], r["scenario"])),

@@ -339,3 +339,24 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
         else:
             assert row["rules_paged"] and set(row["rules_paged"]) <= {
                 "q_bias_refuge", "k_bias_refuge"}, (name, k, row["rules_paged"])
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_the_bench_replays_a_rules_file_over_the_defaults(tmp_path: Path) -> None:
+    """``--rules``: a change measured, or taken back, as ``serve`` would apply it. Round
+    twenty taken back (``at_once_adaptive_above: null``) pages the held-out run it was read
+    on (one garbage batch under unclipped Adam) at once again; the defaults do not."""
+    import yaml
+
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES
+
+    ba = _load("bench_alerts")
+    path = str(BENCH / "scenarios" / "f22_gpt2_adam_outlier_random.jsonl.gz")
+    jump = next(r for r in DEFAULT_RULES if r.name == "loss_jump").to_dict()
+    jump["page"]["at_once_adaptive_above"] = None
+    rules = tmp_path / "round19.yaml"
+    rules.write_text(yaml.safe_dump({"rules": [jump]}))
+    assert ba.bench_one(path, 1)["logitwatch"]["from50"] is None
+    assert ba.bench_one(path, 1, rules_file=str(rules))["logitwatch"]["from50"] == 420
+    with pytest.raises(SystemExit):
+        ba.main(["--split", "fresh22", "--rules", str(tmp_path / "missing.yaml")])
