@@ -86,3 +86,13 @@ def test_api_never_fails_and_explains_every_refusal(app_db: Any) -> None:
                 # An operation without inputs (GET /runs) has no invalid form to generate.
                 assert mode == GenerationMode.NEGATIVE, op.label
     assert "POST /api/v1/ingest" in labels and len(labels) >= 10, labels
+
+
+def test_a_figure_kind_too_long_is_refused_not_a_server_error(app_db: Any) -> None:
+    """Found by the fuzz above: a ``kind`` past FigureQuery's 32 characters was refused by
+    the model inside the handler (a 500); the path parameter now says the limit (422)."""
+    with TestClient(app_db) as c:
+        r = c.get("/api/v1/runs/1/figures/" + "q" * 40)
+        assert r.status_code == 422, r.text
+        assert r.json()["code"] == "invalid-request" and "path.kind" in r.json()["message"]
+        assert c.get("/api/v1/runs/1/figures/loss").status_code == 200
