@@ -136,10 +136,28 @@ def test_a_wide_dtype_departure_does_not_page_on_a_bump_being_recovered() -> Non
     why = a.evidence["downgraded"]
     assert why["loss_recovering"] is True and why["loss_rise"] >= 0.25, why
     assert "is winning it back" in a.message
+    assert why["loss_won_back"] >= 0.5
     # without the recovery test the same run pages on the bump's rise
     (b,) = _departure_with(_garbage_then_recovery, recover_span=None)
     assert b.severity == "warning" and b.paged_step == b.fired_step
     assert "downgraded" not in b.evidence  # the bump's rise counted when it fired
+
+
+def test_each_downgrade_judges_the_recovery_by_its_own_share() -> None:
+    """Two departures over the same loss window and span, one asking half the bump won back
+    (the default) and one all of it: they read one loss tracker, and each compares what it
+    says with its own ``recover_share``: the default stays info, the strict one pages."""
+    dep = next(r for r in DEFAULT_RULES if r.name == "attn_logit_departure")
+    assert dep.downgrade is not None
+    strict = dataclasses.replace(dep, name="attn_logit_departure_strict", downgrade=(
+        dataclasses.replace(dep.downgrade, recover_share=1.0)))
+    frames = frames_at(10, 760, lambda s: {"loss": _garbage_then_recovery(s),
+                                           "attn.dtype_max": F32}, _growing(400), history=True)
+    alerts = alerts_of(frames, [*DEFAULT_RULES, strict])
+    (a,) = by_rule(alerts, "attn_logit_departure")
+    (b,) = by_rule(alerts, "attn_logit_departure_strict")
+    assert a.severity == "info" and a.paged_step is None
+    assert b.severity == "warning" and b.paged_step is not None
 
 
 def test_a_wide_dtype_departure_pages_when_the_loss_keeps_losing_ground() -> None:

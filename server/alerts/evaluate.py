@@ -69,7 +69,7 @@ class EvaluationMixin(LifecycleMixin):
             seen.add(key)
             lr = self._loss.get(key)
             if lr is None:
-                lr = self._loss[key] = _LossRise(d.loss_window, d.recover_span, d.recover_share)
+                lr = self._loss[key] = _LossRise(d.loss_window, d.recover_span)
             lr.push(step, None if loss is None else float(loss))
 
     def _cells(self, rule: RuleSpec, scalars: dict[str, float],

@@ -91,14 +91,16 @@ class LifecycleMixin(PagePolicyMixin):
         if d.loss_rise is not None:
             lr = self._loss.get(_loss_key(run_id, rank, d))
             rise = 0.0 if lr is None else lr.rise
-            recovering = lr is not None and lr.recovering
+            recovering = (d.recover_span is not None and lr is not None
+                          and lr.won_back >= d.recover_share)
             if rise >= d.loss_rise and not recovering:
                 return None  # the loss shows harm
             why.update(loss_rise=round(rise, 4), loss_rise_limit=d.loss_rise,
                        loss_window=d.loss_window)
             if rise >= d.loss_rise:
-                why.update(loss_recovering=True, recover_span=d.recover_span,
-                           recover_share=d.recover_share)
+                assert lr is not None  # recovering
+                why.update(loss_recovering=True, loss_won_back=round(lr.won_back, 3),
+                           recover_span=d.recover_span, recover_share=d.recover_share)
         if d.note:
             why["note"] = d.note
         return why

@@ -95,29 +95,28 @@ class _LossRise:
     wide sampling interval without every-step history the median takes the newest
     :data:`LOSS_MIN_SAMPLES` samples; it counts once the run has ``span`` steps of loss.
 
-    ``level`` (``Downgrade.recover_span``): ``recovering`` says whether the loss is winning
-    back a bump: its level (the median of its newest ``level`` steps) has come down from
-    the highest level it had within the last ``span`` steps by at least ``share`` of that
-    peak's height over the run's best level (each level needs :data:`RECOVER_MIN_SAMPLES`
-    samples; fewer: not recovering, as before)."""
+    ``level`` (``Downgrade.recover_span``): ``won_back`` is the share of a bump the loss has
+    won back: how far its level (the median of its newest ``level`` steps) has come down
+    from the highest level it had within the last ``span`` steps, over that peak's height
+    above the run's best level (0.0 with no bump, or under :data:`RECOVER_MIN_SAMPLES`
+    samples in the level). The downgrade compares it with its own ``recover_share``."""
 
     span: int
     level: int | None = None
-    share: float = 0.5
     recent: deque[tuple[int, float]] = field(default_factory=deque)
     levels: deque[tuple[int, float]] = field(default_factory=deque)  # (step, level)
     first: int | None = None
     best: float = math.inf
     best_level: float = math.inf
     rise: float = 0.0
-    recovering: bool = False
+    won_back: float = 0.0
 
     def push(self, step: int, v: float | None) -> None:
         if v is None:
             return
         if not math.isfinite(v):
             self.rise = math.inf  # a non-finite loss is harm
-            self.recovering = False
+            self.won_back = 0.0
             return
         if self.first is None:
             self.first = step
@@ -132,12 +131,12 @@ class _LossRise:
         else:
             self.rise = 0.0
         if self.level is not None:
-            self.recovering = self._winning_back(step, self.level)
+            self.won_back = self._won_back(step, self.level)
 
-    def _winning_back(self, step: int, level: int) -> bool:
+    def _won_back(self, step: int, level: int) -> float:
         newest = [x for s, x in self.recent if s > step - level]
         if len(newest) < RECOVER_MIN_SAMPLES:
-            return False
+            return 0.0
         now = median(newest)
         self.best_level = min(self.best_level, now)
         self.levels.append((step, now))
@@ -145,7 +144,7 @@ class _LossRise:
             self.levels.popleft()
         peak = max(x for _, x in self.levels)
         height = peak - self.best_level
-        return height > 0 and peak - now >= self.share * height
+        return (peak - now) / height if height > 0 else 0.0
 
 
 @dataclass(slots=True)
