@@ -306,18 +306,23 @@ def logitwatch_row(header: dict[str, Any], frames: list[dict[str, Any]],
     return row
 
 
-def bench_one(path: str, k: int, history: bool | None = None,
-              rules_file: str | None = None) -> dict[str, Any]:
-    """Replay scenario ``path`` at interval ``k``; its row with the peers' columns.
-    ``rules_file``: a rules YAML merged over the defaults, as ``serve`` and ``replay``
-    apply ``LOGITWATCH_ALERT_RULES`` (a rule there replaces the default of its name)."""
+def rules_over_defaults(path: str | Path) -> list[Any]:
+    """A rules YAML merged over the defaults, as ``serve`` and ``replay`` apply
+    ``LOGITWATCH_ALERT_RULES`` (a rule there replaces the default of its name); raises
+    ``RuleError`` or ``OSError`` saying what is wrong."""
     from logitwatch.server.alerts.defaults import DEFAULT_RULES, load_rules_file, merge_rules
 
+    return merge_rules(DEFAULT_RULES, load_rules_file(path))
+
+
+def bench_one(path: str, k: int, history: bool | None = None,
+              rules: Sequence[Any] | None = None) -> dict[str, Any]:
+    """Replay scenario ``path`` at interval ``k``; its row with the peers' columns.
+    ``rules``: the rule set to replay (None: the defaults; see :func:`rules_over_defaults`)."""
     logging.getLogger("logitwatch").setLevel(logging.ERROR)  # the tables say it all
     header, frames = read_run(path)
     use_history = history_supported() if history is None else history
     derived = derive(frames, k, history=use_history)
-    rules = merge_rules(DEFAULT_RULES, load_rules_file(rules_file)) if rules_file else None
     t0 = time.perf_counter()
     row = logitwatch_row(header, derived, rules)
     row.update(peers(header, derived))
@@ -452,12 +457,12 @@ def main(argv: list[str] | None = None) -> int:
                    "tuning data")
     p.add_argument("--json", type=Path, default=None, help="write every row and summary here")
     a = p.parse_args(argv)
+    rules = None
     if a.rules:
-        from logitwatch.server.alerts.defaults import load_rules_file
         from logitwatch.server.alerts.rules import RuleError
 
         try:
-            load_rules_file(a.rules)
+            rules = rules_over_defaults(a.rules)
         except (OSError, RuleError, ValueError) as e:
             p.error(f"--rules {a.rules}: {e}")
     intervals = sorted({int(x) for x in a.intervals.split(",") if x.strip()})
@@ -477,8 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-        futures = [pool.submit(bench_one, f, k, history, str(a.rules) if a.rules else None)
-                   for f, k in tasks]
+        futures = [pool.submit(bench_one, f, k, history, rules) for f, k in tasks]
         for i, fut in enumerate(as_completed(futures), 1):
             r = fut.result()
             rows.append(r)

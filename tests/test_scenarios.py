@@ -357,6 +357,7 @@ def test_the_bench_replays_a_rules_file_over_the_defaults(tmp_path: Path) -> Non
     rules = tmp_path / "round19.yaml"
     rules.write_text(yaml.safe_dump({"rules": [jump]}))
     assert ba.bench_one(path, 1)["logitwatch"]["from50"] is None
-    assert ba.bench_one(path, 1, rules_file=str(rules))["logitwatch"]["from50"] == 420
+    assert ba.bench_one(path, 1, rules=ba.rules_over_defaults(rules))["logitwatch"][
+        "from50"] == 420
     with pytest.raises(SystemExit):
         ba.main(["--split", "fresh22", "--rules", str(tmp_path / "missing.yaml")])
