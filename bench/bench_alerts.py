@@ -83,8 +83,9 @@ that, replayed once with round eighteen's rules (tuning data: ``--split read20``
 twenty-third (``scenario_specs_fresh22.py``, split ``fresh22``) after it, replayed once
 with round nineteen's rules (tuning data: ``--split read21``); a twenty-fourth
 (``scenario_specs_fresh23.py``, split ``fresh23``), fixed before that replay, replayed once
-with round twenty's rules (tuning data: ``--split read22``). The next change tunes on
-``--split all`` and needs a new held-out set first.
+with round twenty's rules (tuning data: ``--split read22``); a twenty-fifth
+(``scenario_specs_fresh24.py``, split ``fresh24``), fixed after that replay, for the change
+after round twenty (tuning data: ``--split read23``, every set through the twenty-fourth).
 
 Usage::
 
@@ -425,7 +426,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 23
+NEWEST = 24
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
