@@ -59,6 +59,15 @@ def _defaults_with(name: str, params: dict[str, Any] | None = None,
             if r.name == name else r for r in DEFAULT_RULES]
 
 
+def _with_damage() -> list[RuleSpec]:
+    """The default rules with round ten's damage test paging again (``aftershock_above: 12``
+    on ``loss_jump`` and ``grad_blowup``; dropped from the defaults in round twenty-one): the
+    Page option is the user's to set."""
+    rules = _defaults_with("loss_jump", page={"aftershock_above": 12.0})
+    return [dataclasses.replace(r, page=dataclasses.replace(r.page, aftershock_above=12.0))
+            if r.name == "grad_blowup" else r for r in rules]
+
+
 def _loss(step: int) -> float:
     return 3.0 + 0.05 * math.sin(step * 1.7)  # batch noise around a plateau
 
@@ -572,17 +581,25 @@ def test_an_unclipped_garbage_batch_with_an_aftershock_is_shown_not_paged() -> N
     assert by_rule(alerts, "loss_jump")[0].evidence["precursor"] >= 2.2
 
 
-def test_a_garbage_batch_that_damaged_the_weights_pages_on_the_next_step() -> None:
+def test_a_garbage_batch_that_damaged_the_weights_pages_once_the_damage_persists() -> None:
     """Unclipped SGD meets one garbage batch out of the blue, and its update wrecks the
     weights: on the next (clean) batch the loss is still 4 nats up and the gradient 20x its
     median, and the run never comes back. Nothing built up before, so the precursor is
-    quiet; the damage (``evidence.aftershock``) pages it on that next step, at every
-    interval. The garbage batch of the test above, whose next batch's gradient is 5x up,
-    stays shown."""
+    quiet. The damage is one batch's reading (``evidence.aftershock``, kept in the
+    evidence): shown at once, paged once the gradient has stayed up 60 steps, at every
+    interval (round twenty-one: a healed garbage batch's next batch reads alike). With
+    ``aftershock_above: 12`` (round ten's damage test, a Page option) it pages on that next
+    step; there, the garbage batch whose next batch's gradient is 10x up stays shown."""
     events = {400: (9.0, 12.0), 401: (7.0, 14.0), 402: (5.5, 6.0),
               **{s: (5.0, 2.5) for s in range(403, 700)}}
     for k in (1, 25):
-        alerts = alerts_of(frames_at(k, 700, _sgd_run(events), history=k > 1))
+        frames = frames_at(k, 700, _sgd_run(events), history=k > 1)
+        alerts = alerts_of(frames)
+        jump = by_rule(alerts, "loss_jump")[0]
+        assert jump.fired_step == 400, jump.fired_step
+        pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+        assert pages and pages[0] == (460, "grad_blowup"), (k, pages)
+        alerts = alerts_of(frames, rules=_with_damage())
         pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
         assert pages and pages[0][0] == 401, (k, pages)
         jump = by_rule(alerts, "loss_jump")[0]
@@ -590,9 +607,9 @@ def test_a_garbage_batch_that_damaged_the_weights_pages_on_the_next_step() -> No
         assert "after damage (the gradient norm 20x its median" in \
             jump.evidence["escalated_because"], jump.evidence
     # the same kick, its next batch's gradient 10x its median (the healthy runs' largest
-    # read 9.6x), and the run recovers: shown, not paged
+    # read 9.6x in round ten), and the run recovers: shown, not paged
     mild = {400: (9.0, 12.0), 401: (7.0, 7.0), 402: (3.9, 1.2)}
-    alerts = alerts_of(frames_at(1, 700, _sgd_run(mild)))
+    alerts = alerts_of(frames_at(1, 700, _sgd_run(mild)), rules=_with_damage())
     assert {"loss_jump", "grad_blowup"} <= {a.rule for a in alerts}
     assert not [a for a in alerts if a.severity in ("warning", "critical")], \
         [(a.rule, a.severity, a.fired_step) for a in alerts]
@@ -602,26 +619,32 @@ def test_a_garbage_batch_whose_next_batch_the_weights_still_fit_is_shown_not_pag
     """Unclipped SGD meets one garbage batch, and the next (clean) batch's gradient is 15x
     its median, over the damage threshold (12x), but its loss is only 1.5 nats over the
     median: the weights still read clean data nearly as well as before, and the run heals.
-    Shown, not paged. The same kick whose next batch is still 3 nats up (the weights no
-    longer fit the data) pages on that next step; without the loss condition
-    (``aftershock_loss`` 0) the healing run would page too."""
+    Shown, not paged, under round ten's damage test (``aftershock_above: 12``). The same
+    kick whose next batch is still 3 nats up (the weights no longer fit the data) pages on
+    that next step under it; without the loss condition (``aftershock_loss`` 0) the healing
+    run would page too. The default rules page neither on that step."""
     median = 0.7  # the plateau's gradient norms read 0.6-0.8
 
     def events(next_loss: float) -> dict[int, tuple[float, float]]:
         return {400: (9.0, 12.0), 401: (next_loss, 15 * median), 402: (3.3, 1.2)}
 
+    damage = _with_damage()
     for k in (1, 25):
-        alerts = alerts_of(frames_at(k, 700, _sgd_run(events(4.5)), history=k > 1))
+        alerts = alerts_of(frames_at(k, 700, _sgd_run(events(4.5)), history=k > 1),
+                           rules=damage)
         assert {"loss_jump", "grad_blowup"} <= {a.rule for a in alerts}
         assert not [a for a in alerts if a.severity in ("warning", "critical")], \
             (k, [(a.rule, a.severity, a.fired_step) for a in alerts])
-        alerts = alerts_of(frames_at(k, 700, _sgd_run(events(6.0)), history=k > 1))
+        wrecked = frames_at(k, 700, _sgd_run(events(6.0)), history=k > 1)
+        alerts = alerts_of(wrecked, rules=damage)
         pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
         assert pages and pages[0][0] == 401, (k, pages)
         jump = by_rule(alerts, "loss_jump")[0]
         assert "the loss still 3.01 over its median" in jump.evidence["escalated_because"], \
             jump.evidence["escalated_because"]
-    no_gate = _defaults_with("loss_jump", params={"aftershock_loss": 0.0})
+        assert not [a for a in alerts_of(wrecked) if a.severity in ("warning", "critical")]
+    no_gate = [dataclasses.replace(r, params={**r.params, "aftershock_loss": 0.0})
+               if r.name == "loss_jump" else r for r in damage]
     alerts = alerts_of(frames_at(1, 700, _sgd_run(events(4.5))), rules=no_gate)
     assert min(a.paged_step for a in alerts if a.paged_step is not None) == 401
 
@@ -632,8 +655,9 @@ def test_under_an_adaptive_optimizer_a_garbage_batch_is_judged_without_the_damag
     each step by the gradient's running RMS (``optim.adaptive`` 1, sent with the sampled
     frames only): the kick's update was bounded, so the next batch's gradient is no sign of
     damage. Nothing pages on the next step; the gradient that stays up pages once it has
-    persisted 60 steps, the loss that never comes back after 100, at intervals 1 and 25.
-    The job's SGD (0) keeps the gate: it pages on the next step."""
+    persisted 60 steps, the loss that never comes back after 100, at intervals 1 and 25,
+    also under round ten's damage test (``aftershock_above: 12``), which under the job's
+    SGD (0) pages on the next step."""
     events = {400: (9.0, 12.0), 401: (7.0, 14.0), 402: (5.5, 6.0),
               **{s: (5.0, 2.5) for s in range(403, 700)}}
 
@@ -645,7 +669,7 @@ def test_under_an_adaptive_optimizer_a_garbage_batch_is_judged_without_the_damag
         return out
 
     for k in (1, 25):
-        alerts = alerts_of(frames(k, 1.0))
+        alerts = alerts_of(frames(k, 1.0), rules=_with_damage())
         jump = by_rule(alerts, "loss_jump")[0]
         assert jump.fired_step == 400 and jump.paged_step == 500, (k, jump.paged_step)
         assert "persisted 100 steps" in jump.evidence["escalated_because"]
@@ -653,7 +677,7 @@ def test_under_an_adaptive_optimizer_a_garbage_batch_is_judged_without_the_damag
         assert blow.paged_step == 460 and "persisted 60 steps" in \
             blow.evidence["escalated_because"], (k, blow.paged_step)
         assert min(a.paged_step for a in alerts if a.paged_step is not None) == 460
-    alerts = alerts_of(frames(25, 0.0))
+    alerts = alerts_of(frames(25, 0.0), rules=_with_damage())
     assert min(a.paged_step for a in alerts if a.paged_step is not None) == 401
 
 
