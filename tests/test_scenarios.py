@@ -361,3 +361,27 @@ def test_the_bench_replays_a_rules_file_over_the_defaults(tmp_path: Path) -> Non
         "from50"] == 420
     with pytest.raises(SystemExit):
         ba.main(["--split", "fresh22", "--rules", str(tmp_path / "missing.yaml")])
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_healed_sgd_garbage_batch_pages_only_under_the_damage_test(tmp_path: Path) -> None:
+    """Round twenty-one on recorded runs. ``f23_llama_sgd_bad_data_8`` (eight garbage
+    batches under unclipped momentum SGD, healed) paged at 431 on its aftershock under round
+    ten's damage test; the defaults leave it shown. ``f18_postln_sgd_outlier_zeros`` (one
+    zero-byte batch at 380, then a blow-up from 384) still pages, once it blows up."""
+    import yaml
+
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES
+
+    ba = _load("bench_alerts")
+    damage = [dict(r.to_dict(), page={**r.to_dict()["page"], "aftershock_above": 12.0})
+              for r in DEFAULT_RULES if r.name in ("loss_jump", "grad_blowup")]
+    rules = tmp_path / "round20.yaml"
+    rules.write_text(yaml.safe_dump({"rules": damage}))
+    round20 = ba.rules_over_defaults(rules)
+    healed = str(BENCH / "scenarios" / "f23_llama_sgd_bad_data_8.jsonl.gz")
+    assert ba.bench_one(healed, 1)["logitwatch"]["from50"] is None
+    assert ba.bench_one(healed, 1, rules=round20)["logitwatch"]["from50"] == 431
+    wrecked = str(BENCH / "scenarios" / "f18_postln_sgd_outlier_zeros.jsonl.gz")
+    assert ba.bench_one(wrecked, 1, rules=round20)["logitwatch"]["from50"] == 381
+    assert ba.bench_one(wrecked, 1)["logitwatch"]["from50"] == 385
