@@ -35,7 +35,7 @@ def col(tmp_path: Path) -> Iterator[Collector]:
 def ingest(url: str, run: str, steps: range) -> None:
     frames = [{"run": run, "seq": s, "step": s, "time": time.time(),
                "scalars": {"loss": 3.0 - 0.01 * s}} for s in steps]
-    r = httpx.post(f"{url}/api/v1/ingest", json={"frames": frames}, timeout=10)
+    r = httpx.post(f"{url}/api/v1/ingest", json={"frames": frames}, timeout=60)
     assert r.status_code == 200, r.text
 
 

@@ -94,7 +94,9 @@ def frames(seqs: range, climbing: dict[tuple[int, int], int]) -> list[dict[str, 
 
 
 def ingest(url: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
-    r = httpx.post(f"{url}/api/v1/ingest", json={"frames": batch}, timeout=10)
+    # 1,000 wide frames per call: a loaded 2-core machine took over 10 s to store them once
+    # (a read timeout, not a wrong answer); the timeout only bounds a hung collector
+    r = httpx.post(f"{url}/api/v1/ingest", json={"frames": batch}, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
 
