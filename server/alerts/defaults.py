@@ -79,7 +79,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # the last bad batch, alike whether labelled healed (6) or not (9: the label only
              # said whether the loss came back within half a nat of its best in the next 100
              # steps); 6 blew up 4-17 steps later (4.9-24 nats up), and the precursor pages
-             # those 0-7 steps into the blow-up. One batch's damage is a single-sample event:
+             # those 1-7 steps into the blow-up. One batch's damage is a single-sample event:
              # shown (the aftershock stays in the evidence), paged if it persists.
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
                        repeats_within=20, repeats_built=2, confirm_steps=1,
