@@ -85,7 +85,9 @@ with round nineteen's rules (tuning data: ``--split read21``); a twenty-fourth
 (``scenario_specs_fresh23.py``, split ``fresh23``), fixed before that replay, replayed once
 with round twenty's rules (tuning data: ``--split read22``); a twenty-fifth
 (``scenario_specs_fresh24.py``, split ``fresh24``), fixed after that replay, for the change
-after round twenty (tuning data: ``--split read23``, every set through the twenty-fourth).
+after round twenty, replayed once with round twenty-one's rules (tuning data: ``--split
+read23``); a twenty-sixth (``scenario_specs_fresh25.py``, split ``fresh25``), fixed after
+that replay, for the change after round twenty-one (tuning data: ``--split read24``).
 
 Usage::
 
@@ -426,7 +428,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 24
+NEWEST = 25
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
