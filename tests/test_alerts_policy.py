@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
@@ -51,21 +52,22 @@ def by_rule(alerts: list[AlertOut], name: str) -> list[AlertOut]:
 
 
 def _defaults_with(name: str, params: dict[str, Any] | None = None,
-                   page: dict[str, Any] | None = None) -> list[RuleSpec]:
-    """The default rules, rule ``name``'s params updated by ``params`` and its page's fields
-    by ``page``: a change taken back, to show the test fails without it."""
+                   page: dict[str, Any] | None = None,
+                   rules: Sequence[RuleSpec] = DEFAULT_RULES) -> list[RuleSpec]:
+    """``rules`` (the defaults), rule ``name``'s params updated by ``params`` and its page's
+    fields by ``page``: a change taken back, to show the test fails without it."""
     return [dataclasses.replace(r, params={**r.params, **(params or {})},
                                 page=dataclasses.replace(r.page, **page) if page else r.page)
-            if r.name == name else r for r in DEFAULT_RULES]
+            if r.name == name else r for r in rules]
 
 
 def _with_damage() -> list[RuleSpec]:
     """The default rules with round ten's damage test paging again (``aftershock_above: 12``
     on ``loss_jump`` and ``grad_blowup``; dropped from the defaults in round twenty-one): the
     Page option is the user's to set."""
-    rules = _defaults_with("loss_jump", page={"aftershock_above": 12.0})
-    return [dataclasses.replace(r, page=dataclasses.replace(r.page, aftershock_above=12.0))
-            if r.name == "grad_blowup" else r for r in rules]
+    damage = {"aftershock_above": 12.0}
+    return _defaults_with("grad_blowup", page=damage,
+                          rules=_defaults_with("loss_jump", page=damage))
 
 
 def _loss(step: int) -> float:
@@ -643,8 +645,7 @@ def test_a_garbage_batch_whose_next_batch_the_weights_still_fit_is_shown_not_pag
         assert "the loss still 3.01 over its median" in jump.evidence["escalated_because"], \
             jump.evidence["escalated_because"]
         assert not [a for a in alerts_of(wrecked) if a.severity in ("warning", "critical")]
-    no_gate = [dataclasses.replace(r, params={**r.params, "aftershock_loss": 0.0})
-               if r.name == "loss_jump" else r for r in damage]
+    no_gate = _defaults_with("loss_jump", params={"aftershock_loss": 0.0}, rules=damage)
     alerts = alerts_of(frames_at(1, 700, _sgd_run(events(4.5))), rules=no_gate)
     assert min(a.paged_step for a in alerts if a.paged_step is not None) == 401
 

@@ -90,16 +90,14 @@ class LifecycleMixin(PagePolicyMixin):
             why["capped_metric"] = d.capped_metric
         if d.loss_rise is not None:
             lr = self._loss.get(_loss_key(run_id, rank, d))
-            rise = 0.0 if lr is None else lr.rise
-            recovering = (d.recover_span is not None and lr is not None
-                          and lr.won_back >= d.recover_share)
+            rise, won_back = (0.0, 0.0) if lr is None else (lr.rise, lr.won_back)
+            recovering = d.recover_span is not None and won_back >= d.recover_share
             if rise >= d.loss_rise and not recovering:
                 return None  # the loss shows harm
             why.update(loss_rise=round(rise, 4), loss_rise_limit=d.loss_rise,
                        loss_window=d.loss_window)
-            if rise >= d.loss_rise:
-                assert lr is not None  # recovering
-                why.update(loss_recovering=True, loss_won_back=round(lr.won_back, 3),
+            if rise >= d.loss_rise:  # held back only because the loss is winning it back
+                why.update(loss_recovering=True, loss_won_back=round(won_back, 3),
                            recover_span=d.recover_span, recover_share=d.recover_share)
         if d.note:
             why["note"] = d.note
