@@ -87,7 +87,9 @@ with round twenty's rules (tuning data: ``--split read22``); a twenty-fifth
 (``scenario_specs_fresh24.py``, split ``fresh24``), fixed after that replay, for the change
 after round twenty, replayed once with round twenty-one's rules (tuning data: ``--split
 read23``); a twenty-sixth (``scenario_specs_fresh25.py``, split ``fresh25``), fixed after
-that replay, for the change after round twenty-one (tuning data: ``--split read24``).
+that replay, for the change after round twenty-one (tuning data: ``--split read24``); a
+twenty-seventh (``scenario_specs_fresh26.py``, split ``fresh26``), fixed before ``fresh25``
+was read, for a change chosen after that replay (tuning data: ``--split read25``).
 
 Usage::
 
@@ -428,7 +430,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 25
+NEWEST = 26
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
