@@ -21,9 +21,12 @@ The label is measured on every step's loss, never by a detector under test (:fun
   the lowest 100-step mean of the run: it lost ground it had won and did not win it back. A
   monitor should warn about such a run; bench_alerts.py counts it neither as a catch nor as
   a false alarm;
-* losses measured on a scenario's injected bad batches (``RunSpec.bad_data``) never set the
-  best: zero-byte batches are trivially predictable, and a best taken on them made the
-  clean data that followed look like a divergence;
+* the losses of a scenario's injected bad batches (``RunSpec.bad_data``) are cut out of the
+  loss stream before its 10-step means are taken: they measure the garbage, not the model
+  (zero-byte batches are trivially predictable; random tokens cost 10-14 nats on any
+  model), so they neither set the best nor open or close an excursion. Whether a run hit by
+  garbage diverged is read on its own data around it; a non-finite loss still opens an
+  excursion wherever it is;
 * ``healthy``: neither. A loss excursion that came back within 0.5 nat (bad data, an LR
   bump) is a recovered bump: listed in the header (``bumps``: ``[[start, end], ...]``, end
   = the step its 10-step mean was back), not a divergence.
@@ -150,11 +153,13 @@ def excursions(losses: list[float], ignore: Collection[int] = ()
     :data:`RECOVERY` nat of the best before the start).
 
     ``ignore``: steps whose batches were not the run's data (a scenario's injected bad
-    batches). A 10-step mean that holds one of them never sets the best: zero-byte batches
-    are trivially predictable (loss near 0), and a best taken there made the clean data that
-    followed look like a divergence."""
-    means = window_means(losses)
-    tainted = _tainted(len(losses), ignore)
+    batches). They are cut out of the loss stream before the 10-step means are taken
+    (:func:`own_means`): a garbage batch's loss measures the garbage, not the model, so it
+    neither sets the best (zero-byte batches are trivially predictable, and a best taken
+    there made the clean data that followed look like a divergence) nor opens or closes an
+    excursion (random tokens cost 10-14 nats on any model). A non-finite loss opens one
+    wherever it is."""
+    means = own_means(losses, ignore)
     best = math.inf
     bumps: list[list[int]] = []
     i, n = 0, len(losses)
@@ -166,14 +171,28 @@ def excursions(losses: list[float], ignore: Collection[int] = ()
             if end is None:
                 return i, bumps
             bumps.append([i, end])
-            best = min([best, *(v for j, v in enumerate(means[i:end + 1], i)
-                                if math.isfinite(v) and not tainted[j])])
+            best = min([best, *(v for v in means[i:end + 1] if math.isfinite(v))])
             i = end + 1
             continue
-        if math.isfinite(m) and not tainted[i]:
+        if math.isfinite(m):
             best = min(best, m)
         i += 1
     return None, bumps
+
+
+def own_means(losses: list[float], ignore: Collection[int] = (),
+              window: int = DIVERGENCE_WINDOW) -> list[float]:
+    """Per step, the mean of the run's own last ``window`` losses: the loss stream with the
+    steps of ``ignore`` cut out, averaged as :func:`window_means` does; NaN at a step of
+    ``ignore`` (it has no mean of its own), before the first full window and wherever the
+    window holds a non-finite loss. With nothing to ignore: :func:`window_means`."""
+    if not ignore:
+        return window_means(losses, window)
+    own = [i for i in range(len(losses)) if i not in ignore]
+    out = [math.nan] * len(losses)
+    for i, m in zip(own, window_means([losses[i] for i in own], window)):
+        out[i] = m
+    return out
 
 
 def _tainted(n: int, ignore: Collection[int], window: int = DIVERGENCE_WINDOW) -> list[bool]:
@@ -412,9 +431,11 @@ def relabel(where: Path) -> int:
             print(f"{h['scenario']}: not a scenario of this version; left as it is")
             continue
         old = (h["label"], h["divergence_step"])
-        h.update(header_for(sc, _losses(h)))
-        with gzip.open(path, "wt", compresslevel=9) as fh:
-            fh.write(json.dumps(h, separators=(",", ":")) + "\n" + rest)
+        new = {**h, **header_for(sc, _losses(h))}
+        if new != h:  # a file whose header stands is left byte for byte as it is
+            h = new
+            with gzip.open(path, "wt", compresslevel=9) as fh:
+                fh.write(json.dumps(h, separators=(",", ":")) + "\n" + rest)
         print(f"{h['scenario']:30s} {old[0]:9s} {old[1]!s:>5} -> {h['label']:9s} "
               f"{h['divergence_step']!s:>5}  ends {h['regression']:.3f} nat above its best"
               f"{'  bumps ' + str(h['bumps']) if h['bumps'] else ''}")

@@ -94,10 +94,38 @@ def test_losses_on_injected_bad_batches_never_set_the_best(rec: ModuleType) -> N
     assert rec.divergence_step(zeros, bad) is None
     assert rec.label(zeros, bad) == "healthy"
     assert rec.regression(zeros, ignore=bad) == pytest.approx(0.05, abs=1e-9)
-    # a run that really breaks after bad data is still diverging (once its 10-step mean
-    # is more than 1 nat above the clean best: 9 of 10 losses at 4.0)
+    # a run that really breaks after bad data is still diverging, once the 10-step mean of
+    # its own losses (the bad batches cut out) is more than 1 nat above the clean best: 7 of
+    # its last 10 own losses at 4.0
     broken = [2.4] * 420 + [0.01] * 30 + [4.0] * 150
-    assert rec.divergence_step(broken, bad) == 458
+    assert rec.divergence_step(broken, bad) == 456
+    assert rec.own_means(broken, bad)[419] == pytest.approx(2.4)
+    assert math.isnan(rec.own_means(broken, bad)[430])  # a bad batch has no mean of its own
+
+
+def test_a_garbage_batchs_own_loss_opens_no_excursion(rec: ModuleType) -> None:
+    """Random tokens cost 10-14 nats on any model: that loss measures the garbage. Whether
+    the run diverged is read on its own data around it."""
+    one = rec.injected_steps({"bad_data": [[400, 401, "random"]]})
+    # the run sits 0.7 nat up on its own data after one garbage batch: no excursion
+    # (0.7 < 1 nat), so not diverging (it was, dated at the garbage batch, while that
+    # batch's 14 nats counted), but it ended 0.7 above its best: degraded
+    sits = [2.0] * 400 + [14.0] + [2.7] * 199
+    assert rec.divergence_step(sits) == 400
+    assert rec.divergence_step(sits, one) is None
+    assert rec.label(sits, one) == "degraded"
+    # the batch wrecked the model: dated where its own 10-step mean leaves the range
+    # (4 of 10 own losses at 4.6: step 404), not at the garbage batch
+    wrecked = [2.0] * 400 + [14.0] + [4.6] * 199
+    assert rec.divergence_step(wrecked) == 400
+    assert rec.divergence_step(wrecked, one) == 404
+    # a bump that recovered: a garbage window below the limit never closes an excursion
+    stretch = rec.injected_steps({"bad_data": [[420, 440, "zeros"]]})
+    dips = [2.0] * 400 + [3.5] * 20 + [0.01] * 20 + [3.5] * 20 + [2.0] * 140
+    assert rec.excursions(dips)[1][0][1] < 440  # the zeros' near-0 losses "recovered" it
+    assert rec.excursions(dips, stretch) == (None, [[406, 466]])  # 7 of 10 own losses back
+    # a non-finite loss opens an excursion even on a bad batch
+    assert rec.divergence_step([2.0] * 400 + [NAN] * 20, one) == 400
 
 
 def test_training_stops_when_the_run_is_gone(rec: ModuleType) -> None:
