@@ -87,9 +87,10 @@ with round twenty's rules (tuning data: ``--split read22``); a twenty-fifth
 (``scenario_specs_fresh24.py``, split ``fresh24``), fixed after that replay, for the change
 after round twenty, replayed once with round twenty-one's rules (tuning data: ``--split
 read23``); a twenty-sixth (``scenario_specs_fresh25.py``, split ``fresh25``), fixed after
-that replay, for the change after round twenty-one (tuning data: ``--split read24``); a
-twenty-seventh (``scenario_specs_fresh26.py``, split ``fresh26``), fixed before ``fresh25``
-was read, for a change chosen after that replay (tuning data: ``--split read25``).
+that replay, replayed once with round twenty-one's rules after the labeller's change (no
+rule change was chosen on ``--split read24``); a twenty-seventh
+(``scenario_specs_fresh26.py``, split ``fresh26``), fixed before ``fresh25`` was read, for
+the next change (tuning data: ``--split read25``).
 
 Usage::
 
