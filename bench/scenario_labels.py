@@ -44,9 +44,9 @@ def window_means(losses: list[float], window: int = DIVERGENCE_WINDOW) -> list[f
 
 def excursions(losses: list[float], ignore: Collection[int] = ()
                ) -> tuple[int | None, list[list[int]]]:
-    """``(divergence_step, bumps)`` (see the module docstring): the first step of the final
-    excursion that never recovers (None: none), and every excursion that recovered, as
-    ``[start, end]`` (end: the first step whose 10-step mean is back within
+    """``(divergence_step, bumps)`` (the rules: ``record_scenarios.py``): the first step of
+    the final excursion that never recovers (None: none), and every excursion that
+    recovered, as ``[start, end]`` (end: the first step whose 10-step mean is back within
     :data:`RECOVERY` nat of the best before the start).
 
     ``ignore``: steps whose batches were not the run's data (a scenario's injected bad
