@@ -92,15 +92,6 @@ def own_means(losses: list[float], ignore: Collection[int] = (),
     return out
 
 
-def _tainted(n: int, ignore: Collection[int], window: int = DIVERGENCE_WINDOW) -> list[bool]:
-    """Per step: whether its ``window``-step mean holds a step of ``ignore``."""
-    out = [False] * n
-    for s in ignore:
-        for j in range(max(0, s), min(n, s + window)):
-            out[j] = True
-    return out
-
-
 def injected_steps(spec: Any) -> set[int]:
     """The steps of a spec (a RunSpec or its dict) that trained on injected bad batches."""
     bad = spec.get("bad_data", ()) if isinstance(spec, dict) else spec.bad_data
@@ -114,25 +105,18 @@ def divergence_step(losses: list[float], ignore: Collection[int] = ()) -> int | 
 
 def regression(losses: list[float], window: int = DEGRADED_WINDOW,
                ignore: Collection[int] = ()) -> float:
-    """How far (nats) the mean of the last ``window`` losses is above the lowest
-    ``window``-step mean of the run (means holding a step of ``ignore`` never the lowest);
-    0.0 for a run shorter than ``window`` or with a non-finite loss."""
-    if len(losses) < window or not all(math.isfinite(x) for x in losses):
+    """How far (nats) the mean of the run's own last ``window`` losses is above the lowest
+    such mean of the run, the steps of ``ignore`` cut out first (:func:`own_means`: a
+    garbage stretch inside the last window does not lift the run's final level); 0.0 for a
+    run with fewer own losses than ``window`` or with a non-finite loss."""
+    if not all(math.isfinite(x) for x in losses):
         return 0.0
-    tainted = _tainted(len(losses), ignore, window)
-    total = sum(losses[:window])
-    last = total / window
-    best = math.inf if tainted[window - 1] else last
-    for i in range(window, len(losses)):
-        total += losses[i] - losses[i - window]
-        last = total / window
-        if not tainted[i]:
-            best = min(best, last)
-    return last - best if math.isfinite(best) else 0.0
+    means = [m for m in own_means(losses, ignore, window) if math.isfinite(m)]
+    return means[-1] - min(means) if means else 0.0
 
 
 def label(losses: list[float], ignore: Collection[int] = ()) -> str:
-    """``diverging``, ``degraded`` or ``healthy`` (see the module docstring)."""
+    """``diverging``, ``degraded`` or ``healthy`` (the rules: ``record_scenarios.py``)."""
     if divergence_step(losses, ignore) is not None:
         return "diverging"
     return "degraded" if regression(losses, ignore=ignore) >= DEGRADED_NATS else "healthy"

@@ -45,6 +45,11 @@ def rec() -> ModuleType:
     return _load("record_scenarios")
 
 
+@pytest.fixture(scope="module")
+def lab() -> ModuleType:
+    return _load("scenario_labels")
+
+
 def _header(path: Path) -> dict[str, Any]:
     with gzip.open(path, "rt") as fh:
         return json.loads(fh.readline())
@@ -53,90 +58,94 @@ def _header(path: Path) -> dict[str, Any]:
 # -- labels ----------------------------------------------------------------------------------
 
 
-def test_labels_on_constructed_losses(rec: ModuleType) -> None:
+def test_labels_on_constructed_losses(lab: ModuleType) -> None:
     flat = [3.0] * 300
-    assert rec.excursions(flat) == (None, [])
-    assert rec.label(flat) == "healthy"
+    assert lab.excursions(flat) == (None, [])
+    assert lab.label(flat) == "healthy"
     # a bump of 2 nats for 30 steps that comes all the way back: healthy, one bump listed
     bump = [2.0] * 200 + [4.0] * 30 + [2.0] * 170
-    assert rec.excursions(bump) == (None, [[205, 237]])
-    assert rec.label(bump) == "healthy"
+    assert lab.excursions(bump) == (None, [[205, 237]])
+    assert lab.label(bump) == "healthy"
     # the same bump, then a final excursion that never comes back: diverging at its start
     final = [2.0] * 200 + [4.0] * 30 + [2.0] * 100 + [3.6] * 150
-    assert rec.excursions(final) == (336, [[205, 237]])
-    assert rec.label(final) == "diverging"
+    assert lab.excursions(final) == (336, [[205, 237]])
+    assert lab.label(final) == "diverging"
     # back to 0.6 nat above the best, never within 0.5: not recovered, diverging
     partial = [2.0] * 200 + [3.5] * 40 + [2.6] * 160
-    assert rec.divergence_step(partial) == 206 and rec.label(partial) == "diverging"
+    assert lab.divergence_step(partial) == 206 and lab.label(partial) == "diverging"
     # back within 0.5 (0.4 above): a recovered bump, but it ended 0.4 above its best
     within = [2.0] * 200 + [3.5] * 40 + [2.4] * 160
-    assert rec.excursions(within) == (None, [[206, 249]])
-    assert rec.regression(within) == pytest.approx(0.4)
-    assert rec.label(within) == "degraded"
+    assert lab.excursions(within) == (None, [[206, 249]])
+    assert lab.regression(within) == pytest.approx(0.4)
+    assert lab.label(within) == "degraded"
 
     # a non-finite loss that stays: diverging at the first NaN (not the first full window)
-    assert rec.excursions([2.0] * 100 + [NAN] * 20) == (100, [])
+    assert lab.excursions([2.0] * 100 + [NAN] * 20) == (100, [])
     # a rise of just under 1 nat is no excursion; 0.2 above the best at the end is healthy
-    assert rec.divergence_step([2.0] * 200 + [2.95] * 100) is None
+    assert lab.divergence_step([2.0] * 200 + [2.95] * 100) is None
     slight = [2.0] * 200 + [2.2] * 100
-    assert rec.label(slight) == "healthy"  # 0.2 < 0.25
-    assert rec.regression(flat[:50]) == 0.0  # shorter than the window
-    assert rec.regression([*flat, NAN]) == 0.0
+    assert lab.label(slight) == "healthy"  # 0.2 < 0.25
+    assert lab.regression(flat[:50]) == 0.0  # shorter than the window
+    assert lab.regression([*flat, NAN]) == 0.0
 
 
-def test_losses_on_injected_bad_batches_never_set_the_best(rec: ModuleType) -> None:
+def test_losses_on_injected_bad_batches_never_set_the_best(lab: ModuleType) -> None:
     # 30 zero-byte batches are trivially predictable (loss near 0): taken as the best, the
     # clean data after them looked like a divergence (a recorded GPT-2 run was labelled so)
     zeros = [2.4] * 420 + [14.0] + [0.01] * 29 + [13.0] + [2.45] * 150
-    bad = rec.injected_steps({"bad_data": [[420, 450, "zeros"]]})
+    bad = lab.injected_steps({"bad_data": [[420, 450, "zeros"]]})
     assert bad == set(range(420, 450))
-    assert rec.divergence_step(zeros) == 450  # without knowing the injection
-    assert rec.divergence_step(zeros, bad) is None
-    assert rec.label(zeros, bad) == "healthy"
-    assert rec.regression(zeros, ignore=bad) == pytest.approx(0.05, abs=1e-9)
+    assert lab.divergence_step(zeros) == 450  # without knowing the injection
+    assert lab.divergence_step(zeros, bad) is None
+    assert lab.label(zeros, bad) == "healthy"
+    assert lab.regression(zeros, ignore=bad) == pytest.approx(0.05, abs=1e-9)
     # a run that really breaks after bad data is still diverging, once the 10-step mean of
     # its own losses (the bad batches cut out) is more than 1 nat above the clean best: 7 of
     # its last 10 own losses at 4.0
     broken = [2.4] * 420 + [0.01] * 30 + [4.0] * 150
-    assert rec.divergence_step(broken, bad) == 456
-    assert rec.own_means(broken, bad)[419] == pytest.approx(2.4)
-    assert math.isnan(rec.own_means(broken, bad)[430])  # a bad batch has no mean of its own
+    assert lab.divergence_step(broken, bad) == 456
+    assert lab.own_means(broken, bad)[419] == pytest.approx(2.4)
+    assert math.isnan(lab.own_means(broken, bad)[430])  # a bad batch has no mean of its own
+    # a garbage stretch inside the last 100 steps does not lift the run's final level
+    late = [2.0] * 400 + [14.0] * 10 + [2.0] * 50
+    assert lab.regression(late) > 1.0
+    assert lab.regression(late, ignore=set(range(400, 410))) == 0.0
 
 
-def test_a_garbage_batchs_own_loss_opens_no_excursion(rec: ModuleType) -> None:
+def test_a_garbage_batch_opens_no_excursion(lab: ModuleType) -> None:
     """Random tokens cost 10-14 nats on any model: that loss measures the garbage. Whether
     the run diverged is read on its own data around it."""
-    one = rec.injected_steps({"bad_data": [[400, 401, "random"]]})
+    one = lab.injected_steps({"bad_data": [[400, 401, "random"]]})
     # the run sits 0.7 nat up on its own data after one garbage batch: no excursion
     # (0.7 < 1 nat), so not diverging (it was, dated at the garbage batch, while that
     # batch's 14 nats counted), but it ended 0.7 above its best: degraded
     sits = [2.0] * 400 + [14.0] + [2.7] * 199
-    assert rec.divergence_step(sits) == 400
-    assert rec.divergence_step(sits, one) is None
-    assert rec.label(sits, one) == "degraded"
+    assert lab.divergence_step(sits) == 400
+    assert lab.divergence_step(sits, one) is None
+    assert lab.label(sits, one) == "degraded"
     # the batch wrecked the model: dated where its own 10-step mean leaves the range
     # (4 of 10 own losses at 4.6: step 404), not at the garbage batch
     wrecked = [2.0] * 400 + [14.0] + [4.6] * 199
-    assert rec.divergence_step(wrecked) == 400
-    assert rec.divergence_step(wrecked, one) == 404
+    assert lab.divergence_step(wrecked) == 400
+    assert lab.divergence_step(wrecked, one) == 404
     # a bump that recovered: a garbage window below the limit never closes an excursion
-    stretch = rec.injected_steps({"bad_data": [[420, 440, "zeros"]]})
+    stretch = lab.injected_steps({"bad_data": [[420, 440, "zeros"]]})
     dips = [2.0] * 400 + [3.5] * 20 + [0.01] * 20 + [3.5] * 20 + [2.0] * 140
-    assert rec.excursions(dips)[1][0][1] < 440  # the zeros' near-0 losses "recovered" it
-    assert rec.excursions(dips, stretch) == (None, [[406, 466]])  # 7 of 10 own losses back
+    assert lab.excursions(dips)[1][0][1] < 440  # the zeros' near-0 losses "recovered" it
+    assert lab.excursions(dips, stretch) == (None, [[406, 466]])  # 7 of 10 own losses back
     # a non-finite loss opens an excursion even on a bad batch
-    assert rec.divergence_step([2.0] * 400 + [NAN] * 20, one) == 400
+    assert lab.divergence_step([2.0] * 400 + [NAN] * 20, one) == 400
 
 
-def test_training_stops_when_the_run_is_gone(rec: ModuleType) -> None:
-    assert rec.stop_reason([2.0] * 100 + [NAN] * 9) is None
-    assert rec.stop_reason([2.0] * 100 + [NAN] * 10) == "nonfinite"
+def test_training_stops_when_the_run_is_gone(lab: ModuleType) -> None:
+    assert lab.stop_reason([2.0] * 100 + [NAN] * 9) is None
+    assert lab.stop_reason([2.0] * 100 + [NAN] * 10) == "nonfinite"
     # diverged at step 205: 100 steps later (checked every 10 steps) it stops
     up = [2.0] * 200 + [4.0] * 100
-    assert rec.stop_reason(up) is None
-    assert rec.stop_reason(up + [4.0] * 10) == "diverged"
+    assert lab.stop_reason(up) is None
+    assert lab.stop_reason(up + [4.0] * 10) == "diverged"
     # a bump that recovered does not stop training
-    assert rec.stop_reason([2.0] * 200 + [4.0] * 30 + [2.0] * 90) is None
+    assert lab.stop_reason([2.0] * 200 + [4.0] * 30 + [2.0] * 90) is None
 
 
 def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
@@ -281,19 +290,19 @@ def test_derived_flushes_keep_every_step_and_do_not_move_the_samples() -> None:
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_recorded_labels_follow_the_rule(rec: ModuleType) -> None:
+def test_recorded_labels_follow_the_rule(rec: ModuleType, lab: ModuleType) -> None:
     from logitwatch.wire import decode_float
 
     headers = []
     for path in FILES:
         h = _header(path)
         losses = [decode_float(x) for x in h["losses"]]
-        bad = rec.injected_steps(h["spec"])  # the injected bad batches set no best
-        div, bumps = rec.excursions(losses, bad)
+        bad = lab.injected_steps(h["spec"])  # the injected bad batches set no best
+        div, bumps = lab.excursions(losses, bad)
         assert h["divergence_step"] == div, path.name
         assert h["bumps"] == bumps, path.name
-        assert h["label"] == rec.label(losses, bad), path.name
-        assert h["regression"] == round(rec.regression(losses, ignore=bad), 4), path.name
+        assert h["label"] == lab.label(losses, bad), path.name
+        assert h["regression"] == round(lab.regression(losses, ignore=bad), 4), path.name
         assert h["split"] == rec.SPLITS[h["scenario"]], path.name  # fixed before tuning
         assert len(h["grad_norms"]) == len(h["clipped"]) == len(h["lrs"]) == len(losses)
         headers.append(h)
