@@ -90,7 +90,9 @@ read23``); a twenty-sixth (``scenario_specs_fresh25.py``, split ``fresh25``), fi
 that replay, replayed once with round twenty-one's rules after the labeller's change (no
 rule change was chosen on ``--split read24``); a twenty-seventh
 (``scenario_specs_fresh26.py``, split ``fresh26``), fixed before ``fresh25`` was read, for
-the next change (tuning data: ``--split read25``).
+the next change (tuning data: ``--split read25``); a twenty-eighth
+(``scenario_specs_fresh27.py``, split ``fresh27``), fixed before ``fresh26`` was read, for
+the change after that (tuning data: ``--split read26``).
 
 Usage::
 
@@ -431,7 +433,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 26
+NEWEST = 27
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
