@@ -22,7 +22,7 @@ ADAM_UNCLIPPED: dict[str, Any] = {"optimizer": "adam", "max_norm": None}
 
 FRESH27: list[Scenario] = [
     # == diverging ==============================================================
-    S("f27_attn_growth_s260", "fp16_growth", D, demo(seed=270, lr=0.15),
+    S("f27_attn_growth_s270", "fp16_growth", D, demo(seed=270, lr=0.15),
       "fp16 scores, peak LR 0.15"),
     S("f27_attn_growth_l4", "fp16_growth", D, demo(seed=271, lr=0.18, **L4),
       "4 layers, fp16 scores, no QK-norm, peak LR 0.18"),
@@ -111,10 +111,10 @@ FRESH27: list[Scenario] = [
     S("f27_gpt2_grad_spikes_clipped", "grad_blip", H,
       hf("gpt2", grad_spikes=((420, 1e4), (550, 1e3)), seed=270),
       "gpt2: one-step gradient spikes x1e4, x1e3 at 420, 550, clipped at 1.0"),
-    S("f27_gemma2_softcap_s260", "softcap", H,
+    S("f27_gemma2_softcap_s270", "softcap", H,
       hf("gemma2", init_std=0.1, lr=0.17, warmup=300, softcap=30.0, steps=800, seed=270),
       "gemma2: init std 0.1, peak LR 0.17, scores capped at 30"),
-    S("f27_qknorm_lr21_s260", "qknorm_high_lr_ok", H, demo_qk(lr=0.21, seed=270, steps=1000),
+    S("f27_qknorm_lr21_s270", "qknorm_high_lr_ok", H, demo_qk(lr=0.21, seed=270, steps=1000),
       "QK-norm, peak LR 0.21"),
     S("f27_gemma2_logz_slow", "logz_drift_slow", H,
       hf("gemma2", head_drift=(330, 0.0033, 530), seed=270),
