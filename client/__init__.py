@@ -7,9 +7,10 @@ leaves behind is sent with ``logitwatch push SPOOL``. ``ClientConfig`` holds the
 settings. See ``logitwatch/wire.py`` for the frame.
 
 Modules: ``_codec`` (pack on the training thread, encode off it), ``_queue`` (the backlog:
-memory, spool index, batch in flight, counters), ``_spool`` (segment files), ``_worker``
-(sender and spooler threads), ``_http`` (one request, retry schedule), ``_push`` (the CLI's
-replay), ``_client`` (the public class, lifecycle, fork).
+memory, spool index, batch in flight, counters), ``_backlog_spool`` (the backlog's disk
+side: spilling to the spool within its budget, reading it back), ``_spool`` (segment
+files), ``_worker`` (sender and spooler threads), ``_http`` (one request, retry schedule),
+``_push`` (the CLI's replay), ``_client`` (the public class, lifecycle, fork).
 """
 
 from ._client import AlertCallback, Client

@@ -19,11 +19,16 @@ increasing, in queue order whatever thread calls ``send``, and, because it follo
 clock, a restarted job (or a forked child) numbers its frames after the ones sent
 before: the collector's (run, rank, seq) deduplication then never mistakes new frames for
 old ones.
+
+The disk side of the backlog (spilling memory to the spool within its budget, reading
+spooled batches back, persisting a batch that waits too long in flight) is the mixin
+``SpoolSide`` in ``_backlog_spool.py``; this module holds the memory queue, the
+numbering, delivery accounting and the waiters, and ``Backlog`` itself, which creates all
+the state both halves share and the one lock (``_cond``) that guards it.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import re
@@ -33,8 +38,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
+from ._backlog_spool import SpoolSide
 from ._codec import Packed, Queued, freeze
-from ._spool import Segment, SpoolCorrupt, WriterDir, read_segment, write_segment
+from ._spool import Segment, WriterDir, write_segment
 
 __all__ = ["COUNTERS", "Backlog", "Batch"]
 
@@ -62,8 +68,6 @@ COUNTERS = (
     "undelivered_at_shutdown",  # frames neither delivered nor spooled at shutdown
     "discarded",  # frames given to a client without a URL
 )
-
-StoreResult = Literal["stored", "dropped", "failed"]
 
 
 _SEQ = re.compile(rb'"seq":(\d+)')
@@ -99,7 +103,7 @@ class _Waiter:
         self.ok = True
 
 
-class Backlog:
+class Backlog(SpoolSide):
     """The thread-safe state of undelivered frames (memory, spool index, in flight)."""
 
     def __init__(self, *, max_frames: int, max_bytes: int, max_batch: int,
@@ -149,116 +153,7 @@ class Backlog:
                 self._lost(old[0])
             return len(mem)
 
-    # -- spooler thread (and shutdown) ---------------------------------------------------
-
-    def spill(self, keep_frames: int, keep_bytes: int, through: int | None = None) -> int:
-        """Write the oldest frames in memory to the spool until at most ``keep_frames``
-        frames and ``keep_bytes`` bytes remain there, or, with ``through``, every frame
-        numbered up to it. Returns the frames written."""
-        if self.spool is None:
-            return 0
-        written = 0
-        while True:
-            with self._cond:
-                mem = self._mem
-                if self._spilling is not None or not mem:
-                    return written
-                if through is not None:
-                    n = bisect.bisect_right(mem, through, key=lambda f: f[0])
-                    if n == 0:
-                        return written
-                elif len(mem) <= keep_frames and self.mem_bytes <= keep_bytes:
-                    return written
-                else:
-                    n = len(mem)
-                frames = [mem.popleft() for _ in range(min(n, self._max_batch))]
-                self.mem_bytes -= sum(f[1] for f in frames)
-                self._spilling = frames[0][0]
-            result: StoreResult = "failed"
-            try:
-                lines = self._encode_all(frames)
-                result, _ = self._store([f[0] for f in frames], lines)
-            except Exception:  # a bug: keep the frames, say so once
-                self._warn_once("spill-bug", "logitwatch: writing to the spool failed",
-                                exc_info=True)
-            with self._cond:
-                self._spilling = None
-                if result == "failed":  # back to the front of memory, in order
-                    mem.extendleft(reversed(frames))
-                    self.mem_bytes += sum(f[1] for f in frames)
-                elif result == "stored":
-                    self._counts["spilled"] += len(frames)
-                self._cond.notify_all()
-            if result == "failed":
-                return written
-            written += len(frames)
-
-    def _encode_all(self, frames: list[Queued]) -> list[bytes]:
-        """Encode frames, letting the training thread have the GIL between two: encoding
-        holds it, and without this a send() could wait out a whole switch interval."""
-        lines = []
-        for f in frames:
-            lines.append(self._encode(f))
-            time.sleep(0)
-        return lines
-
-    def _store(self, seqs: list[int], lines: list[bytes]) -> tuple[StoreResult, Segment | None]:
-        """Write one segment within the disk budget, evicting the oldest segments first.
-
-        ``"dropped"``: the frames could not fit the budget (counted); ``"failed"``: the
-        disk refused (no spool, full disk, permissions): the caller keeps the frames.
-        """
-        if self.spool is None:
-            return "failed", None
-        size = sum(len(line) + 1 for line in lines) + 160
-        evicted: list[Segment] = []
-        with self._cond:
-            while self._spool_bytes + self._reserved + size > self._budget:
-                victim = next((s for s in self._segments if not s.busy), None)
-                if victim is None:
-                    break
-                self._unindex(victim)
-                self._counts["dropped_spool_full"] += victim.frames
-                self._lost(victim.first)
-                evicted.append(victim)
-            if self._spool_bytes + self._reserved + size > self._budget:
-                self._counts["dropped_spool_full"] += len(lines)
-                self._lost(seqs[0])
-                dropped = True
-            else:
-                self._reserved += size
-                dropped = False
-        for victim in evicted:
-            with contextlib.suppress(OSError):
-                victim.path.unlink()
-        if evicted or dropped:
-            self._warn_once(
-                "budget", "logitwatch: the spool reached its disk budget (spool_max_bytes=%d); "
-                "the oldest spooled frames are dropped (counted in dropped_spool_full)",
-                self._budget)
-        if dropped:
-            return "dropped", None
-        try:
-            seg = write_segment(self.spool.ensure(), seqs, lines)
-        except OSError as e:
-            with self._cond:
-                self._reserved -= size
-            self._warn_once("disk", "logitwatch: cannot write the spool under %s (%s); frames "
-                            "stay in memory while it fails", self.spool.base, e)
-            return "failed", None
-        with self._cond:
-            self._reserved -= size
-            bisect.insort(self._segments, seg, key=lambda s: s.first)
-            self._spool_bytes += seg.size
-            self._spool_frames += seg.frames
-        return "stored", seg
-
-    def _unindex(self, seg: Segment) -> None:
-        """Forget a segment (lock held)."""
-        with contextlib.suppress(ValueError):
-            self._segments.remove(seg)
-            self._spool_bytes -= seg.size
-            self._spool_frames -= seg.frames
+    # -- spooler thread (and shutdown): spill(), persist_inflight(): see SpoolSide --------
 
     # -- sender thread -------------------------------------------------------------------
 
@@ -294,30 +189,6 @@ class Backlog:
                 return batch
             if self._read(batch):
                 return batch
-
-    def _read(self, batch: Batch) -> bool:
-        """Load a spool batch's frames; damaged segments are dropped (counted)."""
-        good: list[Segment] = []
-        for s in batch.segments:
-            try:
-                batch.lines.extend(read_segment(s.path))
-                good.append(s)
-            except (SpoolCorrupt, OSError) as e:
-                self._warn_once("corrupt", "logitwatch: dropping spool segment: %s", e)
-                with self._cond:
-                    self._unindex(s)
-                    self._counts["dropped_spool_corrupt"] += s.frames
-                    self._lost(s.first)
-                with contextlib.suppress(OSError):
-                    s.path.rename(s.path.with_suffix(".corrupt"))
-        with self._cond:
-            batch.segments = good
-            if good:
-                batch.first = good[0].first
-                return True
-            self._inflight = None
-            self._cond.notify_all()
-            return False
 
     def settle(self, batch: Batch, kind: Literal["delivered", "rejected", "failed"],
                duplicates: int = 0) -> None:
@@ -415,31 +286,6 @@ class Backlog:
             self._counts[counter] += n
 
     # -- shutdown ------------------------------------------------------------------------
-
-    def persist_inflight(self, through: int) -> bool:
-        """Write the batch in flight to the spool if it came from memory and holds frames
-        numbered up to ``through`` (it has been waiting that long: a slow collector), so a
-        crash cannot lose it; it stays in flight, and is unlinked once delivered. Returns
-        True if it was written."""
-        with self._cond:
-            batch = self._inflight
-            if (self.spool is None or batch is None or not batch.frames or batch.segments
-                    or batch.settled is not None or batch.first > through):
-                return False
-        lines = batch.lines or self._encode_all(batch.frames)
-        result, seg = self._store([f[0] for f in batch.frames], lines)
-        if seg is None:
-            return False
-        with self._cond:
-            if self._inflight is batch and not batch.segments and batch.settled is None:
-                seg.busy = True
-                batch.segments = [seg]
-                self._counts["spilled"] += seg.frames
-                return True
-            self._unindex(seg)  # settled meanwhile: delivered, or spooled by its failure
-        with contextlib.suppress(OSError):
-            seg.path.unlink()
-        return False
 
     def close(self) -> tuple[int, int]:
         """Write what is left in memory, and a batch still stuck in flight, to the spool.
