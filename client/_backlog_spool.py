@@ -94,7 +94,8 @@ class SpoolSide:
                 self._cond.notify_all()
             if result == "failed":
                 return written
-            written += len(frames)
+            if result == "stored":  # not the frames the disk budget dropped
+                written += len(frames)
 
     def _encode_all(self, frames: list[Queued]) -> list[bytes]:
         """Encode frames, letting the training thread have the GIL between two: encoding
@@ -157,11 +158,22 @@ class SpoolSide:
         return "stored", seg
 
     def _unindex(self, seg: Segment) -> None:
-        """Forget a segment (lock held)."""
-        with contextlib.suppress(ValueError):
-            self._segments.remove(seg)
-            self._spool_bytes -= seg.size
-            self._spool_frames -= seg.frames
+        """Forget a segment (lock held). By identity: two copies of the same frames are
+        equal segments (same name, same counts) and only this one is to go."""
+        for i, s in enumerate(self._segments):
+            if s is seg:
+                del self._segments[i]
+                self._spool_bytes -= seg.size
+                self._spool_frames -= seg.frames
+                return
+
+    def _drop_copy(self, seg: Segment) -> bool:
+        """Forget ``seg``, a second copy of frames the spool already holds or that were
+        delivered (lock held). True when its file may be unlinked: a copy of the same
+        frames has the same name and was written over the first, so the file stays while
+        an indexed segment names it."""
+        self._unindex(seg)
+        return all(s.path != seg.path for s in self._segments)
 
     # -- sender thread -------------------------------------------------------------------
 
@@ -211,7 +223,9 @@ class SpoolSide:
                 batch.segments = [seg]
                 self._counts["spilled"] += seg.frames
                 return True
-            self._unindex(seg)  # settled meanwhile: delivered, or spooled by its failure
+            # settled meanwhile: delivered, or spooled by its failure (that copy stays)
+            if not self._drop_copy(seg):
+                return False
         with contextlib.suppress(OSError):
             seg.path.unlink()
         return False

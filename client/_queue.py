@@ -197,17 +197,23 @@ class Backlog(SpoolSide):
         A failed batch from memory is written to the spool (or, if that is impossible,
         kept in flight and sent again first); one from the spool stays there.
         """
+        unlink: list[Segment] = []
         if kind == "failed" and not batch.segments:
             result, seg = self._store([f[0] for f in batch.frames], batch.lines)
             with self._cond:
-                self.link_down = True
-                if result == "stored":
-                    self._counts["spilled"] += len(batch.lines)
-                if result != "failed" and self._inflight is batch:
-                    self._inflight = None
-                self._cond.notify_all()
-            return
-        unlink: list[Segment] = []
+                if seg is not None and batch.segments:
+                    # the spooler persisted it meanwhile (a slow collector): that copy is
+                    # the batch's; this one goes, and the batch fails as a spooled one
+                    if self._drop_copy(seg):
+                        unlink.append(seg)
+                else:
+                    self.link_down = True
+                    if result == "stored":
+                        self._counts["spilled"] += len(batch.lines)
+                    if result != "failed" and self._inflight is batch:
+                        self._inflight = None
+                    self._cond.notify_all()
+                    return
         with self._cond:
             batch.settled = kind
             n = len(batch.lines)
@@ -301,14 +307,15 @@ class Backlog(SpoolSide):
             result, seg = self._store([f[0] for f in batch.frames], lines)
             with self._cond:
                 if seg is not None:
-                    if batch.settled == "delivered":  # the sender got there first
-                        self._unindex(seg)
-                        with contextlib.suppress(OSError):
-                            seg.path.unlink()
-                    elif self._inflight is batch:
+                    if (self._inflight is batch and batch.settled is None
+                            and not batch.segments):
                         seg.busy = True
                         batch.segments = [seg]
                         self._counts["spilled"] += seg.frames
+                    # the sender got there first: delivered, or spooled by its failure
+                    elif self._drop_copy(seg):
+                        with contextlib.suppress(OSError):
+                            seg.path.unlink()
                 if result != "failed" and self._inflight is batch and not batch.segments:
                     self._inflight = None
         with self._cond:

@@ -618,3 +618,77 @@ def test_spool_directory_is_made_once_when_two_threads_write_first(tmp_path, mon
     assert len(set(got)) == 1 and got[0] == spool.path
     assert [p.name for p in spool.base.iterdir()] == [spool.path.name]
     spool.release()
+
+
+def _interleave_before_store(backlog: Backlog, meanwhile: Callable[[], None]) -> None:
+    """Run ``meanwhile`` once, on the next ``_store`` call, before it writes: the other
+    thread (the spooler, or shutdown) acting between a caller's check and its write."""
+    real = backlog._store
+    pending = [meanwhile]
+
+    def store(seqs, lines):
+        if pending:
+            pending.pop()()
+        return real(seqs, lines)
+
+    backlog._store = store  # type: ignore[method-assign]
+
+
+def test_a_failure_spooled_meanwhile_by_the_spooler_is_not_written_twice(tmp_path) -> None:
+    """The sender's batch fails while the spooler persists it (a slow collector): one
+    segment, counted once, sent once (the failure used to check for a segment unlocked)."""
+    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
+    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=1 << 20)
+    for step in range(2):
+        backlog.put(frame(step), 0)
+    batch = backlog.take(2)
+    assert batch is not None and not batch.segments
+    _interleave_before_store(backlog, lambda: backlog.persist_inflight(1 << 62))
+    backlog.settle(batch, "failed")
+    assert len(list(spool.path.glob("*.seg"))) == 1
+    assert backlog.counts()["spilled"] == 2 and backlog.spooled()[0] == 2
+    again = backlog.take(10)
+    assert again is not None and [json.loads(x)["step"] for x in again.lines] == [0, 1]
+    backlog.settle(again, "delivered")
+    assert backlog.take(10) is None and list(spool.path.glob("*.seg")) == []
+    assert backlog.counts()["replayed"] == 2 and backlog.spooled() == (0, 0)
+    spool.release()
+
+
+def test_shutdown_does_not_leave_a_second_copy_of_a_batch_its_failure_spooled(tmp_path) -> None:
+    """``close()`` persists the batch in flight while the sender's failure spools it: the
+    spool ends with the frames once (a copy indexed by nobody would be pushed twice)."""
+    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
+    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=1 << 20)
+    for step in range(2):
+        backlog.put(frame(step), 0)
+    batch = backlog.take(2)
+    assert batch is not None
+    _interleave_before_store(backlog, lambda: backlog.settle(batch, "failed"))
+    spooled, lost = backlog.close()
+    assert lost == 0 and spooled == 2
+    segs = list(spool.path.glob("*.seg"))
+    assert len(segs) == 1
+    assert backlog.counts()["spilled"] == 2
+    spool.release()
+
+
+def test_the_spooler_does_not_unlink_the_copy_a_failure_spooled_meanwhile(tmp_path) -> None:
+    """The spooler persists the batch in flight while the sender's failure spools it: the
+    spooler's copy is written over the failure's (same name) and must not take its file
+    with it when it sees the batch already settled (the frames were lost then)."""
+    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
+    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=1 << 20)
+    for step in range(2):
+        backlog.put(frame(step), 0)
+    batch = backlog.take(2)
+    assert batch is not None
+    _interleave_before_store(backlog, lambda: backlog.settle(batch, "failed"))
+    assert backlog.persist_inflight(1 << 62) is False
+    assert len(list(spool.path.glob("*.seg"))) == 1 and backlog.spooled()[0] == 2
+    again = backlog.take(10)
+    assert again is not None and [json.loads(x)["step"] for x in again.lines] == [0, 1]
+    assert backlog.counts()["dropped_spool_corrupt"] == 0
+    backlog.settle(again, "delivered")
+    assert list(spool.path.glob("*.seg")) == [] and backlog.spooled() == (0, 0)
+    spool.release()
