@@ -527,12 +527,14 @@ def test_a_body_that_never_arrives_gets_408(serve) -> None:
 
 
 def _episode(run: str, seq: int) -> dict[str, Any]:
-    """A run whose head (1, 2) climbs after seq 30 and whose loss goes NaN at seq 70."""
+    """A run whose head (1, 2) climbs after seq 30 and whose loss goes NaN at seq 70,
+    stamped with the clock's time: the collector's no-data checker (every 30 s) would call
+    a run stamped in 1970 stopped, so a slow machine got other alerts than a fast one."""
     m = [[5.0 + 0.1 * h for h in range(4)] for _ in range(2)]
     if seq >= 30:
         m[1][2] = 5.0 * 1.15 ** (seq - 29)
     loss: Any = 3.0 - 0.001 * seq if seq < 70 else "NaN"
-    return {"run": run, "seq": seq, "step": seq * 10, "time": 1000.0 + seq,
+    return {"run": run, "seq": seq, "step": seq * 10, "time": time.time(),
             "scalars": {"loss": loss, "grad.norm": 1.0}, "heads": {"attn.logit_max": m}}
 
 
