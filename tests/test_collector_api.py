@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
@@ -18,7 +19,7 @@ from logitwatch.server.settings import Settings
 
 def frame(seq: int, *, run: str = "r1", rank: int = 0, heads: Any = None,
           **scalars: Any) -> dict[str, Any]:
-    return {"run": run, "rank": rank, "seq": seq, "step": seq * 10, "time": 1000.0 + seq,
+    return {"run": run, "rank": rank, "seq": seq, "step": seq * 10, "time": time.time(),
             "scalars": scalars or {"loss": 3.0}, "heads": heads or {}}
 
 

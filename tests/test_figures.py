@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,7 @@ def test_heatmap_figure_without_data() -> None:
 
 
 def frame(seq: int, **scalars: float | str) -> dict:
-    return {"run": "fig-run", "seq": seq, "step": seq * 10, "time": 1000.0 + seq,
+    return {"run": "fig-run", "seq": seq, "step": seq * 10, "time": time.time(),
             "scalars": scalars,
             "heads": {"attn.logit_max": [[1.0, 2.0], [3.0, 4.0 + seq]]}}
 
@@ -254,7 +255,7 @@ def head_frame(seq: int, *, run: str = "v", layers: int = 3, heads: int = 4,
     if seq == 7:
         m[2][0] = "NaN"
     ent = [[5.0 - (v if isinstance(v, float) else 0.0) / 100 for v in row] for row in m]
-    return {"run": run, "seq": seq, "step": seq * 10, "time": 1000.0 + seq, "scalars": scalars,
+    return {"run": run, "seq": seq, "step": seq * 10, "time": time.time(), "scalars": scalars,
             "heads": {"attn.logit_max": m, "attn.entropy": ent}}
 
 
