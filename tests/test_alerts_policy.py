@@ -752,6 +752,32 @@ def test_a_blow_up_after_the_loss_stayed_up_pages_on_its_own_step() -> None:
         assert by_rule(alerts, "loss_jump")[0].fired_step == 400
 
 
+def test_a_blow_up_that_climbs_within_its_first_steps_pages_where_it_climbs() -> None:
+    """Unclipped SGD, out of the blue: the loss leaves its range by a nat with the gradient
+    6x up, stays up on the next step, and on the third climbs 11 nats past both with the
+    gradient 40x. No precursor can speak yet (a run's first step and the two after it are
+    left out of it, so one garbage batch's kick and aftershock are not their own), but a
+    loss still up on its next steps that climbs 2.5 nats past its earlier jumps is a
+    blow-up: it pages on the climbing step at every interval (round twenty-two), where
+    without ``climb_above`` it paged two steps later. One garbage batch (back the next
+    step) and a garbage stretch (wandering under its kick) never climb: see the tests
+    above."""
+    events = {400: (4.2, 4.0), 401: (4.5, 2.5), 402: (15.5, 30.0),
+              **{s: (40.0 + s - 403, 80.0) for s in range(403, 430)}}
+    for k in (1, 25):
+        alerts = alerts_of(frames_at(k, 700, _sgd_run(events), history=k > 1))
+        pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+        assert pages and pages[0][0] == 402, (k, pages)
+        jump = by_rule(alerts, "loss_jump")[0]
+        assert jump.fired_step == 400 and "climbing (the loss 11 nats over" in jump.evidence[
+            "escalated_because"], jump.evidence
+    without = _defaults_with("grad_blowup", page={"climb_above": None},
+                             rules=_defaults_with("loss_jump", page={"climb_above": None}))
+    alerts = alerts_of(frames_at(1, 700, _sgd_run(events)), rules=without)
+    pages = sorted((a.paged_step, a.rule) for a in alerts if a.paged_step is not None)
+    assert pages and pages[0][0] > 402, pages
+
+
 def test_two_unclipped_blips_far_apart_are_two_episodes_not_a_persisting_one() -> None:
     """Gradient blips 48 steps apart, the loss untouched: each is its own short episode
     (grad_blowup holds 10 steps), not one that "persisted" 48 steps; nothing pages."""
@@ -784,10 +810,15 @@ def test_page_confirmation_is_validated() -> None:
              at_once_adaptive_above=-1)
     with pytest.raises(RuleError, match="under confirm_adaptive: give both"):
         Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5, at_once_adaptive_above=12)
+    with pytest.raises(RuleError, match="climb_above must be a number"):
+        Page(with_rules=("a",), precursor_above=2.2, climb_above="2.5")
+    with pytest.raises(RuleError, match="climb_above is an alternative to precursor_above"):
+        Page(with_rules=("a",), climb_above=2.5)
     back = Page.from_dict(Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5,
-                               precursor_above=2.2, aftershock_above=12).to_dict())
+                               precursor_above=2.2, aftershock_above=12,
+                               climb_above=2.5).to_dict())
     assert (back.confirm_steps, back.at_once_above, back.precursor_above,
-            back.aftershock_above) == (1, 2.5, 2.2, 12)
+            back.aftershock_above, back.climb_above) == (1, 2.5, 2.2, 12, 2.5)
 
 
 def _warmup_run(lr_at, loss_at, grad_at=lambda s: 0.5,  # type: ignore[no-untyped-def]

@@ -423,3 +423,28 @@ def test_a_healed_sgd_garbage_batch_pages_only_under_the_damage_test(tmp_path: P
     wrecked = str(BENCH / "scenarios" / "f18_postln_sgd_outlier_zeros.jsonl.gz")
     assert ba.bench_one(wrecked, 1, rules=round20)["logitwatch"]["from50"] == 381
     assert ba.bench_one(wrecked, 1)["logitwatch"]["from50"] == 385
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_an_sgd_blow_up_that_climbs_in_its_first_steps_pages_by_its_divergence(
+        tmp_path: Path) -> None:
+    """Round twenty-two on recorded runs: two unclipped momentum-SGD blow-ups of the
+    twenty-seventh set, the loss a nat up on the first step, up on the second, 11-13 nats up
+    on the third (the divergence), paged there by the climb; with ``climb_above`` taken back
+    they paged one and two steps late (the precursor leaves a run's first three steps out)."""
+    import yaml
+
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES
+
+    ba = _load("bench_alerts")
+    back = [dict(r.to_dict(), page={**r.to_dict()["page"], "climb_above": None})
+            for r in DEFAULT_RULES if r.name in ("loss_jump", "grad_blowup")]
+    rules = tmp_path / "round21.yaml"
+    rules.write_text(yaml.safe_dump({"rules": back}))
+    round21 = ba.rules_over_defaults(rules)
+    for name, now, before in (("f26_gpt2_sgd_blowup", 261, 263),
+                              ("f26_postln_sgd_blowup", 236, 238)):
+        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+        row = ba.bench_one(path, 1)
+        assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, row)
+        assert ba.bench_one(path, 1, rules=round21)["logitwatch"]["from50"] == before, name

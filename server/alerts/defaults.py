@@ -83,7 +83,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # shown (the aftershock stays in the evidence), paged if it persists.
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
                        repeats_within=20, repeats_built=2, confirm_steps=1,
-                       at_once_above=2.5, precursor_above=2.2,
+                       at_once_above=2.5, precursor_above=2.2, climb_above=2.5,
                        confirm_adaptive=True, at_once_adaptive_above=12.0,
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
@@ -118,7 +118,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # confirm_adaptive, as loss_jump's. Round twenty-one: no page after damage, as
              # loss_jump's
              page=Page(after=60, with_rules=("loss_jump",), confirm_steps=1,
-                       precursor_above=2.2, confirm_adaptive=True),
+                       precursor_above=2.2, climb_above=2.5, confirm_adaptive=True),
              summary="an unclipped gradient spike went straight into the weights"),
     RuleSpec("grad_spike", "spike", "grad.norm", severity="warning", for_steps=10,
              params={"z": 10.0, "window": 200, "min_scale": 0.05},

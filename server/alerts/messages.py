@@ -45,6 +45,9 @@ def _page_text(why: dict[str, object], severity: str, loss_over: object = None) 
                          + (f"{_fmt(loss_over)} nats over its median)"
                             if isinstance(loss_over, (int, float)) and loss_over > 0
                             else "out of range)"))
+            if why.get("climb_above") is not None:
+                also += (f" or climbing (the loss {_fmt(why['climb_above'])} nats over the "
+                         "earlier jumps of its run)")
         conds.append("if " + " or ".join(str(r) for r in why["with_rules"])  # type: ignore[attr-defined]
                      + " breaches with it" + also)
     if why.get("repeats"):

@@ -59,6 +59,8 @@ class PagePolicyMixin(RankState):
                 p.unpaged.update(precursor_above=pg.precursor_above)
             if pg.aftershock_above is not None:
                 p.unpaged.update(aftershock_above=pg.aftershock_above)
+            if pg.climb_above is not None:
+                p.unpaged.update(climb_above=pg.climb_above)
             if pg.repeats_built is not None:
                 p.unpaged.update(repeats_built=pg.repeats_built)
 
@@ -146,10 +148,11 @@ class PagePolicyMixin(RankState):
     def _pair_cause(self, pg: Page, run_id: int, rank: int, *names: str) -> str | None:
         """What lets a corroboration between the run-level rules ``names`` page under
         ``pg.precursor_above``: the newest breach of one of them carries an
-        ``evidence.precursor`` at least that, or an ``evidence.aftershock`` at least
-        ``pg.aftershock_above``; the text says which (empty when there is no such gate, or
-        no breach carries a precursor: a job that sends neither every step's scalars nor
-        frames near the breach cannot tell); None when it does not pass. Judged per breach,
+        ``evidence.precursor`` at least that, an ``evidence.aftershock`` at least
+        ``pg.aftershock_above`` or an ``evidence.climb`` at least ``pg.climb_above``; the
+        text says which (empty when there is no such gate, or no breach carries a
+        precursor: a job that sends neither every step's scalars nor frames near the
+        breach cannot tell); None when it does not pass. Judged per breach,
         not per episode: a blow-up may follow an earlier bump of the same episode."""
         if pg.precursor_above is None:
             return ""
@@ -158,12 +161,16 @@ class PagePolicyMixin(RankState):
             t = self._tracks.get((name, run_id, rank, None, None))
             ev = t.last_breach[1].evidence if t is not None and t.last_breach is not None \
                 else {}
-            x, y = ev.get("precursor"), ev.get("aftershock")
+            x, y, c = ev.get("precursor"), ev.get("aftershock"), ev.get("climb")
             if isinstance(x, (int, float)):
                 said = True
                 if x >= pg.precursor_above:
                     return (f", after a precursor (the gradient norm {x:.3g}x its median in "
                             "the steps before the loss jump)")
+            if (isinstance(c, (int, float)) and pg.climb_above is not None
+                    and c >= pg.climb_above):
+                return (f", climbing (the loss {c:.3g} nats over the earlier jumps of its "
+                        "run, each within two steps of the last)")
             if (isinstance(y, (int, float)) and pg.aftershock_above is not None
                     and y >= pg.aftershock_above):
                 z = ev.get("aftershock_loss")

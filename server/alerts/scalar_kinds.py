@@ -82,7 +82,8 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     calm median; 0 when the breach stays under an earlier jump of its run, or of the last
     ``precursor_wake`` steps), its ``aftershock`` (on a step just after a run of jumps
     began, the loss still ``aftershock_loss`` nats over its median; not under an ``adaptive``
-    optimizer unless ``aftershock_adaptive``), whether the
+    optimizer unless ``aftershock_adaptive``), its ``climb`` (nats over the earlier jumps
+    of its run, and an earlier, higher one in its wake; only on a run's later steps), whether the
     step went ``unclipped``, and the ``causes`` seen (an LR change, a gradient jump)."""
     if not math.isfinite(v):
         return None  # a non-finite loss is the nonfinite rule's
@@ -125,6 +126,11 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
             wakes.popleft()
         top = max([top, *(x for s, x in wakes if s < start)])
         wakes.append((step, v))
+    if start < step and math.isfinite(top):
+        # how far this jump climbs over the run's earlier jumps (and a higher one in its
+        # wake): a blow-up is still up on its next steps and climbs past them, a garbage
+        # stretch's loss wanders under its first kick
+        ev["climb"] = v - top
     if pre and gmed:
         # the gradient at its highest in the steps before this jump, over its calm median:
         # an instability building up shows there, a garbage batch comes out of the blue.

@@ -204,7 +204,13 @@ class Page:
       There ``at_once_above`` skips that hold only when the update of the step before the
       jump went in at ``at_once_adaptive_above`` times the gradient's median or more (the
       ``loss_jump`` kind's ``evidence.went_in``; null: any at-once jump): a garbage batch's
-      own loss jumps after an ordinary step, a blow-up after the update that did it;
+      own loss jumps after an ordinary step, a blow-up after the update that did it.
+      With ``climb_above`` (and ``precursor_above``) the pair also counts when the newest
+      ``loss_jump`` breach carries an ``evidence.climb`` at least that: a later step of a
+      run of jumps (each within two steps of the last) that takes the loss that many nats
+      over the run's earlier jumps (and over a higher jump in its wake): a blow-up is
+      still up on its next steps and climbs past them, where a garbage stretch's loss
+      wanders under its first kick and one garbage batch is back the next step;
     * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
       (run-level) to fire within ``repeats_within`` steps: bumps that each recover but keep
       coming back are an unstable run, not one bad batch. With ``repeats_built`` (and
@@ -232,6 +238,7 @@ class Page:
     repeats_built: int | None = None
     confirm_adaptive: bool = False
     at_once_adaptive_above: float | None = None
+    climb_above: float | None = None
 
     def __post_init__(self) -> None:
         a = self.after
@@ -266,6 +273,13 @@ class Page:
             raise RuleError(f"page.aftershock_above must be a number >= 0 or null, got {q!r}")
         if q is not None and p is None:
             raise RuleError("page.aftershock_above is an alternative to precursor_above: "
+                            "give precursor_above too")
+        c = self.climb_above
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float))
+                              or not math.isfinite(c) or c < 0):
+            raise RuleError(f"page.climb_above must be a number >= 0 (nats) or null, got {c!r}")
+        if c is not None and p is None:
+            raise RuleError("page.climb_above is an alternative to precursor_above: "
                             "give precursor_above too")
         if not isinstance(self.confirm_adaptive, bool):
             raise RuleError(f"page.confirm_adaptive must be true or false, got "
