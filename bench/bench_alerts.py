@@ -39,71 +39,22 @@ Loss and grad-norm peers see EVERY step (the header holds them), as they would i
 loop; the logit peer sees the frames sampled at the interval, as logitwatch does.
 
 Held-out numbers are printed only with ``--split holdout`` or ``--split both``: whoever
-tunes the rules looks at the tuning half alone until the tuning is done. The first held-out
-half was read once (after which its misses were fixed, so it is seen data now); the
-``fresh`` set (``scenario_specs_fresh.py``, new seeds and settings) was fixed and recorded
-before those fixes and is the held-out set for them (``--split fresh``). Once it had been
-read too, a third set (``scenario_specs_fresh2.py``, split ``fresh2``) was fixed and
-recorded before round three's changes, which were chosen on the 180 seen runs
-(``--split seen``). After fresh2 was read, a fourth set was fixed
-(``scenario_specs_fresh3.py``, split ``fresh3``) for round four; after fresh3 was read, a
-fifth (``scenario_specs_fresh4.py``, split ``fresh4``) for round five, whose changes are
-chosen on every run read before (``--split read``: seen, fresh2 and fresh3). After
-fresh4 was read, a sixth (``scenario_specs_fresh5.py``, split ``fresh5``) for round six
-(tuning data: ``--split read5``, every run before it). After fresh5 was read, a seventh
-(``scenario_specs_fresh6.py``, split ``fresh6``), replayed with round six's rules unchanged;
-after it was read, an eighth (``scenario_specs_fresh7.py``, split ``fresh7``) for round seven
-(tuning data: ``--split read6``, every run before it); after it was read, a ninth
-(``scenario_specs_fresh8.py``, split ``fresh8``) for round eight (tuning data:
-``--split read7``); after it was read, a tenth (``scenario_specs_fresh9.py``, split
-``fresh9``) for round nine (tuning data: ``--split read8``); an eleventh
-(``scenario_specs_fresh10.py``, split ``fresh10``) was fixed before the tenth was replayed,
-replayed with round nine's rules unchanged; round ten was chosen on ``--split read10``
-(every set read then), held out from it: a twelfth (``scenario_specs_fresh11.py``, split
-``fresh11``); a thirteenth (``scenario_specs_fresh12.py``, split ``fresh12``) was fixed before
-the twelfth was replayed, for round eleven (tuning data: ``--split read11``); a fourteenth
-(``scenario_specs_fresh13.py``, split ``fresh13``) before the thirteenth was replayed, for the
-change after round eleven (tuning data: ``--split read12``); a fifteenth
-(``scenario_specs_fresh14.py``, split ``fresh14``) before round thirteen was chosen (tuning
-data: ``--split read13``, every set through the fourteenth); a sixteenth
-(``scenario_specs_fresh15.py``, split ``fresh15``) after the fifteenth was replayed, for the
-change after round thirteen (tuning data: ``--split read14``); a seventeenth
-(``scenario_specs_fresh16.py``, split ``fresh16``) after the sixteenth was replayed, for the
-change after round fourteen (tuning data: ``--split read15``); an eighteenth
-(``scenario_specs_fresh17.py``, split ``fresh17``) after the seventeenth was replayed, for
-the change after round fifteen (tuning data: ``--split read16``); a nineteenth
-(``scenario_specs_fresh18.py``, split ``fresh18``) after the eighteenth was replayed, for the
-change after round sixteen (tuning data: ``--split read17``); a twentieth
-(``scenario_specs_fresh19.py``, split ``fresh19``) after the nineteenth was replayed, and
-replayed once with round seventeen's rules unchanged (a second held-out reading of them); a
-twenty-first (``scenario_specs_fresh20.py``, split ``fresh20``) after it, replayed once
-with round seventeen's rules and the hooks' new delivery (the spike watch's burst, the
-history flush); a twenty-second (``scenario_specs_fresh21.py``, split ``fresh21``) after
-that, replayed once with round eighteen's rules (tuning data: ``--split read20``); a
-twenty-third (``scenario_specs_fresh22.py``, split ``fresh22``) after it, replayed once
-with round nineteen's rules (tuning data: ``--split read21``); a twenty-fourth
-(``scenario_specs_fresh23.py``, split ``fresh23``), fixed before that replay, replayed once
-with round twenty's rules (tuning data: ``--split read22``); a twenty-fifth
-(``scenario_specs_fresh24.py``, split ``fresh24``), fixed after that replay, for the change
-after round twenty, replayed once with round twenty-one's rules (tuning data: ``--split
-read23``); a twenty-sixth (``scenario_specs_fresh25.py``, split ``fresh25``), fixed after
-that replay, replayed once with round twenty-one's rules after the labeller's change (no
-rule change was chosen on ``--split read24``); a twenty-seventh
-(``scenario_specs_fresh26.py``, split ``fresh26``), fixed before ``fresh25`` was read, for
-the next change (tuning data: ``--split read25``); a twenty-eighth
-(``scenario_specs_fresh27.py``, split ``fresh27``), fixed before ``fresh26`` was read, for
-the change after that (tuning data: ``--split read26``).
+tunes the rules looks at the tuning half alone until the tuning is done. After the first
+held-out half was read, every rule change has had its own held-out set, fixed and recorded
+before the set before it was read (``scenario_specs_freshN.py``, split ``freshN``, listed in
+the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
+readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
+rounds' data) and replayed once on the set fixed after it; which round read which set, and
+what each replay gave: docs/ALERTS.md, *Evidence*. Now: ``fresh26`` (fixed before ``fresh25``
+was read) is replayed with round twenty-one's rules and ``fresh27`` (fixed before that) holds
+out the next change, chosen on ``--split read26``.
 
 Usage::
 
     python bench/bench_alerts.py                           # tuning half, all intervals
     python bench/bench_alerts.py --intervals 1,10,40 --jobs 2 --json /tmp/alerts.json
-    python bench/bench_alerts.py --split holdout           # only once tuning is over
-    python bench/bench_alerts.py --split fresh             # the second held-out set
-    python bench/bench_alerts.py --split seen              # round three's tuning data
-    python bench/bench_alerts.py --split fresh2            # the third held-out set
-    python bench/bench_alerts.py --split read              # round five's tuning data
-    python bench/bench_alerts.py --split fresh4            # the fifth held-out set
+    python bench/bench_alerts.py --split read26 --intervals 1 --jobs 2   # tuning data
+    python bench/bench_alerts.py --split fresh27 --rules change.yaml     # its held-out set, once
 """
 
 from __future__ import annotations
