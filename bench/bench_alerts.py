@@ -45,16 +45,17 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS.md, *Evidence*. Now: ``fresh26`` (fixed before ``fresh25``
-was read) is replayed with round twenty-one's rules and ``fresh27`` (fixed before that) holds
-out the next change, chosen on ``--split read26``.
+what each replay gave: docs/ALERTS.md, *Evidence*. ``fresh26`` was replayed with round
+twenty-one's rules, round twenty-two was chosen on ``--split read26`` and replayed once on
+``fresh27`` (fixed and recorded before ``fresh26`` was read). Every set is read now
+(``--split all``): the next change needs a new set, fixed and recorded before it is chosen.
 
 Usage::
 
     python bench/bench_alerts.py                           # tuning half, all intervals
     python bench/bench_alerts.py --intervals 1,10,40 --jobs 2 --json /tmp/alerts.json
-    python bench/bench_alerts.py --split read26 --intervals 1 --jobs 2   # tuning data
-    python bench/bench_alerts.py --split fresh27 --rules change.yaml     # its held-out set, once
+    python bench/bench_alerts.py --split all --intervals 1 --jobs 2      # every set, all read
+    python bench/bench_alerts.py --split fresh27 --rules change.yaml     # one set, a change
 """
 
 from __future__ import annotations
