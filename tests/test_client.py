@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -634,15 +635,22 @@ def _interleave_before_store(backlog: Backlog, meanwhile: Callable[[], None]) ->
     backlog._store = store  # type: ignore[method-assign]
 
 
-def test_a_failure_spooled_meanwhile_by_the_spooler_is_not_written_twice(tmp_path) -> None:
-    """The sender's batch fails while the spooler persists it (a slow collector): one
-    segment, counted once, sent once (the failure used to check for a segment unlocked)."""
+def _two_frames_in_flight(tmp_path) -> tuple[WriterDir, Backlog, Any]:
+    """A backlog with a spool whose sender has taken a batch of two frames from memory."""
     spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
     backlog = memory_backlog(1000, spool=spool, spool_max_bytes=1 << 20)
     for step in range(2):
         backlog.put(frame(step), 0)
     batch = backlog.take(2)
-    assert batch is not None and not batch.segments
+    assert batch is not None
+    return spool, backlog, batch
+
+
+def test_a_failure_spooled_meanwhile_by_the_spooler_is_not_written_twice(tmp_path) -> None:
+    """The sender's batch fails while the spooler persists it (a slow collector): one
+    segment, counted once, sent once (the failure used to check for a segment unlocked)."""
+    spool, backlog, batch = _two_frames_in_flight(tmp_path)
+    assert not batch.segments
     _interleave_before_store(backlog, lambda: backlog.persist_inflight(1 << 62))
     backlog.settle(batch, "failed")
     assert len(list(spool.path.glob("*.seg"))) == 1
@@ -658,12 +666,7 @@ def test_a_failure_spooled_meanwhile_by_the_spooler_is_not_written_twice(tmp_pat
 def test_shutdown_does_not_leave_a_second_copy_of_a_batch_its_failure_spooled(tmp_path) -> None:
     """``close()`` persists the batch in flight while the sender's failure spools it: the
     spool ends with the frames once (a copy indexed by nobody would be pushed twice)."""
-    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
-    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=1 << 20)
-    for step in range(2):
-        backlog.put(frame(step), 0)
-    batch = backlog.take(2)
-    assert batch is not None
+    spool, backlog, batch = _two_frames_in_flight(tmp_path)
     _interleave_before_store(backlog, lambda: backlog.settle(batch, "failed"))
     spooled, lost = backlog.close()
     assert lost == 0 and spooled == 2
@@ -677,12 +680,7 @@ def test_the_spooler_does_not_unlink_the_copy_a_failure_spooled_meanwhile(tmp_pa
     """The spooler persists the batch in flight while the sender's failure spools it: the
     spooler's copy is written over the failure's (same name) and must not take its file
     with it when it sees the batch already settled (the frames were lost then)."""
-    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
-    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=1 << 20)
-    for step in range(2):
-        backlog.put(frame(step), 0)
-    batch = backlog.take(2)
-    assert batch is not None
+    spool, backlog, batch = _two_frames_in_flight(tmp_path)
     _interleave_before_store(backlog, lambda: backlog.settle(batch, "failed"))
     assert backlog.persist_inflight(1 << 62) is False
     assert len(list(spool.path.glob("*.seg"))) == 1 and backlog.spooled()[0] == 2
