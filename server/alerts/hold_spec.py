@@ -1,0 +1,281 @@
+"""How a rule's severity is held back, as a rule file says it (:class:`Downgrade`,
+:class:`Page`), and what every part of a rule spec shares (:class:`RuleError`, the
+mapping round trip). :mod:`.spec` holds the rule itself (:class:`~.spec.RuleSpec`) and
+re-exports these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["FP16_MAX", "LOSS_STEPS_MAX", "SEVERITIES", "Downgrade", "Page", "RuleError"]
+
+FP16_MAX = 65504.0
+LOSS_STEPS_MAX = 2000  # the longest loss window a downgrade may name (steps)
+SEVERITIES = ("info", "warning", "critical")
+
+
+class RuleError(ValueError):
+    """A rule specification is invalid; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class Downgrade:
+    """When a rule's alerts are less severe than its ``severity``.
+
+    A sample is *downgraded* when the harm the rule warns of cannot happen on it and the
+    loss shows no harm:
+
+    * the frame's scalar ``metric`` is above ``above`` (by default: the attention's dtype
+      max, ``attn.dtype_max``, is wider than float16's 65504, so the scores cannot overflow),
+      or the frame carries the per-head ``capped_metric`` (``attn.capped_logit_max``: the
+      attention soft-caps its scores, so what the softmax receives is bounded by the cap
+      whatever the raw logits do);
+    * and the loss has not risen: the median of its samples over the last ``loss_window``
+      **steps** is less than ``loss_rise`` nats above the lowest such median of the run
+      (``loss_rise: null``: the loss is not consulted), or it is winning that ground back
+      (``recover_span``: its level, the median of its newest ``recover_span`` steps, has
+      come down from the highest level it had within the ``loss_window`` by at least
+      ``recover_share`` of that peak's height over the run's best level: a bump being
+      recovered from, which the loss rules judge, not ground being lost; ``null``: any
+      rise counts).
+
+    A frame with neither ``metric`` nor ``capped_metric`` is never downgraded (a job that
+    does not say). An alert that fires on a downgraded sample is stored with severity
+    ``to`` and ``note``; if a later sample of the same episode is not downgraded (the loss
+    rose), it is escalated to the rule's severity (``evidence.escalated_step``).
+    """
+
+    to: str = "info"
+    metric: str = "attn.dtype_max"
+    above: float = FP16_MAX
+    loss_rise: float | None = 0.25
+    loss_window: int = 100
+    note: str = ""
+    capped_metric: str | None = "attn.capped_logit_max"
+    recover_span: int | None = None
+    recover_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.to not in SEVERITIES:
+            raise RuleError(f"downgrade.to must be one of {SEVERITIES}, not {self.to!r}")
+        if not isinstance(self.metric, str) or not self.metric:
+            raise RuleError("downgrade.metric must be a scalar's name (e.g. attn.dtype_max)")
+        if isinstance(self.above, bool) or not isinstance(self.above, (int, float)):
+            raise RuleError(f"downgrade.above must be a number, got {self.above!r}")
+        if self.loss_rise is not None and (isinstance(self.loss_rise, bool) or not
+                                           isinstance(self.loss_rise, (int, float))
+                                           or self.loss_rise <= 0):
+            raise RuleError(f"downgrade.loss_rise must be a positive number of nats or null, "
+                            f"got {self.loss_rise!r}")
+        if not isinstance(self.note, str):
+            raise RuleError(f"downgrade.note must be a string, got {self.note!r}")
+        if self.capped_metric is not None and (not isinstance(self.capped_metric, str)
+                                               or not self.capped_metric):
+            raise RuleError("downgrade.capped_metric must be a per-head metric's name or null")
+        w = self.loss_window
+        if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= LOSS_STEPS_MAX:
+            raise RuleError(f"downgrade.loss_window must be an int in 1..{LOSS_STEPS_MAX} "
+                            f"(steps), got {w!r}")
+        g = self.recover_span
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int)
+                              or not 2 <= g <= w // 2):
+            raise RuleError(f"downgrade.recover_span must be null or an int in "
+                            f"2..loss_window/2 ({w // 2}), got {g!r}")
+        if g is not None and self.loss_rise is None:
+            raise RuleError("downgrade.recover_span needs loss_rise (it qualifies a loss rise)")
+        c = self.recover_share
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 1:
+            raise RuleError(f"downgrade.recover_share must be a number in (0, 1], got {c!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Downgrade:
+        """Build from a mapping; raises :class:`RuleError` on unknown fields."""
+        return _from_mapping(cls, d, "downgrade")
+
+
+@dataclass(frozen=True)
+class Page:
+    """When a firing alert pages (reaches its rule's severity) rather than being shown as
+    ``info``: a page needs persistence or a short horizon.
+
+    * ``after``: the condition has held for this many steps since the episode started
+      (counted on a breaching sample: a bump that recovers sooner is reported, as ``info``,
+      and resolves as recovered; one that persists is escalated);
+    * ``eta_within``: a forecast's ``evidence.eta_steps`` is at most this many steps (a
+      crossing far ahead is shown with its horizon; one close enough to act on pages);
+    * ``with_rules``: corroboration: one of these run-level rules breached on the same rank
+      within ``within`` steps of this rule's newest breach (an unclipped gradient spike and a
+      loss jump together are a blow-up; either alone may be one bad batch). With
+      ``confirm_steps`` the two breaches must span at least that many steps (the event seen
+      on more than one step: an unclipped run's single bad batch spikes the gradient and the
+      loss together on one step, then recovers), unless the breaching sample is at least
+      ``at_once_above`` over its baseline (the rule's unit: nats for the loss). With
+      ``precursor_above`` a corroboration counts only when the newest breach of this rule
+      or of the corroborating one carries an ``evidence.precursor`` at least that (the
+      ``loss_jump`` kind's: the gradient norm at its highest in the ``precursor_steps``
+      steps before the jump, over its median: an instability building up, where one
+      garbage batch comes out of the blue; 0 on a breach of a run of jumps that does not
+      take the loss to a new high for the run, as a garbage stretch's loss wanders under
+      its first kick with the gradient up), or an ``evidence.aftershock`` at least
+      ``aftershock_above`` (the ``loss_jump`` kind's: on a step within two of a jump whose
+      loss is still out of range, and at least its ``aftershock_loss`` nats over its
+      median, the gradient norm over its median: the kick's update
+      damaged the weights, where a garbage batch the run shrugs off leaves the next
+      batch's gradient modest). With ``confirm_adaptive`` the ``confirm_steps`` must be the
+      loss's own when its step went in unclipped under an adaptive optimizer (the newest
+      ``loss_jump`` breach of the pair carries ``evidence.adaptive`` and
+      ``evidence.unclipped``): its episode has breached that many steps after it began,
+      where otherwise the gradient's breach on the next step counts (Adam's and RMSprop's
+      step is normalised by the gradient's running RMS, so one bad batch's update is
+      bounded: its loss is back the next step while its gradient stays up a step longer).
+      There ``at_once_above`` skips that hold only when the update of the step before the
+      jump went in at ``at_once_adaptive_above`` times the gradient's median or more (the
+      ``loss_jump`` kind's ``evidence.went_in``; null: any at-once jump): a garbage batch's
+      own loss jumps after an ordinary step, a blow-up after the update that did it.
+      With ``climb_above`` (and ``precursor_above``) the pair also counts when the newest
+      ``loss_jump`` breach carries an ``evidence.climb`` at least that: a later step of a
+      run of jumps (each within two steps of the last) that takes the loss that many nats
+      over the run's earlier jumps (and over a higher jump in its wake): a blow-up is
+      still up on its next steps and climbs past them, where a garbage stretch's loss
+      wanders under its first kick and one garbage batch is back the next step;
+    * ``repeats``: this episode is at least the ``repeats``-th of the rule on the same rank
+      (run-level) to fire within ``repeats_within`` steps: bumps that each recover but keep
+      coming back are an unstable run, not one bad batch. With ``repeats_built`` (and
+      ``precursor_above``) an episode pages as the ``repeats_built``-th instead when its
+      first breach came after a precursor (``evidence.precursor`` at least
+      ``precursor_above``) and its step's update went in unclipped
+      (``evidence.unclipped``): a loss that jumps again after the gradient built up, and
+      nothing bounded it, is an instability, where bad batches come out of the blue.
+
+    Any one of them pages. Until then the alert is stored as ``info`` with ``evidence.page``
+    saying what would page it.
+    """
+
+    after: int | None = None
+    eta_within: float | None = None
+    note: str = ""
+    with_rules: tuple[str, ...] = ()
+    within: int = 5
+    confirm_steps: int = 0
+    at_once_above: float | None = None
+    precursor_above: float | None = None
+    aftershock_above: float | None = None
+    repeats: int | None = None
+    repeats_within: int = 20
+    repeats_built: int | None = None
+    confirm_adaptive: bool = False
+    at_once_adaptive_above: float | None = None
+    climb_above: float | None = None
+
+    def __post_init__(self) -> None:
+        a = self.after
+        if a is not None and (isinstance(a, bool) or not isinstance(a, int) or a < 0):
+            raise RuleError(f"page.after must be an int >= 0 (steps) or null, got {a!r}")
+        e = self.eta_within
+        if e is not None and (isinstance(e, bool) or not isinstance(e, (int, float))
+                              or not e >= 0):
+            raise RuleError(f"page.eta_within must be a number >= 0 (steps) or null, got {e!r}")
+        w = self.with_rules
+        if isinstance(w, list):
+            object.__setattr__(self, "with_rules", w := tuple(w))
+        if not isinstance(w, tuple) or not all(isinstance(x, str) and x for x in w):
+            raise RuleError(f"page.with_rules must be a list of rule names, got {w!r}")
+        n = self.within
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise RuleError(f"page.within must be an int >= 0 (steps), got {n!r}")
+        n = self.confirm_steps
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise RuleError(f"page.confirm_steps must be an int >= 0 (steps), got {n!r}")
+        x = self.at_once_above
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float))
+                              or not math.isfinite(x) or x < 0):
+            raise RuleError(f"page.at_once_above must be a number >= 0 or null, got {x!r}")
+        p = self.precursor_above
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
+                              or not math.isfinite(p) or p < 0):
+            raise RuleError(f"page.precursor_above must be a number >= 0 or null, got {p!r}")
+        q = self.aftershock_above
+        if q is not None and (isinstance(q, bool) or not isinstance(q, (int, float))
+                              or not math.isfinite(q) or q < 0):
+            raise RuleError(f"page.aftershock_above must be a number >= 0 or null, got {q!r}")
+        if q is not None and p is None:
+            raise RuleError("page.aftershock_above is an alternative to precursor_above: "
+                            "give precursor_above too")
+        c = self.climb_above
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float))
+                              or not math.isfinite(c) or c < 0):
+            raise RuleError(f"page.climb_above must be a number >= 0 (nats) or null, got {c!r}")
+        if c is not None and p is None:
+            raise RuleError("page.climb_above is an alternative to precursor_above: "
+                            "give precursor_above too")
+        if not isinstance(self.confirm_adaptive, bool):
+            raise RuleError(f"page.confirm_adaptive must be true or false, got "
+                            f"{self.confirm_adaptive!r}")
+        if self.confirm_adaptive and not n:
+            raise RuleError("page.confirm_adaptive says whose steps confirm_steps counts: "
+                            "give confirm_steps too")
+        u = self.at_once_adaptive_above
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float))
+                              or not math.isfinite(u) or u < 0):
+            raise RuleError(f"page.at_once_adaptive_above must be a number >= 0 or null, "
+                            f"got {u!r}")
+        if u is not None and (not self.confirm_adaptive or x is None):
+            raise RuleError("page.at_once_adaptive_above qualifies at_once_above under "
+                            "confirm_adaptive: give both")
+        if (n or x is not None or p is not None) and not w:
+            raise RuleError("page.confirm_steps, at_once_above and precursor_above qualify "
+                            "with_rules: give with_rules too")
+        r = self.repeats
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 2):
+            raise RuleError(f"page.repeats must be an int >= 2 (episodes) or null, got {r!r}")
+        n = self.repeats_within
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RuleError(f"page.repeats_within must be an int >= 1 (steps), got {n!r}")
+        b = self.repeats_built
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 2
+                              or (r is not None and b > r)):
+            raise RuleError(f"page.repeats_built must be an int from 2 to page.repeats "
+                            f"(episodes) or null, got {b!r}")
+        if b is not None and (p is None or r is None):
+            raise RuleError("page.repeats_built lowers repeats after a precursor: give "
+                            "repeats and precursor_above too")
+        if a is None and e is None and not w and r is None:
+            raise RuleError("page needs after (steps), eta_within (steps), with_rules or "
+                            "repeats")
+        if not isinstance(self.note, str):
+            raise RuleError(f"page.note must be a string, got {self.note!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Page:
+        """Build from a mapping; raises :class:`RuleError` on unknown fields."""
+        return _from_mapping(cls, d, "page")
+
+
+def _to_dict(spec: Any) -> dict[str, Any]:
+    """A nested spec's fields as YAML/JSON-able values (tuples as lists)."""
+    return {f.name: list(v) if isinstance(v := getattr(spec, f.name), tuple) else v
+            for f in fields(spec)}
+
+
+def _from_mapping(cls: Any, d: Any, label: str) -> Any:
+    """``cls`` (a nested spec: :class:`Downgrade`, :class:`Page`) from a mapping of its
+    fields; a :class:`RuleError` names the unknown ones."""
+    if isinstance(d, cls):
+        return d
+    if not isinstance(d, Mapping):
+        raise RuleError(f"{label} must be a mapping, got {type(d).__name__}")
+    known = {f.name for f in fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise RuleError(f"{label}: unknown fields {sorted(unknown)}; known: {sorted(known)}")
+    return cls(**d)
