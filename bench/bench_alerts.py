@@ -48,7 +48,7 @@ rounds' data) and replayed once on the set fixed after it; which round read whic
 what each replay gave: docs/ALERTS.md, *Evidence*. ``fresh26`` was replayed with round
 twenty-one's rules, round twenty-two was chosen on ``--split read26`` and replayed once on
 ``fresh27`` (fixed and recorded before ``fresh26`` was read). Every set is read now
-(``--split all``): the next change needs a new set, fixed and recorded before it is chosen.
+(``--split read27``): the next change is held out by ``fresh28``, fixed before it.
 
 Usage::
 
@@ -385,7 +385,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 27
+NEWEST = 28
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
