@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from logitwatch.server.alerts.detectors import FP16_MAX
+
 __all__ = ["FP16_MAX", "LOSS_STEPS_MAX", "SEVERITIES", "Downgrade", "Page", "RuleError"]
 
-FP16_MAX = 65504.0
 LOSS_STEPS_MAX = 2000  # the longest loss window a downgrade may name (steps)
 SEVERITIES = ("info", "warning", "critical")
 

@@ -27,7 +27,6 @@ from typing import Any
 from logitwatch.server.alerts.detectors import KINDS, State
 from logitwatch.server.alerts.hold_spec import (  # re-exported
     FP16_MAX,
-    LOSS_STEPS_MAX,
     SEVERITIES,
     Downgrade,
     Page,
@@ -35,7 +34,7 @@ from logitwatch.server.alerts.hold_spec import (  # re-exported
     _from_mapping,
 )
 
-__all__ = ["FP16_MAX", "LOSS_STEPS_MAX", "REMEDIES", "SEVERITIES", "Downgrade", "Page",
+__all__ = ["FP16_MAX", "REMEDIES", "SEVERITIES", "Downgrade", "Page",
            "RuleError", "RuleSpec", "State", "remedies_for"]
 
 #: Remedies from the field notes (docs/DESIGN.md), by topic; alerts carry the relevant ones.
