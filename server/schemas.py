@@ -402,7 +402,11 @@ class RunOut(BaseModel):
     name: str
     created_at: float
     last_step: int | None
-    last_time: float | None
+    last_time: float | None = Field(None, description="The newest frame's time, as its job "
+                                    "stamped it (the job's clock).")
+    seen_at: float | None = Field(None, description="When the collector last received a "
+                                  "frame of it, by the collector's clock: what `active` and "
+                                  "the no_data rule read.")
     open_alerts: int
     last_frame_id: int = Field(0, description="Pass as the live stream's `after`.")
     status: str = Field(
@@ -410,7 +414,8 @@ class RunOut(BaseModel):
         "(no frame for the no_data rule's seconds without having finished: hung or "
         "crashed); `diverged` (a run-level divergence alert, loss_nonfinite or loss_jump, "
         "paged on it; whatever came after).")
-    active: bool = Field(False, description="A frame within run_active_seconds.")
+    active: bool = Field(False, description="A frame received within run_active_seconds "
+                         "(by the collector's clock).")
     ended_at: float | None = Field(None, description="When its job said it ended (the end "
                                    "frame's time); null until then and once resumed.")
     end_step: int | None = Field(None, description="Its last step, as its job said when "

@@ -74,7 +74,9 @@ def feed(sessions: sessionmaker[Session], engine: AlertEngine,
     out: list[Alert] = []
     for f in frames:
         with session_scope(sessions) as s:
-            stored = ingest_frames(s, IngestIn.model_validate({"frames": [f]}).frames)
+            # received when it was stamped: the collector's clock agrees with the job's
+            stored = ingest_frames(s, IngestIn.model_validate({"frames": [f]}).frames,
+                                   now=f["time"])
             out.extend(engine.process(s, stored.new_frames))
     return out
 

@@ -162,3 +162,21 @@ def test_step_columns_widened_with_their_data(db_url: str) -> None:
                 "FROM runs r JOIN alerts a ON a.run_id = r.id")).one()) == (big,) * 4
     finally:
         engine.dispose()
+
+
+def test_seen_at_filled_in_from_last_time(db_url: str) -> None:
+    """0013: a run stored before the collector kept its own clock is judged by its last
+    frame's time until it sends again."""
+    engine = make_engine(db_url)
+    try:
+        _upgrade(engine, "0012")
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO runs (id, project, name, created_at, last_time) "
+                              "VALUES (1, 'p', 'sent', 1.0, 1234.5), "
+                              "(2, 'p', 'empty', 1.0, NULL)"))
+        migrate(engine)
+        with engine.connect() as conn:
+            got = conn.execute(text("SELECT id, seen_at FROM runs ORDER BY id")).all()
+        assert [tuple(r) for r in got] == [(1, 1234.5), (2, None)]
+    finally:
+        engine.dispose()

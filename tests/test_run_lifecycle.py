@@ -59,10 +59,14 @@ class Feed:
         self.sessions = sessions
         self.engine = AlertEngine()
 
-    def __call__(self, *frames: dict[str, Any]) -> tuple[int, int, list[Alert]]:
+    def __call__(self, *frames: dict[str, Any],
+                 now: float | None = None) -> tuple[int, int, list[Alert]]:
+        """``now``: the collector's clock when the batch arrives; by default the batch's
+        newest frame time (the two clocks agree)."""
         with session_scope(self.sessions) as s:
             body = IngestIn.model_validate({"frames": list(frames)})
-            result, finished = lifecycle.ingest(s, body.frames)
+            now = max(f["time"] for f in frames) if now is None else now
+            result, finished = lifecycle.ingest(s, body.frames, now=now)
             changed = self.engine.process(s, result.new_frames)
             if finished:
                 changed += self.engine.check_stale(s, runs=finished)
@@ -102,6 +106,30 @@ def test_an_unclosed_run_is_stopped_then_running_again(sessions: sessionmaker[Se
     assert feed.run().status == "stopped"
     feed(frame(5))  # it was only slow
     assert feed.run().status == "running" and feed.alerts()[0].state == "resolved"
+
+
+def test_a_skewed_job_clock_is_neither_stopped_nor_missed(
+        sessions: sessionmaker[Session]) -> None:
+    """no_data is judged by when the collector received the frames, not by the times the
+    job stamped on them: a job whose clock is 20 minutes behind is not stopped while it
+    reports (it was, at every check, and paged again at each new step); one 20 minutes
+    ahead is still stopped 10 minutes after it falls silent."""
+    feed = Feed(sessions)
+    behind = 1000.0 + 20 * 60  # the collector's clock when frames stamped 1000+ arrive
+    for i in range(5):
+        feed(frame(i), now=behind + i)
+        assert feed.stale(now=behind + i + 30) == []  # the collector's checks meanwhile
+    run = feed.run()
+    assert (run.status, run.active, run.last_time, run.seen_at) == (
+        "running", False, 1004.0, behind + 4)  # `active` is judged by the wall clock
+    assert feed.stale(now=behind + 4 + 599) == []
+    fired = feed.stale(now=behind + 4 + 601)
+    assert [a.rule for a in fired] == ["no_data"] and "no data for 601 s" in fired[0].message
+    assert fired[0].evidence["seen_at"] == behind + 4
+    ahead = Feed(sessions)
+    ahead(frame(0, run="fast"), now=1000.0 - 20 * 60)
+    (nd,) = [a for a in ahead.stale(now=1000.0 - 20 * 60 + 601)]
+    assert nd.rule == "no_data" and "fast: no data for 601 s since step 0" in nd.message
 
 
 def test_an_open_no_data_resolves_when_the_run_finishes(

@@ -14,7 +14,7 @@ import pytest
 from alembic import command
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, func, inspect, select, text
+from sqlalchemy import Engine, func, inspect, select, text, update
 from sqlalchemy.orm import sessionmaker
 
 from logitwatch.cli import main as cli
@@ -132,6 +132,9 @@ def test_runs_by_project_tag_status_time_and_name(client: TestClient, db_url: st
 
             set_tags(s, 3, add=["baseline", "qk-norm"])
             assert set_tags(s, 3, remove=["baseline"]) == ["qk-norm"]
+            # "old" was received long ago (posted above, it was received just now): `active`
+            # reads the collector's clock at receipt, not the times the job stamped
+            s.execute(update(Run).where(Run.name == "old").values(seen_at=2000.0))
     finally:
         engine.dispose()
 
@@ -155,6 +158,18 @@ def test_runs_by_project_tag_status_time_and_name(client: TestClient, db_url: st
     assert names(status="running") == ["new-b", "new-a", "old"]
     assert names(status="finished") == [] and names(status="diverged") == []
     assert client.get("/api/v1/runs", params={"status": "bogus"}).status_code == 422
+
+
+def test_a_job_clock_behind_is_active_by_the_collector_clock(client: TestClient) -> None:
+    """A job whose clock is 20 minutes behind is `active` while it reports: `seen_at` is
+    the collector's clock at receipt; `last_time` stays what the job stamped."""
+    stamped = time.time() - 20 * 60
+    before = time.time()
+    post(client, [frame(0, run="slow-clock", t=stamped)])
+    (run,) = client.get("/api/v1/runs", params={"status": "active"}).json()
+    assert (run["name"], run["active"], run["last_time"]) == ("slow-clock", True, stamped)
+    assert before <= run["seen_at"] <= time.time()
+    assert client.get("/api/v1/runs", params={"status": "idle"}).json() == []
 
 
 def test_series_per_rank_merged_ranges_and_one_head(client: TestClient) -> None:

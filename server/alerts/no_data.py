@@ -1,10 +1,10 @@
 """The ``no_data`` rule: runs that stopped reporting.
 
 The rule is judged by the engine's clock, not per sample: :meth:`NoDataMixin.check_stale`
-fires it for a run whose last frame is older than the rule's ``seconds`` and whose job did
-not say it ended (the run is then ``stopped``), and resolves it for runs that finished;
-the run's next frame resolves it too (:meth:`NoDataMixin._resolve_no_data`, the run is
-``running`` again).
+fires it for a run the collector has received nothing from for the rule's ``seconds`` and
+whose job did not say it ended (the run is then ``stopped``), and resolves it for runs
+that finished; the run's next frame resolves it too
+(:meth:`NoDataMixin._resolve_no_data`, the run is ``running`` again).
 """
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ class NoDataMixin(LifecycleMixin):
 
     def check_stale(self, session: Session, now: float | None = None, *,
                     runs: Collection[int] | None = None) -> list[Alert]:
-        """Fire ``no_data`` for every run that has not finished and whose last frame is
-        older than the rule's ``seconds`` (and that has no open ``no_data`` alert): the run
-        is then ``stopped``. Resolve the open ``no_data`` alerts of finished runs. Only the
-        runs of ``runs`` when given (the ingest route passes those that just finished).
+        """Fire ``no_data`` for every run that has not finished and that the collector
+        last received a frame of (``runs.seen_at``, the collector's clock: a job's skewed
+        clock does not matter) more than the rule's ``seconds`` before ``now`` (and that
+        has no open ``no_data`` alert): the run is then ``stopped``. Resolve the open
+        ``no_data`` alerts of finished runs. Only the runs of ``runs`` when given (the
+        ingest route passes those that just finished).
         Returns the alerts fired or resolved that people should hear about."""
         names = [r.name for r in self._rules if r.kind == "no_data"]
         if not names:
@@ -52,7 +54,7 @@ class NoDataMixin(LifecycleMixin):
             if rule.kind != "no_data" or not rule.enabled:
                 continue
             seconds = float(rule.param("seconds"))
-            q = select(Run).where(Run.last_time.is_not(None), Run.last_time < now - seconds,
+            q = select(Run).where(Run.seen_at.is_not(None), Run.seen_at < now - seconds,
                                   Run.status != "finished")
             if runs is not None:
                 q = q.where(Run.id.in_(list(runs)))
@@ -64,8 +66,8 @@ class NoDataMixin(LifecycleMixin):
                         Alert.run_id == run.id, Alert.rule == rule.name,
                         Alert.fired_step == (run.last_step or 0)).limit(1)) is not None:
                     continue  # already alerted for this silence of the run
-                assert run.last_time is not None
-                silent = now - run.last_time
+                assert run.seen_at is not None
+                silent = now - run.seen_at
                 msg = (f"{run.name}: no data for {silent:.0f} s since step {run.last_step} "
                        f"(limit {seconds:.0f} s) and its job did not say it ended: it may "
                        "have hung or crashed.")
@@ -75,7 +77,8 @@ class NoDataMixin(LifecycleMixin):
                     state=State.FIRING.value, rank=0, layer=None, head=None,
                     started_step=run.last_step or 0, fired_step=run.last_step or 0,
                     fired_at=now, value=silent, baseline=None, threshold=seconds,
-                    message=msg, evidence={"silent_s": silent, "last_time": run.last_time,
+                    message=msg, evidence={"silent_s": silent, "seen_at": run.seen_at,
+                                           "last_time": run.last_time,
                                            "rule_kind": "no_data"},
                     remedies=remedies_for("*", "no_data"),
                     suppressed="silenced" if sid is not None else None,

@@ -71,6 +71,9 @@ class Run(Base):
     # bounds that let PostgreSQL prune time partitions in the reads (store/pruning.py)
     time_min: Mapped[float | None] = mapped_column(Float, nullable=True)
     time_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # 0013: when the collector last received a frame of it, by the collector's clock (the
+    # no_data rule and `active` read this, not last_time, which is the job's clock)
+    seen_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class RunTag(Base):

@@ -229,7 +229,8 @@ def _unstored_history(session: Session, run_id: int,
 
 
 def ingest_frames(
-    session: Session, frames: Sequence[FrameIn], *, max_metrics_per_run: int | None = None
+    session: Session, frames: Sequence[FrameIn], *, max_metrics_per_run: int | None = None,
+    now: float | None = None,
 ) -> IngestResult:
     """Store ``frames``; frames already stored (same run, rank and seq) are counted, skipped.
 
@@ -238,8 +239,11 @@ def ingest_frames(
     :class:`BadRequest` (``too-many-metrics``); the caller's transaction then stores nothing.
     Each history step becomes a frame row of its own (module docstring); those that are
     new are in :attr:`IngestResult.new_frames` too, in (rank, step) order with the rest.
+    Every run with a frame in the batch, new or resent, gets ``seen_at = now`` (the
+    collector's clock, ``time.time()`` unless given): what the ``no_data`` rule reads.
     """
     result = IngestResult()
+    seen = _time.time() if now is None else now
     # PostgreSQL partitioned by time (server/db/partitions.py): the dedup key carries the
     # frame's time, and each value row its frame's time.
     by_time = is_partitioned(session.connection())
@@ -287,7 +291,8 @@ def ingest_frames(
         fresh_rows = [f for f in rows if (f.rank, f.seq) in ids]
         fresh = [f for f in fresh_rows if isinstance(f, FrameIn)]
         result.duplicates += len(unique) - len(fresh)
-        if not fresh_rows:
+        if not fresh_rows:  # all resent: the job is still heard from
+            session.execute(update(Run).where(Run.id == run_id).values(seen_at=seen))
             continue
         points = []
         for f in fresh_rows:
@@ -333,7 +338,8 @@ def ingest_frames(
         pg = session.get_bind().dialect.name == "postgresql"
         least, greatest = (func.least, func.greatest) if pg else (func.min, func.max)
         bounds = {"time_min": least(func.coalesce(Run.time_min, lo), lo),
-                  "time_max": greatest(func.coalesce(Run.time_max, hi), hi)}
+                  "time_max": greatest(func.coalesce(Run.time_max, hi), hi),
+                  "seen_at": seen}  # the collector's clock, not the job's
         if not fresh:
             session.execute(update(Run).where(Run.id == run_id).values(**bounds))
             continue

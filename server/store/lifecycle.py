@@ -9,7 +9,8 @@
   the job was resumed; seqs follow the clock, so a restarted job's frames come after its
   earlier end frame). An end frame numbered before a frame of rank 0 already stored (an old
   spool pushed late) changes nothing.
-* ``stopped``: the ``no_data`` alert fired (``AlertEngine.check_stale``); the run's next frame
+* ``stopped``: the ``no_data`` alert fired (``AlertEngine.check_stale``: nothing received
+  for the rule's seconds, by the collector's clock, ``runs.seen_at``); the run's next frame
   resolves it and the run is ``running`` again. A finished run never gets ``no_data``, and an
   open ``no_data`` alert resolves when the run finishes.
 * ``diverged``: ``runs.diverged_step`` is set when a run-level divergence alert (a rule with
@@ -25,6 +26,7 @@ several collectors on one database agree, and a resent end frame is a duplicate.
 
 from __future__ import annotations
 
+import time as _time
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -56,15 +58,18 @@ def split_ends(frames: Sequence[FrameIn]) -> tuple[list[FrameIn], list[FrameIn]]
 
 
 def ingest(session: Session, frames: Sequence[FrameIn], *,
-           max_metrics_per_run: int | None = None) -> tuple[IngestResult, set[int]]:
+           max_metrics_per_run: int | None = None,
+           now: float | None = None) -> tuple[IngestResult, set[int]]:
     """Store ``frames`` and apply their lifecycle; return the result (end frames counted
     in ``accepted``/``duplicates``, their runs in ``run_ids``) and the ids of the runs
-    that finished with this batch."""
+    that finished with this batch. ``now``: the collector's clock (``time.time()`` unless
+    given), stored as each run's ``seen_at``."""
+    now = _time.time() if now is None else now
     data, ends = split_ends(frames)
-    result = (ingest_frames(session, data, max_metrics_per_run=max_metrics_per_run)
+    result = (ingest_frames(session, data, max_metrics_per_run=max_metrics_per_run, now=now)
               if data else IngestResult())
     _resume(session, data)
-    return result, _finish(session, ends, result)
+    return result, _finish(session, ends, result, now)
 
 
 def _by_run(frames: Sequence[FrameIn]) -> dict[tuple[str, str], list[FrameIn]]:
@@ -87,20 +92,22 @@ def _resume(session: Session, data: Sequence[FrameIn]) -> None:
                    Run.end_seq < max(rank0))
             .values(status="running", ended_at=None, end_step=None, end_seq=None,
                     # a job resumed from an earlier checkpoint sends steps below last_step,
-                    # which do not move last_time: without this, no_data would take the
-                    # resumed run for a silent one
+                    # which do not move last_time: without this, the runs list would sort
+                    # the resumed run by its first life's last frame
                     last_time=case((or_(Run.last_time.is_(None), Run.last_time < t), t),
                                    else_=Run.last_time))
             .execution_options(synchronize_session=False)
         )
 
 
-def _finish(session: Session, ends: Sequence[FrameIn], result: IngestResult) -> set[int]:
+def _finish(session: Session, ends: Sequence[FrameIn], result: IngestResult,
+            now: float) -> set[int]:
     """Apply rank 0's newest end frame of each run; count the end frames."""
     finished: set[int] = set()
     for (project, name), group in sorted(_by_run(ends).items()):
         run_id = _run_id(session, project, name)
         result.run_ids.add(run_id)
+        session.execute(update(Run).where(Run.id == run_id).values(seen_at=now))
         rank0 = [f for f in group if f.rank == 0]
         result.accepted += len(group) - len(rank0)  # other ranks: taken, no effect
         if not rank0:

@@ -47,7 +47,7 @@ TAG_RE = re.compile(r"[A-Za-z0-9._:\-]{1,64}")
 def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0, *, tags: list[str] | None = None,
              now: float | None = None, active_seconds: float = 600.0) -> RunOut:
     now = _time.time() if now is None else now
-    active = run.last_time is not None and now - run.last_time <= active_seconds
+    active = run.seen_at is not None and now - run.seen_at <= active_seconds
     return RunOut(
         id=run.id,
         project=run.project,
@@ -55,6 +55,7 @@ def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0, *, tags: list[s
         created_at=run.created_at,
         last_step=run.last_step,
         last_time=run.last_time,
+        seen_at=run.seen_at,
         open_alerts=open_alerts,
         last_frame_id=last_frame_id,
         status=run_status(run),
@@ -128,9 +129,9 @@ def list_runs(
     elif status in ("running", "finished", "stopped"):
         q = q.where(Run.diverged_step.is_(None), Run.status == status)
     elif status == "active":
-        q = q.where(Run.last_time >= now - active_seconds)
+        q = q.where(Run.seen_at >= now - active_seconds)
     elif status == "idle":
-        q = q.where(or_(Run.last_time.is_(None), Run.last_time < now - active_seconds))
+        q = q.where(or_(Run.seen_at.is_(None), Run.seen_at < now - active_seconds))
     elif status == "alerting":
         q = q.where(firing.c.n > 0)
     if since is not None:
