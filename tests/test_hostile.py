@@ -717,6 +717,7 @@ def test_a_crash_loses_at_most_spool_interval_with_a_slow_collector(tmp_path: Pa
 
 def test_queued_frames_are_not_tracked_by_the_garbage_collector(tmp_path: Path) -> None:
     import gc
+    import types
 
     from logitwatch.client._codec import encode, pack
     from logitwatch.client._queue import Backlog
@@ -725,12 +726,27 @@ def test_queued_frames_are_not_tracked_by_the_garbage_collector(tmp_path: Path) 
                       encode=lambda f: encode(f, "r", "default", 0), spool=None,
                       spool_max_bytes=0)
     heads = {f"attn.m{k}": [[float(h) for h in range(12)] for _ in range(12)] for k in range(6)}
-    gc.collect()
-    before = len(gc.get_objects())
+    def tracked_within(root: object) -> int:
+        """gc-tracked objects reachable from ``root`` (not through classes, modules or
+        functions): what the backlog adds to every full collection. Counted from the
+        backlog rather than as a difference of gc.get_objects(), which other threads of
+        the test process (servers, workers left by earlier tests) move as they run."""
+        seen: set[int] = set()
+        stack, n = [root], 0
+        while stack:
+            o = stack.pop()
+            if id(o) in seen or isinstance(o, (type, types.ModuleType, types.FunctionType)):
+                continue
+            seen.add(id(o))
+            n += gc.is_tracked(o)
+            stack.extend(gc.get_referents(o))
+        return n
+
+    empty = tracked_within(vars(backlog))
     for step in range(5000):  # a slow collector: 5,000 frames of 871 values wait
         backlog.put(pack(step, {"loss": 1.0, "lr": 0.1}, heads, 1.0)[0], 0)
     gc.collect()
-    tracked = len(gc.get_objects()) - before
+    tracked = tracked_within(vars(backlog)) - empty
     assert tracked < 500, f"{tracked} objects for the collector to walk on every full pass"
     batch = backlog.take(3)  # and they come out as they went in
     assert batch is not None
