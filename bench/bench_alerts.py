@@ -47,8 +47,9 @@ readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
 what each replay gave: docs/ALERTS.md, *Evidence*. ``fresh26`` was replayed with round
 twenty-one's rules, round twenty-two was chosen on ``--split read26`` and replayed once on
-``fresh27`` (fixed and recorded before ``fresh26`` was read). Every set is read now
-(``--split read27``): the next change is held out by ``fresh28``, fixed before it.
+``fresh27`` (fixed and recorded before ``fresh26`` was read). The next change is chosen on
+``--split read27`` and held out by ``fresh28``; ``fresh29`` was fixed before ``fresh28`` was
+read, for the change after it.
 
 Usage::
 
@@ -385,7 +386,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 28
+NEWEST = 29
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
