@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -145,3 +146,26 @@ def test_runs_table_on_a_phone(seeded: str, chromium: Any) -> None:
     assert names(page) == ["short-run", "nan-run", "long-run"]
     assert page.errors == []
     page.close()
+
+
+def test_a_job_clock_behind_is_seen_now(tmp_path: Path, chromium: Any) -> None:
+    """A job whose clock runs two hours behind the collector's: its row says it was seen
+    seconds ago, by the collector's clock (not two hours ago); the run page's dot says it is
+    reporting (not quiet for two hours)."""
+    c = Collector(tmp_path / "skew.db")
+    try:
+        behind = [{**f, "time": f["time"] - 7200} for f in frames("behind", 3, 1.0)]
+        ingest(c.url, behind)
+        page = chromium.new_page(viewport={"width": 1440, "height": 900})
+        page.goto(c.url)
+        page.wait_for_function("document.querySelectorAll('#runs-table tbody tr').length === 1",
+                               timeout=WAIT_MS)
+        row = page.locator("#runs-table tbody tr", has_text="behind")
+        assert row.locator("td[data-col='seen']").inner_text().endswith(" s ago")
+        row.locator("td.name a").click()
+        page.wait_for_function("document.getElementById('conn')?.dataset.state === 'live'",
+                               timeout=WAIT_MS)
+        assert "reporting" in page.inner_text("#conn")
+        page.close()
+    finally:
+        c.stop()

@@ -14,8 +14,13 @@ export function duration(seconds) {
   return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
 }
 
+/** When the collector last received a frame of the run (its clock, not the job's). */
+export function lastSeen(run) {
+  return run.seen_at ?? run.last_time;
+}
+
 export function runDuration(run) {
-  const end = run.ended_at ?? run.last_time;
+  const end = run.ended_at ?? lastSeen(run);
   return end == null ? null : end - run.created_at;
 }
 
@@ -96,7 +101,7 @@ export const COLUMNS = [
   },
   { key: "duration", label: "duration", num: true, sort: (r) => runDuration(r) ?? -1, cell: (r) => el("td", "num", duration(runDuration(r))) },
   { key: "step", label: "last step", num: true, sort: (r) => r.last_step ?? -1, cell: (r) => el("td", "num", r.last_step ?? "—") },
-  { key: "seen", label: "last seen", num: true, sort: (r) => r.last_time ?? 0, cell: (r) => el("td", "num", ago(r.last_time)) },
+  { key: "seen", label: "last seen", num: true, sort: (r) => lastSeen(r) ?? 0, cell: (r) => el("td", "num", ago(lastSeen(r))) },
   {
     key: "alerts", label: "open alerts", num: true, sort: (r) => r.open_alerts,
     cell: (r) => {

@@ -67,7 +67,8 @@ export function showVerdict(data, onShow) {
 /** The run's dot: live (a frame lately), quiet, finished, stopped; from the run itself. */
 export function showRunState(run, lastTime) {
   const dot = document.getElementById("conn");
-  const t = lastTime ?? run.last_time;
+  // when the collector received it (its clock), not the time the job stamped (the job's)
+  const t = lastTime ?? run.seen_at ?? run.last_time;
   const since = t == null ? Infinity : Date.now() / 1000 - t;
   let state;
   let text;
