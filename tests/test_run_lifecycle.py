@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.client import Client, ClientConfig
@@ -72,9 +72,9 @@ class Feed:
                 changed += self.engine.check_stale(s, runs=finished)
             return result.accepted, result.duplicates, changed
 
-    def stale(self, now: float) -> list[Alert]:
+    def stale(self, now: float, listening_since: float | None = None) -> list[Alert]:
         with session_scope(self.sessions) as s:
-            return self.engine.check_stale(s, now=now)
+            return self.engine.check_stale(s, now=now, listening_since=listening_since)
 
     def run(self, name: str = "r") -> Any:
         with session_scope(self.sessions) as s:
@@ -130,6 +130,26 @@ def test_a_skewed_job_clock_is_neither_stopped_nor_missed(
     ahead(frame(0, run="fast"), now=1000.0 - 20 * 60)
     (nd,) = [a for a in ahead.stale(now=1000.0 - 20 * 60 + 601)]
     assert nd.rule == "no_data" and "fast: no data for 601 s since step 0" in nd.message
+
+
+def test_a_collector_outage_is_not_the_jobs_silence(sessions: sessionmaker[Session]) -> None:
+    """A collector back from an hour's outage fires no no_data before it has listened for
+    the rule's seconds itself: its jobs' clients resend within their backoff (30 s at
+    most); one that does not is paged then, with its whole silence."""
+    feed = Feed(sessions)
+    feed(*[frame(i) for i in range(3)])
+    feed(*[frame(i, run="dead") for i in range(3)])
+    back = 1002.0 + HOUR  # the collector restarts
+    assert feed.stale(now=back + 30, listening_since=back) == []
+    assert feed.stale(now=back + 30) != []  # what the check said before (undone below)
+    with session_scope(sessions) as s:
+        for a in s.scalars(select(Alert)):
+            s.delete(a)
+        s.execute(update(Run).values(status="running"))
+    feed(frame(3), now=back + 35)  # "r"'s client resends; "dead" never does
+    assert feed.stale(now=back + 599, listening_since=back) == []
+    (nd,) = feed.stale(now=back + 601, listening_since=back)
+    assert nd.message.startswith("dead: no data for 4201 s since step 20")
 
 
 def test_an_open_no_data_resolves_when_the_run_finishes(
@@ -202,6 +222,48 @@ def test_a_loss_jump_diverges_the_run_once_it_pages(sqlite_url: str, length: int
         assert run.diverged_step == (400 if status == "diverged" else None)
     finally:
         engine.dispose()
+
+
+def test_the_collectors_checker_listens_before_it_fires(
+        sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The running collector's own no-data checker (checking every 50 ms, no_data after
+    3 s): a run last heard from an hour before the collector started is paged once the
+    collector has listened for 3 s, not at its first checks; a run that reports meanwhile
+    is not paged."""
+    from logitwatch.server.alerts import config
+    from logitwatch.server.alerts.defaults import RULES_ENV
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("- {name: no_data, kind: no_data, metric: '*', severity: warning, "
+                     "params: {seconds: 3.0}}\n")
+    monkeypatch.setenv(RULES_ENV, str(rules))
+    monkeypatch.setattr(config, "STALE_CHECK_S", 0.05)
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    hour_ago = time.time() - HOUR
+    with session_scope(sessionmaker(engine)) as s:
+        for name in ("dead", "alive"):
+            s.add(Run(project="default", name=name, created_at=hour_ago, last_step=20,
+                      last_time=hour_ago, seen_at=hour_ago))
+    engine.dispose()
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+
+        def alerts() -> list[dict[str, Any]]:
+            return [a for rid in (1, 2) for a in c.get(f"/api/v1/runs/{rid}/alerts").json()]
+
+        started = time.time()
+        for i in range(3, 18):  # "alive"'s client is back and sends every 0.25 s
+            body = {"frames": [{**frame(i, run="alive"), "time": time.time()}]}
+            assert c.post("/api/v1/ingest", json=body).status_code == 200
+            if time.time() - started < 2.5:
+                assert alerts() == []  # listened too briefly
+            time.sleep(0.25)
+        deadline = time.time() + 10
+        while not (fired := alerts()) and time.time() < deadline:
+            time.sleep(0.05)
+        assert [(a["run"], a["rule"]) for a in fired] == [("dead", "no_data")], fired
+        assert "no data for 36" in fired[0]["message"]  # its whole silence: an hour and more
+        assert time.time() - started >= 3.0
 
 
 def test_an_end_frame_carries_nothing_else() -> None:

@@ -86,12 +86,14 @@ def start_background(app: Any) -> Callable[[], None]:
         state.alert_engine.set_rules(merge_rules(state.alert_engine.rules, extra))
     state.base_rules = configured_rules(state.settings)
     stop = threading.Event()
+    started = time.time()  # silence is judged only over time this collector listened
 
     def loop() -> None:
         while not stop.wait(STALE_CHECK_S):
             try:
                 with session_scope(state.sessions) as s:
-                    fired = state.alert_engine.check_stale(s, time.time())
+                    fired = state.alert_engine.check_stale(s, time.time(),
+                                                           listening_since=started)
                     outs = [alert_out(a, run) for a in fired
                             if (run := s.get(Run, a.run_id)) is not None]
                 if state.notifier is not None:

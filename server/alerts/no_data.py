@@ -27,13 +27,17 @@ class NoDataMixin(LifecycleMixin):
     """The ``no_data`` alerts of an :class:`~logitwatch.server.alerts.engine.AlertEngine`."""
 
     def check_stale(self, session: Session, now: float | None = None, *,
-                    runs: Collection[int] | None = None) -> list[Alert]:
+                    runs: Collection[int] | None = None,
+                    listening_since: float | None = None) -> list[Alert]:
         """Fire ``no_data`` for every run that has not finished and that the collector
         last received a frame of (``runs.seen_at``, the collector's clock: a job's skewed
         clock does not matter) more than the rule's ``seconds`` before ``now`` (and that
         has no open ``no_data`` alert): the run is then ``stopped``. Resolve the open
         ``no_data`` alerts of finished runs. Only the runs of ``runs`` when given (the
-        ingest route passes those that just finished).
+        ingest route passes those that just finished). ``listening_since``: when the
+        collector that checks started; nothing is fired before it has listened for the
+        rule's ``seconds`` itself (after a collector's own outage, the jobs' clients resend
+        within their backoff: their silence was the collector's, not theirs).
         Returns the alerts fired or resolved that people should hear about."""
         names = [r.name for r in self._rules if r.kind == "no_data"]
         if not names:
@@ -54,6 +58,8 @@ class NoDataMixin(LifecycleMixin):
             if rule.kind != "no_data" or not rule.enabled:
                 continue
             seconds = float(rule.param("seconds"))
+            if listening_since is not None and now - listening_since < seconds:
+                continue  # not listening long enough to tell a silent job from an outage
             q = select(Run).where(Run.seen_at.is_not(None), Run.seen_at < now - seconds,
                                   Run.status != "finished")
             if runs is not None:
