@@ -55,7 +55,10 @@ REMEDIES: dict[str, str] = {
     "gradient clipping on.",
     "init": "Check the initialisation and the output layer: a first loss far from ln(vocab) "
     "means the model starts confidently wrong (init std too large) or the loss is wrong.",
-    "hung": "The job stopped reporting: check whether it hung (NCCL, data loader) or crashed.",
+    "hung": "The job stopped reporting: check whether it hung (NCCL, data loader) or crashed; "
+            "if it runs on, its link to the collector is down (its client spools the frames "
+            "and sends them once it is back: check the URL, proxy and firewall from its "
+            "host).",
 }
 
 _TOPICS: dict[str, tuple[str, ...]] = {
