@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -400,3 +401,37 @@ def test_the_end_frame_waits_in_the_spool_while_the_collector_is_down(
             assert (run["status"], run["end_step"]) == ("finished", 3)
     finally:
         client.shutdown(5.0)
+
+
+def test_two_collectors_page_a_silent_run_once(sessions: sessionmaker[Session]) -> None:
+    """Two collectors on one database run their no-data checks at the same moment: one
+    alert, one page. On PostgreSQL the second check's UPDATE waits for the first's commit,
+    then matches nothing; on SQLite the writes take turns."""
+    feed = Feed(sessions)
+    feed(*[frame(i) for i in range(3)])
+    first = sessions()
+    fired_first = AlertEngine().check_stale(first, now=1002.0 + HOUR)  # not committed yet
+    assert [a.rule for a in fired_first] == ["no_data"]
+    second: list[Alert] = []
+    errors: list[BaseException] = []
+
+    def other_collector() -> None:
+        try:
+            with session_scope(sessions) as s:
+                second.extend(AlertEngine().check_stale(s, now=1002.0 + HOUR))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    if sessions.kw["bind"].dialect.name == "postgresql":
+        t = threading.Thread(target=other_collector)
+        t.start()
+        t.join(1.0)
+        assert t.is_alive()  # waiting on the first check's row lock
+        first.commit()
+        t.join(10)
+    else:
+        first.commit()
+        other_collector()
+    first.close()
+    assert errors == [] and second == []
+    assert len(feed.alerts()) == 1 and feed.run().status == "stopped"

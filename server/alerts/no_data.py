@@ -72,6 +72,15 @@ class NoDataMixin(LifecycleMixin):
                         Alert.run_id == run.id, Alert.rule == rule.name,
                         Alert.fired_step == (run.last_step or 0)).limit(1)) is not None:
                     continue  # already alerted for this silence of the run
+                if run.status == "running" and not session.execute(
+                        update(Run).where(Run.id == run.id, Run.status == "running",
+                                          Run.seen_at == run.seen_at)
+                        .values(status="stopped")
+                        .execution_options(synchronize_session=False)).rowcount:
+                    # Several collectors on one database check the same runs: the one whose
+                    # UPDATE stops the run fires, the others' match nothing (PostgreSQL
+                    # re-reads the row once the first commits); nor does a frame's arrival.
+                    continue
                 assert run.seen_at is not None
                 silent = now - run.seen_at
                 msg = (f"{run.name}: no data for {silent:.0f} s since step {run.last_step} "
