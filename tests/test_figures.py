@@ -330,6 +330,16 @@ def test_runs_overview_sparklines_and_filters(views_client: TestClient) -> None:
     v = next(r for r in c.get("/api/v1/dashboard/runs").json() if r["name"] == "v")
     assert v["loss_steps"][-1] == 3990 and len(v["loss_steps"]) <= 70
     assert max(v["loss_values"]) == 3.0 and min(v["loss_values"]) == 0.5
+    # At most max_runs runs are kept (a page listed is kept whole); a run dropped is read
+    # again, the same, when it is listed again.
+    from logitwatch.server.store.runs_view import SparklineCache
+
+    cache = c.app.state.sparklines = SparklineCache(max_runs=1)  # type: ignore[attr-defined]
+    assert len(c.get("/api/v1/dashboard/runs").json()) == 2 and len(cache) == 2
+    assert [r["name"] for r in c.get("/api/v1/dashboard/runs", params={"q": "W"}).json()] == ["w"]
+    assert len(cache) == 1 and list(cache._runs) == [by["w"]["id"]]
+    again = next(r for r in c.get("/api/v1/dashboard/runs").json() if r["name"] == "v")
+    assert (again["loss_steps"], again["loss_values"]) == (v["loss_steps"], v["loss_values"])
 
 
 def test_clip_rate_series_and_compare(views_client: TestClient) -> None:

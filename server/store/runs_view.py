@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,14 +74,17 @@ class SparklineCache:
 
     Keyed by run id and validated by the run's (last step, last time): an unchanged run costs
     nothing, a changed one reads the points after the last frame already seen. Bounded:
-    each run keeps at most ``4 * points`` values, re-downsampled with min/max buckets.
-    One cache per application (one database).
+    each run keeps at most ``4 * points`` values, re-downsampled with min/max buckets, and
+    the cache at most ``max_runs`` runs, the least recently listed dropped first (read
+    again if listed again). One cache per application (one database).
     """
 
-    def __init__(self, points: int = 64, metric: str = "loss") -> None:
+    # 5,000 runs: at most ~22 MB (4 * 64 steps and values, 16 bytes each, per run)
+    def __init__(self, points: int = 64, metric: str = "loss", max_runs: int = 5_000) -> None:
         self.points = points
         self.metric = metric
-        self._runs: dict[int, _Spark] = {}
+        self.max_runs = max_runs
+        self._runs: OrderedDict[int, _Spark] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, session: Session, runs: list[RunOut]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -90,9 +94,17 @@ class SparklineCache:
                      or s.key != (r.last_step, r.last_time)]
             if stale:
                 self._refresh(session, stale)
-            return {r.id: _downsample_keep_last(self._runs[r.id].steps,
-                                                self._runs[r.id].values, self.points)
-                    for r in runs}
+            out = {r.id: _downsample_keep_last(self._runs[r.id].steps,
+                                               self._runs[r.id].values, self.points)
+                   for r in runs}
+            for r in runs:
+                self._runs.move_to_end(r.id)
+            while len(self._runs) > max(self.max_runs, len(runs)):
+                self._runs.popitem(last=False)
+            return out
+
+    def __len__(self) -> int:
+        return len(self._runs)
 
     def _refresh(self, session: Session, runs: list[RunOut]) -> None:
         ids = [r.id for r in runs]
