@@ -407,6 +407,9 @@ class RunOut(BaseModel):
     seen_at: float | None = Field(None, description="When the collector last received a "
                                   "frame of it, by the collector's clock: what `active` and "
                                   "the no_data rule read.")
+    first_time: float | None = Field(None, description="Its first frame's time, as its job "
+                                     "stamped it: with `last_time` or `ended_at`, how long "
+                                     "it ran by one clock, the job's.")
     open_alerts: int
     last_frame_id: int = Field(0, description="Pass as the live stream's `after`.")
     status: str = Field(

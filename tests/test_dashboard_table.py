@@ -30,8 +30,11 @@ RUNS: dict[str, tuple[int, int, float | str, list[str], dict[str, Any] | None]] 
 }
 
 
-def frames(name: str, steps: int, last: float | str) -> list[dict[str, Any]]:
-    return [{"run": name, "project": "table", "seq": i, "step": i * 10, "time": time.time(),
+def frames(name: str, steps: int, last: float | str, ago: float = 0.0) -> list[dict[str, Any]]:
+    """``steps`` frames stamped evenly from ``ago`` seconds before now to now."""
+    now = time.time()
+    return [{"run": name, "project": "table", "seq": i, "step": i * 10,
+             "time": now - ago + i * ago / max(1, steps - 1),
              "scalars": {"loss": last if i == steps - 1 else 2.0}} for i in range(steps)]
 
 
@@ -39,8 +42,8 @@ def frames(name: str, steps: int, last: float | str) -> list[dict[str, Any]]:
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = tmp_path_factory.mktemp("db") / "x.db"
     c = Collector(db)
-    for name, (_, steps, last, _, _) in RUNS.items():
-        ingest(c.url, frames(name, steps, last))
+    for name, (ago, steps, last, _, _) in RUNS.items():
+        ingest(c.url, frames(name, steps, last, ago))
     runs = {r["name"]: r["id"] for r in httpx.get(f"{c.url}/api/v1/runs").json()}
     engine = make_engine(f"sqlite:///{db}")
     with Session(engine) as s, s.begin():
@@ -150,11 +153,11 @@ def test_runs_table_on_a_phone(seeded: str, chromium: Any) -> None:
 
 def test_a_job_clock_behind_is_seen_now(tmp_path: Path, chromium: Any) -> None:
     """A job whose clock runs two hours behind the collector's: its row says it was seen
-    seconds ago, by the collector's clock (not two hours ago); the run page's dot says it is
-    reporting (not quiet for two hours)."""
+    seconds ago, by the collector's clock (not two hours ago), and ran 90 s, by the job's
+    (not 0 s); the run page's dot says it is reporting (not quiet for two hours)."""
     c = Collector(tmp_path / "skew.db")
     try:
-        behind = [{**f, "time": f["time"] - 7200} for f in frames("behind", 3, 1.0)]
+        behind = [{**f, "time": f["time"] - 7200} for f in frames("behind", 3, 1.0, ago=90)]
         ingest(c.url, behind)
         page = chromium.new_page(viewport={"width": 1440, "height": 900})
         page.goto(c.url)
@@ -162,6 +165,8 @@ def test_a_job_clock_behind_is_seen_now(tmp_path: Path, chromium: Any) -> None:
                                timeout=WAIT_MS)
         row = page.locator("#runs-table tbody tr", has_text="behind")
         assert row.locator("td[data-col='seen']").inner_text().endswith(" s ago")
+        # how long it ran, by its own clock: 90 s between its first and last frames
+        assert row.locator("td[data-col='duration']").inner_text() == "1 min 30 s"
         row.locator("td.name a").click()
         page.wait_for_function("document.getElementById('conn')?.dataset.state === 'live'",
                                timeout=WAIT_MS)

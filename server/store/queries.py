@@ -56,6 +56,7 @@ def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0, *, tags: list[s
         last_step=run.last_step,
         last_time=run.last_time,
         seen_at=run.seen_at,
+        first_time=run.time_min,
         open_alerts=open_alerts,
         last_frame_id=last_frame_id,
         status=run_status(run),

@@ -47,6 +47,8 @@ class RunSummaryOut(BaseModel):
     last_time: float | None
     seen_at: float | None = Field(None, description="when the collector last received a "
                                   "frame of it (its clock, not the job's)")
+    first_time: float | None = Field(None, description="its first frame's time (the job's "
+                                     "clock, as last_time and ended_at)")
     open_alerts: int
     loss_steps: list[int] = Field(description="loss sparkline: steps")
     loss_values: list[WireFloat] = Field(description="loss sparkline: values")
@@ -218,7 +220,8 @@ def runs_overview(
         v = _verdict(r, st, firing.get(r.id, []))
         out.append(RunSummaryOut(
             id=r.id, project=r.project, name=r.name, status=st, last_step=r.last_step,
-            last_time=r.last_time, seen_at=r.seen_at, open_alerts=r.open_alerts,
+            last_time=r.last_time, seen_at=r.seen_at, first_time=r.first_time,
+            open_alerts=r.open_alerts,
             loss_steps=steps.tolist(),
             loss_values=values.tolist(), last_loss=last, created_at=r.created_at,
             ended_at=r.ended_at, tags=r.tags, config=r.config, verdict=v.kind,

@@ -19,8 +19,15 @@ export function lastSeen(run) {
   return run.seen_at ?? run.last_time;
 }
 
+/** How long it ran: its last (or end) frame's time minus its first frame's, both stamped
+ * by the job, so a skewed job clock cancels out; a run without frame times falls back to
+ * the collector's clock (first and last received). */
 export function runDuration(run) {
-  const end = run.ended_at ?? lastSeen(run);
+  if (run.first_time != null) {
+    const end = run.ended_at ?? run.last_time;
+    return end == null ? null : end - run.first_time;
+  }
+  const end = lastSeen(run);
   return end == null ? null : end - run.created_at;
 }
 
