@@ -449,3 +449,27 @@ def test_an_sgd_blow_up_that_climbs_in_its_first_steps_pages_by_its_divergence(
         row = ba.bench_one(path, 1)
         assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, row)
         assert ba.bench_one(path, 1, rules=round21)["logitwatch"]["from50"] == before, name
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_warm_up_ramped_too_far_pages_its_first_big_jump(tmp_path: Path) -> None:
+    """Round twenty-three on recorded runs: QK-norm warm-ups ramped too far whose first big
+    loss jump, clipped, is their divergence page there, the jump corroborated by
+    ``loss_clip_ramp``'s breach; without it (round twenty-two) they paged 2-6 steps late,
+    when ``loss_clip_ramp`` had held 10 steps."""
+    import yaml
+
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES
+
+    ba = _load("bench_alerts")
+    jump = next(r for r in DEFAULT_RULES if r.name == "loss_jump").to_dict()
+    jump["page"]["with_rules"] = ["grad_blowup", "grad_nonfinite"]
+    rules = tmp_path / "round22.yaml"
+    rules.write_text(yaml.safe_dump({"rules": [jump]}))
+    round22 = ba.rules_over_defaults(rules)
+    for name, now, before in (("f22_lr_ramp_s223", 101, 111), ("f17_lr_ramp_s171", 134, 137)):
+        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+        row = ba.bench_one(path, 1)
+        assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, row)
+        assert row["logitwatch_rules"] == ["loss_jump"], (name, row)
+        assert ba.bench_one(path, 1, rules=round22)["logitwatch"]["from50"] == before, name

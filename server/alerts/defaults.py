@@ -81,7 +81,16 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # steps); 6 blew up 4-17 steps later (4.9-24 nats up), and the precursor pages
              # those 1-7 steps into the blow-up. One batch's damage is a single-sample event:
              # shown (the aftershock stays in the evidence), paged if it persists.
-             page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite"), repeats=3,
+             # Round twenty-three (--split read28, 1,656 runs): also with loss_clip_ramp
+             # breaching (the loss's level 0.3 nat up with the gradient clipped on most steps
+             # while the LR climbs), still after a precursor or a climb: a QK-norm warm-up
+             # ramped too far takes its first big jump as its divergence, clipped, and
+             # loss_clip_ramp's 10-step hold paged 3 of them 2-6 steps after. On the 650 runs where
+             # the change can act (loss_jump fired on a healthy or degraded run, or with
+             # loss_clip_ramp on a diverging one): caught 173/177 -> 176/177, 13 pages 1-10
+             # steps earlier, healthy paged 12/467 unchanged.
+             page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite", "loss_clip_ramp"),
+                       repeats=3,
                        repeats_within=20, repeats_built=2, confirm_steps=1,
                        at_once_above=2.5, precursor_above=2.2, climb_above=2.5,
                        confirm_adaptive=True, at_once_adaptive_above=12.0,
