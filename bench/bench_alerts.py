@@ -45,11 +45,10 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS.md, *Evidence*. ``fresh26`` was replayed with round
-twenty-one's rules, round twenty-two was chosen on ``--split read26`` and replayed once on
-``fresh27`` (fixed and recorded before ``fresh26`` was read). The next change is chosen on
-``--split read27`` and held out by ``fresh28``; ``fresh29`` was fixed before ``fresh28`` was
-read, for the change after it.
+what each replay gave: docs/ALERTS.md, *Evidence*. Round twenty-two was replayed once on
+``fresh27`` and on ``fresh28``; round twenty-three was chosen on ``--split read28`` and
+replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read). Every set is
+read now (``--split all``): the next change needs a new set, fixed and recorded first.
 
 Usage::
 
