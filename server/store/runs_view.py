@@ -221,8 +221,7 @@ def runs_overview(
         out.append(RunSummaryOut(
             id=r.id, project=r.project, name=r.name, status=st, last_step=r.last_step,
             last_time=r.last_time, seen_at=r.seen_at, first_time=r.first_time,
-            open_alerts=r.open_alerts,
-            loss_steps=steps.tolist(),
+            open_alerts=r.open_alerts, loss_steps=steps.tolist(),
             loss_values=values.tolist(), last_loss=last, created_at=r.created_at,
             ended_at=r.ended_at, tags=r.tags, config=r.config, verdict=v.kind,
             verdict_text=v.text,

@@ -68,6 +68,11 @@ export function wireText(v, digits = 4) {
 }
 
 /** "12 s ago", "3 min ago", ... from unix seconds. */
+/** When the collector last received a frame of the run (its clock, not the job's). */
+export function lastSeen(run) {
+  return run.seen_at ?? run.last_time;
+}
+
 export function ago(unixSeconds) {
   if (unixSeconds == null) return "—";
   const s = Math.max(0, Date.now() / 1000 - unixSeconds);

@@ -2,7 +2,7 @@
 // key it sorts by; a click on a header sorts by it (again: the other way), kept in the
 // address as ?sort=duration-desc. Text only via textContent.
 
-import { ago, el, plotValue, sparkline, wireText } from "./api.js";
+import { ago, el, lastSeen, plotValue, sparkline, wireText } from "./api.js";
 
 /** "3 h 12 min", "45 s". */
 export function duration(seconds) {
@@ -12,11 +12,6 @@ export function duration(seconds) {
   if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
   if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
   return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
-}
-
-/** When the collector last received a frame of the run (its clock, not the job's). */
-export function lastSeen(run) {
-  return run.seen_at ?? run.last_time;
 }
 
 /** How long it ran: its last (or end) frame's time minus its first frame's, both stamped

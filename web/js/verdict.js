@@ -3,7 +3,7 @@
 // severity, and one click to its evidence. And the run's dot: whether the run (not the
 // browser's connection) is reporting.
 
-import { ago, el } from "./api.js";
+import { ago, el, lastSeen } from "./api.js";
 import { headOf, whatText, whereText } from "./alert_card.js";
 
 const WORDS = {
@@ -67,8 +67,7 @@ export function showVerdict(data, onShow) {
 /** The run's dot: live (a frame lately), quiet, finished, stopped; from the run itself. */
 export function showRunState(run, lastTime) {
   const dot = document.getElementById("conn");
-  // when the collector received it (its clock), not the time the job stamped (the job's)
-  const t = lastTime ?? run.seen_at ?? run.last_time;
+  const t = lastTime ?? lastSeen(run);
   const since = t == null ? Infinity : Date.now() / 1000 - t;
   let state;
   let text;
