@@ -47,8 +47,8 @@ readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
 what each replay gave: docs/ALERTS.md, *Evidence*. Round twenty-two was replayed once on
 ``fresh27`` and on ``fresh28``; round twenty-three was chosen on ``--split read28`` and
-replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read). Every set is
-read now (``--split all``): the next change needs a new set, fixed and recorded first.
+replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read). The next
+change is chosen on ``--split read29`` and replayed once on ``fresh30``.
 
 Usage::
 
@@ -385,7 +385,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 29
+NEWEST = 30
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
