@@ -535,3 +535,32 @@ def test_a_stored_rule_this_version_refuses_is_left_out(
                   json={"kind": "departure", "metric": "loss", "params": {"factor": 3.0}})
         assert r.status_code == 200, r.text
         assert "old_bad" in {x["name"] for x in c.get("/api/v1/alerts/rules").json()}
+
+
+def _sgd_warm_up(i: int) -> dict[str, Any]:
+    """Frame ``i`` (step 10·i) of a momentum-SGD job warming its LR up to step 800, float32
+    scores, a flat loss; head (1, 2)'s max logit grows e-fold every 50 steps from step 400."""
+    step = i * 10
+    m = [[5.0 + 0.1 * ((i + h) % 3) for h in range(4)] for _ in range(2)]
+    if step >= 400:
+        m[1][2] = 5.0 * 2.718281828 ** ((step - 400) / 50)
+    return frame(i, heads={"attn.logit_max": m}, loss=3.0 + 0.05 * ((i * 7) % 3),
+                 lr=3.0 * (step + 1) / 800, **{"attn.dtype_max": 3.4e38, "optim.adaptive": 0.0})
+
+
+@pytest.mark.parametrize("restart_at", [None, 50])
+def test_the_lr_climb_survives_a_restart(sessions: sessionmaker[Session],
+                                         restart_at: int | None) -> None:
+    """A wide-dtype departure under a plain optimizer whose LR still climbs pages when it
+    fires, also when the collector restarted 30 steps before: the LR it climbed from is
+    rebuilt from the stored frames (without them the climb over 500-530 is 6 %, and the
+    departure would be info). The departure alone: the defaults' loss_jump reads the LR
+    too, and would restore it anyway."""
+    rules = [r for r in DEFAULT_RULES if r.name == "attn_logit_departure"]
+    frames = [_sgd_warm_up(i) for i in range(70)]
+    cut = restart_at or len(frames)
+    feed(sessions, AlertEngine(rules), frames[:cut])
+    feed(sessions, AlertEngine(rules), frames[cut:])  # a restarted collector
+    (a,) = [a for a in alerts(sessions) if a.rule == "attn_logit_departure"]
+    assert a.severity == "warning" and a.paged_step == a.fired_step, a.evidence
+    assert 510 <= a.fired_step <= 560 and "downgraded" not in a.evidence

@@ -178,6 +178,55 @@ def test_a_wide_dtype_departure_pages_when_the_loss_keeps_losing_ground() -> Non
     assert a.paged_step <= 560, (a.fired_step, a.paged_step)  # 0.25 nat by 550 (+ a median)
 
 
+def _warming_up(until: int, peak: float = 3.0,  # type: ignore[no-untyped-def]
+                adaptive: float = 0.0):
+    """A flat loss under an LR that climbs linearly to ``peak`` until step ``until``, with
+    a plain optimizer (``adaptive`` 0.0, SGD) or an adaptive one (1.0, Adam)."""
+    def scalars(step: int) -> dict[str, float]:
+        return {"loss": _loss(step), "attn.dtype_max": F32, "optim.adaptive": adaptive,
+                "lr": peak * min(1.0, (step + 1) / until)}
+    return scalars
+
+
+def _with_lr_climb(climb: float | None) -> list[RuleSpec]:
+    return [dataclasses.replace(r, downgrade=dataclasses.replace(r.downgrade, lr_climb=climb))
+            if r.name == "attn_logit_departure" else r for r in DEFAULT_RULES]
+
+
+def test_a_wide_dtype_departure_pages_while_the_lr_still_climbs() -> None:
+    """A float32 attention whose head grows from step 400 under a flat loss: while a plain
+    optimizer's LR is still warming up (to step 800) the departure pages when it fires (an
+    SGD run blows up with its logits before the loss shows it); the same logits after the
+    warm-up ended (step 300), under an adaptive optimizer, or without ``lr_climb`` stay
+    info."""
+    climbing = frames_at(10, 700, _warming_up(800), _growing(400), history=True)
+    (a,) = by_rule(alerts_of(climbing), "attn_logit_departure")  # the defaults (0.2)
+    assert a.severity == "warning" and a.paged_step == a.fired_step, a.evidence
+    assert 510 <= a.fired_step <= 540, a.fired_step
+    (b,) = by_rule(alerts_of(climbing, _with_lr_climb(None)), "attn_logit_departure")
+    assert b.severity == "info" and b.paged_step is None
+    assert b.evidence["downgraded"]["loss_rise"] < 0.25
+    flat = frames_at(10, 700, _warming_up(300), _growing(400), history=True)
+    (c,) = by_rule(alerts_of(flat), "attn_logit_departure")
+    assert c.severity == "info" and c.paged_step is None, c.evidence
+    assert c.fired_step == a.fired_step
+    adam = frames_at(10, 700, _warming_up(800, adaptive=1.0), _growing(400), history=True)
+    (d,) = by_rule(alerts_of(adam), "attn_logit_departure")
+    assert d.severity == "info" and d.paged_step is None, d.evidence
+
+
+def test_a_downgraded_departure_escalates_when_the_lr_starts_climbing() -> None:
+    """Info while the LR is flat; a second warm-up from step 600 (20 % up by 610) lifts the
+    downgrade, and the escalation says why."""
+    def scalars(step: int) -> dict[str, float]:
+        lr = 1.0 if step < 600 else 1.0 + 0.02 * (step - 600)
+        return {"loss": _loss(step), "attn.dtype_max": F32, "lr": lr, "optim.adaptive": 0.0}
+    frames = frames_at(10, 700, scalars, _growing(400), history=True)
+    (a,) = by_rule(alerts_of(frames), "attn_logit_departure")
+    assert a.fired_step < 600 and a.paged_step is not None and 610 <= a.paged_step <= 620
+    assert "learning rate is still climbing" in a.evidence["escalated_because"], a.evidence
+
+
 def _bump(start: int, length: int, height: float):  # type: ignore[no-untyped-def]
     def scalars(step: int) -> dict[str, float]:
         v = _loss(step) + (height if start <= step < start + length else 0.0)

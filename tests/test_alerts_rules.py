@@ -185,6 +185,8 @@ def test_downgrade_spec_round_trip_and_errors() -> None:
                       "2..loss_window/2 (50), got 60"),
                      ({"recover_span": 20, "loss_rise": None}, "recover_span needs loss_rise"),
                      ({"recover_share": 1.5}, "downgrade.recover_share must be a number in"),
+                     ({"lr_climb": 0}, "downgrade.lr_climb must be a positive share"),
+                     ({"lr_climb": True}, "downgrade.lr_climb must be a positive share"),
                      ("info", "downgrade must be a mapping")]:
         with pytest.raises(RuleError, match=re.escape(msg)):
             RuleSpec.from_dict({"name": "x", "kind": "departure", "metric": "m",

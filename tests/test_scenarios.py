@@ -347,7 +347,7 @@ TARGETS: dict[int, dict[str, str]] = {
     1: {"recall": "4/4",
          "healthy_paged": "1/4",
          "degraded_warned": "1/1",
-         "lead>=50": "1/2",
+         "lead>=50": "2/2",  # 1/2 before round twenty-four (llama_sgd_blowup_s1)
          "expect_alert": "1/1 (1 paged)"},
     40: {"recall": "4/4",
          "healthy_paged": "1/4",
@@ -474,3 +474,30 @@ def test_a_warm_up_ramped_too_far_pages_its_first_big_jump(tmp_path: Path) -> No
         assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, row)
         assert row["logitwatch_rules"] == ["loss_jump"], (name, row)
         assert ba.bench_one(path, 1, rules=round22)["logitwatch"]["from50"] == before, name
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_an_sgd_warm_up_pages_on_its_logits_not_its_blow_up(tmp_path: Path) -> None:
+    """Round twenty-four on recorded runs: momentum-SGD Llama runs warming up grow a head's
+    float32 logits past 4x their range well before they blow up; with the LR still climbing
+    20 % a hundred steps the departure pages when it fires, at interval 1 and 10 (at 40 the
+    departure itself fires later on these runs); without ``lr_climb`` (round twenty-three)
+    it stayed info and the gradient and loss paged 2-4 steps before the divergence."""
+    import yaml
+
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES
+
+    ba = _load("bench_alerts")
+    dep = next(r for r in DEFAULT_RULES if r.name == "attn_logit_departure").to_dict()
+    dep["downgrade"]["lr_climb"] = None
+    rules = tmp_path / "round23.yaml"
+    rules.write_text(yaml.safe_dump({"rules": [dep]}))
+    round23 = ba.rules_over_defaults(rules)
+    for name, before in (("llama_sgd_blowup_s1", 373), ("f24_llama_sgd_blowup", 339)):
+        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+        for k in (1, 10):
+            row = ba.bench_one(path, k)
+            assert row["divergence_step"] - row["logitwatch"]["from50"] >= 50, (name, k, row)
+            assert row["logitwatch_rules"] == ["attn_logit_departure"], (name, k, row)
+        old = ba.bench_one(path, 1, rules=round23)
+        assert old["logitwatch"]["from50"] == before, (name, old)

@@ -218,13 +218,20 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # float32 logits past 50 after 10-18 garbage batches and paged 40-60 steps later, the
     # loss 0.5 nat up on its way back; a bump is the loss rules' to judge. No diverging run
     # read changes (the wide-dtype ones page on a loss still climbing). read21 @1: caught
-    # 450/469 unchanged, healthy paged 36/718 -> 34/718
+    # 450/469 unchanged, healthy paged 36/718 -> 34/718. Round twenty-four (--split read29,
+    # 1,720 runs): not lowered under a plain optimizer (the job's optim.adaptive = 0, SGD)
+    # whose LR climbed 20 % or more over the last 100 steps (lr_climb): its step grows with
+    # the LR, and momentum-SGD Llama runs warming up grew float32 logits 4x+ 30-170 steps
+    # before they blew up, paged only 0-5 steps ahead by the gradient and the loss. Under
+    # Adam the same climb is ordinary (17 healthy wide-dtype warm-ups would page); at 0.1 a
+    # healthy SGD run 70 steps after its warm-up would. 23 runs it can act on @1: 20
+    # diverging paged 3-113 steps earlier, no healthy run paged
     RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_steps=20,
              params={"factor": 4.0, "floor": 50.0, "window": 200, "lag": 50,
                      "min_history": 200},
              downgrade=Downgrade(
                  to="info", metric="attn.dtype_max", above=65504.0, loss_rise=0.25,
-                 loss_window=100, recover_span=20,
+                 loss_window=100, recover_span=20, lr_climb=0.2,
                  note="In a wide dtype logits leaving their range tend to saturate softmax "
                  "and stall learning rather than overflow: consider QK-norm or QK-clip."),
              summary="a head's max attention logit left its settled range"),

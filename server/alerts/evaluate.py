@@ -58,10 +58,11 @@ class EvaluationMixin(LifecycleMixin):
                     scalars: dict[str, float]) -> None:
         """Advance the loss-rise trackers the rules' downgrades read (every frame)."""
         loss = scalars.get("loss")
+        lr_now = scalars.get("lr")
         seen: set[tuple[int, int, int, int]] = set()
         for r in self._rules:
             d = r.downgrade
-            if d is None or d.loss_rise is None or not r.enabled:
+            if d is None or (d.loss_rise is None and d.lr_climb is None) or not r.enabled:
                 continue
             key = _loss_key(run_id, rank, d)
             if key in seen:
@@ -70,7 +71,8 @@ class EvaluationMixin(LifecycleMixin):
             lr = self._loss.get(key)
             if lr is None:
                 lr = self._loss[key] = _LossRise(d.loss_window, d.recover_span)
-            lr.push(step, None if loss is None else float(loss))
+            lr.push(step, None if loss is None else float(loss),
+                    None if lr_now is None else float(lr_now))
 
     def _cells(self, rule: RuleSpec, scalars: dict[str, float],
                heads: dict[str, list[list[float]]],

@@ -42,7 +42,14 @@ class Downgrade:
       come down from the highest level it had within the ``loss_window`` by at least
       ``recover_share`` of that peak's height over the run's best level: a bump being
       recovered from, which the loss rules judge, not ground being lost; ``null``: any
-      rise counts).
+      rise counts);
+    * and, with ``lr_climb`` (dtype only, not a cap), unless the job's optimizer is a plain
+      one (``optim.adaptive`` = 0, e.g. SGD) whose learning rate has climbed by that share
+      or more over the last ``loss_window`` steps (its newest value over its oldest there):
+      a plain optimizer's step grows with the LR and the gradient, so logits leaving their
+      range while the LR still climbs go on climbing with it and blow up before the loss
+      shows it; an adaptive optimizer's step is normalised, and its logits climbing under a
+      warm-up is the wide-dtype case above (``null``: the LR is not consulted).
 
     A frame with neither ``metric`` nor ``capped_metric`` is never downgraded (a job that
     does not say). An alert that fires on a downgraded sample is stored with severity
@@ -59,6 +66,7 @@ class Downgrade:
     capped_metric: str | None = "attn.capped_logit_max"
     recover_span: int | None = None
     recover_share: float = 0.5
+    lr_climb: float | None = None
 
     def __post_init__(self) -> None:
         if self.to not in SEVERITIES:
@@ -91,6 +99,11 @@ class Downgrade:
         c = self.recover_share
         if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c <= 1:
             raise RuleError(f"downgrade.recover_share must be a number in (0, 1], got {c!r}")
+        u = self.lr_climb
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float))
+                              or not u > 0):
+            raise RuleError(f"downgrade.lr_climb must be a positive share (0.1: the LR up 10 %) "
+                            f"or null, got {u!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

@@ -88,6 +88,10 @@ class LifecycleMixin(PagePolicyMixin):
                                   "value": _json(x), "above": d.above}
         if capped:
             why["capped_metric"] = d.capped_metric
+        if d.lr_climb is not None and not capped and fv.get("optim.adaptive") == 0.0:
+            tr = self._loss.get(_loss_key(run_id, rank, d))
+            if tr is not None and tr.lr_climb >= d.lr_climb:
+                return None  # a plain optimizer's LR still climbing: the logits climb with it
         if d.loss_rise is not None:
             lr = self._loss.get(_loss_key(run_id, rank, d))
             rise, won_back = (0.0, 0.0) if lr is None else (lr.rise, lr.won_back)
@@ -131,8 +135,15 @@ class LifecycleMixin(PagePolicyMixin):
                 else:
                     lr = self._loss.get(_loss_key(f.run_id, f.rank, d))
                     rise = math.inf if lr is None else lr.rise
-                    because = (f"the loss (median of its last {d.loss_window} steps) rose "
-                               f"{_fmt(rise)} nats above its best")
+                    climb = 0.0 if lr is None else lr.lr_climb
+                    if (d.lr_climb is not None and climb >= d.lr_climb
+                            and fv.get("optim.adaptive") == 0.0
+                            and (d.loss_rise is None or rise < d.loss_rise)):
+                        because = (f"the learning rate is still climbing ({_fmt(100 * climb)} % "
+                                   f"over its last {d.loss_window} steps)")
+                    else:
+                        because = (f"the loss (median of its last {d.loss_window} steps) rose "
+                                   f"{_fmt(rise)} nats above its best")
                 ev["downgrade_lifted"] = f.step
                 reasons.append(because)
             if "page" in ev and not ev.get("page_due"):

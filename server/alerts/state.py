@@ -110,8 +110,12 @@ class _LossRise:
     best_level: float = math.inf
     rise: float = 0.0
     won_back: float = 0.0
+    lrs: deque[tuple[int, float]] = field(default_factory=deque)  # (step, lr) over the span
+    lr_climb: float = 0.0  # the LR's newest value over its oldest in the span, minus 1
 
-    def push(self, step: int, v: float | None) -> None:
+    def push(self, step: int, v: float | None, lr: float | None = None) -> None:
+        if lr is not None and math.isfinite(lr):
+            self._push_lr(step, lr)
         if v is None:
             return
         if not math.isfinite(v):
@@ -132,6 +136,13 @@ class _LossRise:
             self.rise = 0.0
         if self.level is not None:
             self.won_back = self._won_back(step, self.level)
+
+    def _push_lr(self, step: int, lr: float) -> None:
+        self.lrs.append((step, lr))
+        while len(self.lrs) > 2 and self.lrs[1][0] <= step - self.span:
+            self.lrs.popleft()
+        first = self.lrs[0][1]
+        self.lr_climb = lr / first - 1.0 if first > 0 else 0.0
 
     def _won_back(self, step: int, level: int) -> float:
         newest = [x for s, x in self.recent if s > step - level]
@@ -248,6 +259,8 @@ class RankState:
                     names.add(str(r.param("logit")))
             if r.downgrade is not None:
                 names |= {r.downgrade.metric, "loss"}
+                if r.downgrade.lr_climb is not None:
+                    names.add("lr")
                 if r.downgrade.capped_metric:
                     names.add(r.downgrade.capped_metric)
             if r.kind == "spike" and r.param("only_unclipped"):
