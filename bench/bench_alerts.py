@@ -47,8 +47,9 @@ readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
 what each replay gave: docs/ALERTS.md, *Evidence*. Round twenty-two was replayed once on
 ``fresh27`` and on ``fresh28``; round twenty-three was chosen on ``--split read28`` and
-replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read). The next
-change is chosen on ``--split read29`` and replayed once on ``fresh30``.
+replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read); round
+twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``. The next
+change is chosen on ``--split read30`` and replayed once on ``fresh31``.
 
 Usage::
 
@@ -385,7 +386,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 30
+NEWEST = 31
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
