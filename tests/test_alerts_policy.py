@@ -203,6 +203,9 @@ def test_a_wide_dtype_departure_pages_while_the_lr_still_climbs() -> None:
     (a,) = by_rule(alerts_of(climbing), "attn_logit_departure")  # the defaults (0.2)
     assert a.severity == "warning" and a.paged_step == a.fired_step, a.evidence
     assert 510 <= a.fired_step <= 540, a.fired_step
+    assert "downgraded" not in a.evidence and a.evidence["kept_severity"]["lr_climb"] >= 0.2
+    assert "Not lowered in a wide dtype: the learning rate of a plain optimizer is still " \
+        "climbing" in a.message, a.message
     (b,) = by_rule(alerts_of(climbing, _with_lr_climb(None)), "attn_logit_departure")
     assert b.severity == "info" and b.paged_step is None
     assert b.evidence["downgraded"]["loss_rise"] < 0.25
@@ -210,6 +213,7 @@ def test_a_wide_dtype_departure_pages_while_the_lr_still_climbs() -> None:
     (c,) = by_rule(alerts_of(flat), "attn_logit_departure")
     assert c.severity == "info" and c.paged_step is None, c.evidence
     assert c.fired_step == a.fired_step
+    assert "kept_severity" not in c.evidence and "Not lowered" not in c.message
     adam = frames_at(10, 700, _warming_up(800, adaptive=1.0), _growing(400), history=True)
     (d,) = by_rule(alerts_of(adam), "attn_logit_departure")
     assert d.severity == "info" and d.paged_step is None, d.evidence
@@ -224,7 +228,7 @@ def test_a_downgraded_departure_escalates_when_the_lr_starts_climbing() -> None:
     frames = frames_at(10, 700, scalars, _growing(400), history=True)
     (a,) = by_rule(alerts_of(frames), "attn_logit_departure")
     assert a.fired_step < 600 and a.paged_step is not None and 610 <= a.paged_step <= 620
-    assert "learning rate is still climbing" in a.evidence["escalated_because"], a.evidence
+    assert "plain optimizer is still climbing" in a.evidence["escalated_because"], a.evidence
 
 
 def _bump(start: int, length: int, height: float):  # type: ignore[no-untyped-def]

@@ -152,7 +152,9 @@ class EvaluationMixin(LifecycleMixin):
             p.severity = p.rule.severity
             if p.transition.state is State.FIRING and not p.transition.reopened:
                 p.downgraded = self._downgrade(p.rule, run_id, rank, fv)
-                if p.downgraded is not None:
+                if p.downgraded is None:
+                    p.kept = self._lr_kept(p.rule, run_id, rank, fv)
+                else:
                     assert p.rule.downgrade is not None
                     p.severity = p.rule.downgrade.to
                 self._page_policy(p, run_id, rank)

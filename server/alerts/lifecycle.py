@@ -30,6 +30,7 @@ from logitwatch.server.alerts.messages import (
     _finite,
     _fmt,
     _json,
+    _lr_kept_text,
     _message,
     _page_text,
 )
@@ -63,6 +64,7 @@ class _Pending:
     transition: Transition
     severity: str = ""  # the alert's severity when it fires (a downgrade may lower it)
     downgraded: dict[str, object] | None = None  # why, when it was lowered
+    kept: dict[str, object] | None = None  # why a downgrade did not lower it (lr_climb)
     unpaged: dict[str, object] | None = None  # what would page it, while its Page holds it
     paged_because: str | None = None  # why its Page let it page when it fired (a repeat)
 
@@ -88,10 +90,8 @@ class LifecycleMixin(PagePolicyMixin):
                                   "value": _json(x), "above": d.above}
         if capped:
             why["capped_metric"] = d.capped_metric
-        if d.lr_climb is not None and not capped and fv.get("optim.adaptive") == 0.0:
-            tr = self._loss.get(_loss_key(run_id, rank, d))
-            if tr is not None and tr.lr_climb >= d.lr_climb:
-                return None  # a plain optimizer's LR still climbing: the logits climb with it
+        if self._lr_kept(rule, run_id, rank, fv) is not None:
+            return None  # a plain optimizer's LR still climbing: the logits climb with it
         if d.loss_rise is not None:
             lr = self._loss.get(_loss_key(run_id, rank, d))
             rise, won_back = (0.0, 0.0) if lr is None else (lr.rise, lr.won_back)
@@ -106,6 +106,23 @@ class LifecycleMixin(PagePolicyMixin):
         if d.note:
             why["note"] = d.note
         return why
+
+    def _lr_kept(self, rule: RuleSpec, run_id: int, rank: int,
+                 fv: FrameView) -> dict[str, object] | None:
+        """Why ``rule`` keeps its severity in a wide dtype on this frame because a plain
+        optimizer's LR still climbs (:class:`~.rules.Downgrade`'s ``lr_climb``), or None."""
+        d = rule.downgrade
+        if d is None or d.lr_climb is None or fv.get("optim.adaptive") != 0.0:
+            return None
+        x = fv.get(d.metric)
+        if x is None or not x > d.above or (d.capped_metric is not None
+                                            and d.capped_metric in fv.heads):
+            return None  # not lowered by the dtype anyway, or lowered by a cap
+        tr = self._loss.get(_loss_key(run_id, rank, d))
+        if tr is None or tr.lr_climb < d.lr_climb:
+            return None
+        return {"lr_climb": round(tr.lr_climb, 4), "lr_climb_limit": d.lr_climb,
+                "loss_window": d.loss_window, "metric": d.metric, "value": _json(x)}
 
     def _escalate(self, session: Session, f: NewFrame) -> list[Alert]:
         """Raise the open alerts of (run, rank) stored below their rule's severity once
@@ -135,12 +152,9 @@ class LifecycleMixin(PagePolicyMixin):
                 else:
                     lr = self._loss.get(_loss_key(f.run_id, f.rank, d))
                     rise = math.inf if lr is None else lr.rise
-                    climb = 0.0 if lr is None else lr.lr_climb
-                    if (d.lr_climb is not None and climb >= d.lr_climb
-                            and fv.get("optim.adaptive") == 0.0
-                            and (d.loss_rise is None or rise < d.loss_rise)):
-                        because = (f"the learning rate is still climbing ({_fmt(100 * climb)} % "
-                                   f"over its last {d.loss_window} steps)")
+                    kept = self._lr_kept(rule, f.run_id, f.rank, fv)
+                    if kept is not None and (d.loss_rise is None or rise < d.loss_rise):
+                        because = _lr_kept_text(kept)
                     else:
                         because = (f"the loss (median of its last {d.loss_window} steps) rose "
                                    f"{_fmt(rise)} nats above its best")
@@ -288,6 +302,9 @@ class LifecycleMixin(PagePolicyMixin):
                                                        rule.params.items()},
                    "for_samples": rule.for_samples, "keep_firing_for": rule.hold})
         message = _message(run, rule, f.rank, p.layer, p.heads, t)
+        if p.kept is not None:
+            ev["kept_severity"] = p.kept
+            message += f" Not lowered in a wide dtype: {_lr_kept_text(p.kept)}."
         if p.downgraded is not None:
             ev["downgraded"] = p.downgraded
             message += _downgrade_text(p.downgraded)

@@ -60,6 +60,13 @@ def _page_text(why: dict[str, object], severity: str, loss_over: object = None) 
     return f" Info for now: it becomes a {severity} {cond}." + (f" {note}" if note else "")
 
 
+def _lr_kept_text(why: dict[str, object]) -> str:
+    """Why a wide-dtype alert kept its severity: a plain optimizer's LR still climbing."""
+    return (f"the learning rate of a plain optimizer is still climbing "
+            f"({_fmt(100 * float(why['lr_climb']))} % over its last {why['loss_window']} "
+            f"steps), and its logits climb with it")
+
+
 def _downgrade_text(why: dict[str, object]) -> str:
     """What a downgraded alert adds to its message."""
     text = (f" {str(why['to']).capitalize()}, not {why['from']}: {why['metric']} = "
