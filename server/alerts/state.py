@@ -99,7 +99,10 @@ class _LossRise:
     won back: how far its level (the median of its newest ``level`` steps) has come down
     from the highest level it had within the last ``span`` steps, over that peak's height
     above the run's best level (0.0 with no bump, or under :data:`RECOVER_MIN_SAMPLES`
-    samples in the level). The downgrade compares it with its own ``recover_share``."""
+    samples in the level). The downgrade compares it with its own ``recover_share``.
+
+    ``lr_climb`` (``Downgrade.lr_climb``): the learning rate's newest value over its oldest
+    within the last ``span`` steps, minus 1 (0.2: up 20 %), from every step's ``lr``."""
 
     span: int
     level: int | None = None
