@@ -224,8 +224,8 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # the LR, and momentum-SGD Llama runs warming up grew float32 logits 4x+ 30-170 steps
     # before they blew up, paged only 0-5 steps ahead by the gradient and the loss. Under
     # Adam the same climb is ordinary (18 healthy wide-dtype warm-ups would page); at 0.1 a
-    # healthy SGD run 70 steps after its warm-up would. 23 runs it can act on @1: 20
-    # diverging paged 3-113 steps earlier, no healthy run paged
+    # healthy SGD run 70 steps after its warm-up would. 23 runs it can act on @1: 19
+    # diverging paged 5-173 steps earlier, no healthy run paged
     RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_steps=20,
              params={"factor": 4.0, "floor": 50.0, "window": 200, "lag": 50,
                      "min_history": 200},
