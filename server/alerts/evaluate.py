@@ -68,10 +68,10 @@ class EvaluationMixin(LifecycleMixin):
             if key in seen:
                 continue
             seen.add(key)
-            lr = self._loss.get(key)
-            if lr is None:
-                lr = self._loss[key] = _LossRise(d.loss_window, d.recover_span)
-            lr.push(step, None if loss is None else float(loss),
+            tr = self._loss.get(key)
+            if tr is None:
+                tr = self._loss[key] = _LossRise(d.loss_window, d.recover_span)
+            tr.push(step, None if loss is None else float(loss),
                     None if lr_now is None else float(lr_now))
 
     def _cells(self, rule: RuleSpec, scalars: dict[str, float],

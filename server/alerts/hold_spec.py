@@ -43,13 +43,14 @@ class Downgrade:
       ``recover_share`` of that peak's height over the run's best level: a bump being
       recovered from, which the loss rules judge, not ground being lost; ``null``: any
       rise counts);
-    * and, with ``lr_climb`` (dtype only, not a cap), unless the job's optimizer is a plain
-      one (``optim.adaptive`` = 0, e.g. SGD) whose learning rate has climbed by that share
-      or more over the last ``loss_window`` steps (its newest value over its oldest there):
-      a plain optimizer's step grows with the LR and the gradient, so logits leaving their
-      range while the LR still climbs go on climbing with it and blow up before the loss
-      shows it; an adaptive optimizer's step is normalised, and its logits climbing under a
-      warm-up is the wide-dtype case above (``null``: the LR is not consulted).
+    * and, with ``lr_climb`` (the dtype case only; a cap lowers it whatever the LR does),
+      the job's optimizer is not a plain one (``optim.adaptive`` = 0, e.g. SGD) whose
+      learning rate has climbed by that share or more over the last ``loss_window`` steps
+      (its newest value over its oldest there): a plain optimizer's step grows with the LR
+      and the gradient, so logits leaving their range while the LR still climbs go on
+      climbing with it and blow up before the loss shows it; an adaptive optimizer's step is
+      normalised, and its logits climbing under a warm-up are the wide-dtype case above
+      (``null``: the LR is not consulted).
 
     A frame with neither ``metric`` nor ``capped_metric`` is never downgraded (a job that
     does not say). An alert that fires on a downgraded sample is stored with severity

@@ -93,8 +93,8 @@ class LifecycleMixin(PagePolicyMixin):
         if self._lr_kept(rule, run_id, rank, fv) is not None:
             return None  # a plain optimizer's LR still climbing: the logits climb with it
         if d.loss_rise is not None:
-            lr = self._loss.get(_loss_key(run_id, rank, d))
-            rise, won_back = (0.0, 0.0) if lr is None else (lr.rise, lr.won_back)
+            tr = self._loss.get(_loss_key(run_id, rank, d))
+            rise, won_back = (0.0, 0.0) if tr is None else (tr.rise, tr.won_back)
             recovering = d.recover_span is not None and won_back >= d.recover_share
             if rise >= d.loss_rise and not recovering:
                 return None  # the loss shows harm
@@ -149,15 +149,13 @@ class LifecycleMixin(PagePolicyMixin):
                 if x is None or not x > d.above:
                     because = (f"{d.metric} = {_fmt(x)}" if x is not None else
                                f"the job no longer sends {d.metric}")
+                elif (kept := self._lr_kept(rule, f.run_id, f.rank, fv)) is not None:
+                    because = _lr_kept_text(kept)  # enough alone, even with the loss up
                 else:
-                    lr = self._loss.get(_loss_key(f.run_id, f.rank, d))
-                    rise = math.inf if lr is None else lr.rise
-                    kept = self._lr_kept(rule, f.run_id, f.rank, fv)
-                    if kept is not None and (d.loss_rise is None or rise < d.loss_rise):
-                        because = _lr_kept_text(kept)
-                    else:
-                        because = (f"the loss (median of its last {d.loss_window} steps) rose "
-                                   f"{_fmt(rise)} nats above its best")
+                    tr = self._loss.get(_loss_key(f.run_id, f.rank, d))
+                    rise = math.inf if tr is None else tr.rise
+                    because = (f"the loss (median of its last {d.loss_window} steps) rose "
+                               f"{_fmt(rise)} nats above its best")
                 ev["downgrade_lifted"] = f.step
                 reasons.append(because)
             if "page" in ev and not ev.get("page_due"):

@@ -142,7 +142,7 @@ class _LossRise:
 
     def _push_lr(self, step: int, lr: float) -> None:
         self.lrs.append((step, lr))
-        while len(self.lrs) > 2 and self.lrs[1][0] <= step - self.span:
+        while len(self.lrs) > 1 and self.lrs[1][0] <= step - self.span:
             self.lrs.popleft()
         first = self.lrs[0][1]
         self.lr_climb = lr / first - 1.0 if first > 0 else 0.0
