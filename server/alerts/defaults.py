@@ -221,7 +221,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # 450/469 unchanged, healthy paged 36/718 -> 34/718. Round twenty-four (--split read29,
     # 1,720 runs): not lowered under a plain optimizer (the job's optim.adaptive = 0, SGD)
     # whose LR climbed 20 % or more over the last 100 steps (lr_climb): its step grows with
-    # the LR, and momentum-SGD Llama runs warming up grew float32 logits 4x+ 30-170 steps
+    # the LR, and momentum-SGD Llama runs warming up grew float32 logits 4x+ 30-180 steps
     # before they blew up, paged only 0-5 steps ahead by the gradient and the loss. Under
     # Adam the same climb is ordinary (18 healthy wide-dtype warm-ups would page); at 0.1 a
     # healthy SGD run 70 steps after its warm-up would. 23 runs it can act on @1: 19
