@@ -49,7 +49,8 @@ what each replay gave: docs/ALERTS.md, *Evidence*. Round twenty-two was replayed
 ``fresh27`` and on ``fresh28``; round twenty-three was chosen on ``--split read28`` and
 replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read); round
 twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``. The next
-change is chosen on ``--split read30`` and replayed once on ``fresh31``.
+change is chosen on ``--split read30`` and replayed once on ``fresh31``; ``fresh32`` was fixed
+and recorded before that, for the change after it (``--split read31``).
 
 Usage::
 
@@ -386,7 +387,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 31
+NEWEST = 32
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
