@@ -502,3 +502,28 @@ def test_an_sgd_warm_up_pages_on_its_logits_not_its_blow_up(tmp_path: Path) -> N
             assert row["logitwatch_rules"] == ["attn_logit_departure"], (name, k, row)
         old = ba.bench_one(path, 1, rules=round23)
         assert old["logitwatch"]["from50"] == before, (name, old)
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_garbage_stretch_that_left_the_run_worse_is_not_reported_recovered() -> None:
+    """Round twenty-five on recorded runs: twenty garbage batches left an unclipped post-LN
+    SGD run 0.6 nat worse for good, just under the jump detector's limit; the jump alert
+    used to resolve at step 431 as "Recovered" and never page. Now it pages 100 steps after
+    the jump, saying the loss did not recover. A garbage batch a Llama run shrugs off still
+    resolves as recovered, once the loss's level is back."""
+    from logitwatch.server.alerts.replay import replay
+
+    frames_mod = _load("scenario_frames")
+    for name, pages in (("f13_postln_sgd_bad_data", True), ("f30_llama_outlier_random", False)):
+        _, frames = frames_mod.read_run(BENCH / "scenarios" / f"{name}.jsonl.gz")
+        jumps = [a for a in replay(frames_mod.derive(frames, 1), batch=64).alerts
+                 if a.rule == "loss_jump"]
+        assert jumps, name
+        a = jumps[0]
+        if pages:
+            assert a.paged_step == a.started_step + 100 == 480, (name, a.evidence)
+            assert a.evidence["escalated_because"].startswith("it did not recover"), name
+            assert not a.evidence.get("recovered")
+        else:
+            assert a.paged_step is None and a.evidence.get("recovered") is True, name
+            assert "back within" in a.message

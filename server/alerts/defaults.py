@@ -89,11 +89,25 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # the change can act (loss_jump fired on a healthy or degraded run, or with
              # loss_clip_ramp on a diverging one): caught 173/177 -> 176/177, 13 pages 1-10
              # steps earlier, healthy paged 12/467 unchanged.
+             # Round twenty-five (--split read30, 1,784 runs): "recovered" means the loss's
+             # level (median of its last 20 steps, over the steps since the jump) is back
+             # within half a nat of its level before (recover_within; half a nat is what the
+             # labels call recovered). The episode used to resolve on its first step under the
+             # detector's limit, 0.4-0.7 nat over the newest losses: 15 unclipped SGD runs that
+             # garbage left 0.55-0.66 nat worse for good cleared that way, were reported
+             # "Recovered" and never paged. Held open instead, they page 100 steps after the
+             # jump (after: 68-93 steps after their divergence, a late page, not a catch).
+             # On the 1,049 read30 runs with an injected event or no clipping @1: diverging
+             # runs never paged 15 -> 0 (first pages otherwise unchanged, none later), healthy
+             # paged 13/717 unchanged (same runs, same steps), degraded paged 6/6 (1 before);
+             # on the 521 of them where an episode waited or that were never paged, the same
+             # at intervals 10 and 50.
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite", "loss_clip_ramp"),
                        repeats=3,
                        repeats_within=20, repeats_built=2, confirm_steps=1,
                        at_once_above=2.5, precursor_above=2.2, climb_above=2.5,
                        confirm_adaptive=True, at_once_adaptive_above=12.0,
+                       recover_within=0.5,
                        note="A loss bump that recovers within 100 steps (a bad batch or data "
                        "shard) is shown, not paged."),
              summary="the loss jumped far out of its recent range"),

@@ -35,7 +35,16 @@ from logitwatch.server.alerts.rules import (
     Transition,
     Verdict,
 )
-from logitwatch.server.alerts.state import STICKY, Cell, _Cells, _loss_key, _LossRise, _Thin
+from logitwatch.server.alerts.state import (
+    STICKY,
+    Cell,
+    _Cells,
+    _Level,
+    _level_key,
+    _loss_key,
+    _LossRise,
+    _Thin,
+)
 
 __all__ = ["EvaluationMixin"]
 
@@ -73,6 +82,22 @@ class EvaluationMixin(LifecycleMixin):
                 tr = self._loss[key] = _LossRise(d.loss_window, d.recover_span)
             tr.push(step, None if loss is None else float(loss),
                     None if lr_now is None else float(lr_now))
+
+    def _track_levels(self, run_id: int, rank: int, step: int,
+                      scalars: dict[str, float]) -> None:
+        """Advance the level trackers the rules' ``Page.recover_within`` reads (every
+        frame that carries the rule's scalar)."""
+        for r in self._rules:
+            if r.page is None or r.page.recover_within is None or not r.enabled:
+                continue
+            v = scalars.get(r.metric)
+            if v is None:
+                continue
+            key = _level_key(run_id, rank, r)
+            lv = self._levels.get(key)
+            if lv is None:
+                lv = self._levels[key] = _Level(r.page.recover_steps)
+            lv.push(step, float(v))
 
     def _cells(self, rule: RuleSpec, scalars: dict[str, float],
                heads: dict[str, list[list[float]]],
@@ -134,6 +159,7 @@ class EvaluationMixin(LifecycleMixin):
             scalars = {**scalars, STICKY: self._sticky[(run_id, rank)]}
         fv = FrameView(scalars, heads)
         self._track_loss(run_id, rank, step, scalars)
+        self._track_levels(run_id, rank, step, scalars)
         heads = self._thinned(run_id, rank, step, heads)
         arrays: dict[str, np.ndarray] = {}
         out: list[_Pending] = []

@@ -168,6 +168,16 @@ class Page:
       ``precursor_above``) and its step's update went in unclipped
       (``evidence.unclipped``): a loss that jumps again after the gradient built up, and
       nothing bounded it, is an instability, where bad batches come out of the blue.
+    * ``recover_within`` (nats, the rule's unit; with ``after``): an episode held back at
+      ``info`` counts as recovered only once the level of the rule's series (the median of
+      its newest ``recover_steps`` steps) is back within this much of its level before the
+      episode (the alert's baseline, or the higher median of the detector's whole window when
+      it measured the jump from that: ``evidence.level``). An episode whose condition
+      clears with the level still further up stays open, and pages once ``after`` steps
+      have passed since it started without that: a bad batch the run shrugs off comes
+      back, one that damaged it for good leaves the loss a step higher, under the jump
+      detector's limit but not where it was. Without it (null), an episode that clears
+      first is recovered.
 
     Any one of them pages. Until then the alert is stored as ``info`` with ``evidence.page``
     saying what would page it.
@@ -188,6 +198,8 @@ class Page:
     confirm_adaptive: bool = False
     at_once_adaptive_above: float | None = None
     climb_above: float | None = None
+    recover_within: float | None = None
+    recover_steps: int = 20
 
     def __post_init__(self) -> None:
         a = self.after
@@ -261,6 +273,17 @@ class Page:
         if b is not None and (p is None or r is None):
             raise RuleError("page.repeats_built lowers repeats after a precursor: give "
                             "repeats and precursor_above too")
+        v = self.recover_within
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v) or v < 0):
+            raise RuleError(f"page.recover_within must be a number >= 0 (the rule's unit) or "
+                            f"null, got {v!r}")
+        if v is not None and a is None:
+            raise RuleError("page.recover_within pages an episode that has not recovered "
+                            "after page.after steps: give after too")
+        g = self.recover_steps
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise RuleError(f"page.recover_steps must be an int >= 1 (steps), got {g!r}")
         if a is None and e is None and not w and r is None:
             raise RuleError("page needs after (steps), eta_within (steps), with_rules or "
                             "repeats")

@@ -42,7 +42,7 @@ from logitwatch.server.alerts.rules import (
     Transition,
     remedies_for,
 )
-from logitwatch.server.alerts.state import _Down, _loss_key
+from logitwatch.server.alerts.state import _Down, _level_key, _loss_key
 from logitwatch.server.db.models import Alert, Run, Silence
 from logitwatch.server.store.ingest import NewFrame
 
@@ -160,6 +160,15 @@ class LifecycleMixin(PagePolicyMixin):
                 reasons.append(because)
             if "page" in ev and not ev.get("page_due"):
                 due = self._page_due(rule, f.run_id, f.rank, a, f.step)
+                if due is None and "unrecovered" in ev:
+                    up = self._not_back(rule, f.run_id, f.rank, a, f.step)
+                    if up is None:  # its level came back: the bump recovered after all
+                        down.keys.discard((name, layer))
+                        _recovered(a, f.step, rule)
+                        if a.suppressed is None:
+                            out.append(a)
+                        continue
+                    due = _unrecovered_due(rule, a, f.step, up)
                 if due is None:
                     a.evidence = ev
                     continue  # not persisted yet
@@ -201,6 +210,14 @@ class LifecycleMixin(PagePolicyMixin):
             if open_alert is not None and p.transition.reopened:
                 _reopen(open_alert, p)  # a breach within the hold: the same episode
                 continue
+            if open_alert is not None and _awaiting(open_alert):
+                # a new episode while an earlier one waits to recover: the same incident,
+                # which pages now if the new episode pages on its own
+                _reopen(open_alert, p)
+                if self._page_again(session, f, p, open_alert) and \
+                        open_alert.suppressed is None:
+                    changed.append(open_alert)
+                continue
             if open_alert is not None and p.layer is not None:
                 # grouping: more heads of this layer joined the firing alert (a head that
                 # resolved earlier in it is active again: stored, not news)
@@ -241,28 +258,92 @@ class LifecycleMixin(PagePolicyMixin):
             a.evidence = ev
             if active:
                 return None
-        a.state = State.RESOLVED.value
-        a.resolved_step = p.transition.step
+        ev = a.evidence or {}
+        held = "page" in ev and a.paged_step is None and p.rule.severity != a.severity
+        if held and self._not_back(p.rule, f.run_id, f.rank, a,
+                                   p.transition.step) is not None:
+            # held back by its Page, its condition cleared, but its level is not back where
+            # it was (or cannot say yet): still open (at info) until it comes back or its
+            # Page.after runs out
+            if "unrecovered" not in ev:
+                a.evidence = {**ev, "unrecovered": {"step": p.transition.step}}
+            self._down.setdefault((f.run_id, f.rank), _Down()).keys.add((p.rule.name,
+                                                                        p.layer))
+            return None
         down = self._down.get((f.run_id, f.rank))
         if down is not None:
             down.keys.discard((p.rule.name, p.layer))
-        ev = a.evidence or {}
-        if "page" in ev and a.paged_step is None and p.rule.severity != a.severity:
-            # held back by its Page and cleared first: a bump that recovered
-            a.evidence = {**ev, "recovered": True, "recovered_step": p.transition.step}
-            a.message = (f"{a.message} Recovered at step {p.transition.step} without "
-                         f"paging.")
+        if held:  # held back by its Page and cleared first: a bump that recovered
+            _recovered(a, p.transition.step, p.rule)
+        else:
+            a.state = State.RESOLVED.value
+            a.resolved_step = p.transition.step
         return a
 
+    def _page_again(self, session: Session, f: NewFrame, p: _Pending, a: Alert) -> bool:
+        """Page the alert ``a``, held open at ``info`` until its level comes back, when the
+        new episode ``p`` of its rule pages on its own (its page policy let it through);
+        return whether it did."""
+        rule = p.rule
+        if p.severity != rule.severity or rule.severity not in PAGING:
+            return False
+        because = p.paged_because or self._pages_now_because(p, f.run_id, f.rank)
+        ev = dict(a.evidence or {})
+        ev.update(page_due=f.step, escalated_step=f.step,
+                  escalated_because=f"it jumped again at step {p.transition.step}: {because}")
+        a.evidence = ev
+        a.severity = rule.severity
+        a.paged_step = f.step
+        if rule.inhibits:
+            _diverged(session.get(Run, f.run_id), a.fired_step)
+        a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
+                     f"{ev['escalated_because']}.")
+        down = self._down.get((f.run_id, f.rank))
+        if down is not None:
+            down.keys.discard((rule.name, p.layer))
+        log.warning("ALERT escalated: %s", a.message)
+        return True
+
+    def _not_back(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,
+                  step: int) -> dict[str, object] | None:
+        """Why the held-back alert ``a`` has not recovered at ``step`` under its rule's
+        ``Page.recover_within``: the level of the rule's series (over the steps since the
+        episode started, once ``recover_steps`` steps have passed) sits more than that above
+        its baseline (``above``), or cannot be judged yet (``above`` None); None when it is
+        back (or the rule does not ask, or the alert has no baseline to judge by)."""
+        pg = rule.page
+        base = _before(a)
+        if pg is None or pg.recover_within is None or base is None:
+            return None
+        why: dict[str, object] = {"above": None, "recover_within": pg.recover_within,
+                                  "recover_steps": pg.recover_steps}
+        if step - a.started_step < pg.recover_steps:
+            return why  # too soon: the level would still be the bump's own steps
+        lv = self._levels.get(_level_key(run_id, rank, rule))
+        level = None if lv is None else lv.level(since=a.started_step)
+        if level is None:
+            return why  # too few values since it started (a wide interval, no history)
+        if level - base <= pg.recover_within:
+            return None
+        return {**why, "level": _json(level), "before": _json(base),
+                "above": _json(level - base)}
+
     def _inhibited(self, session: Session, run_id: int, rank: int) -> str | None:
+        """The inhibiting rule firing on (run, rank), if any. An episode held open only
+        because its level has not come back (``Page.recover_within``) does not inhibit:
+        its condition has cleared."""
         names = [r.name for r in self._rules if r.inhibits]
         if not names:
             return None
-        return session.scalar(
-            select(Alert.rule).where(Alert.run_id == run_id, Alert.rank == rank,
-                                     Alert.rule.in_(names), Alert.state == State.FIRING.value)
-            .limit(1)
-        )
+        for rule, paged, ev in session.execute(
+            select(Alert.rule, Alert.paged_step, Alert.evidence)
+            .where(Alert.run_id == run_id, Alert.rank == rank, Alert.rule.in_(names),
+                   Alert.state == State.FIRING.value)
+        ):
+            if paged is None and "unrecovered" in (ev or {}):
+                continue  # _awaiting: its condition cleared
+            return str(rule)
+        return None
 
     def _silenced(self, session: Session, run: Run | None, rule: str, rank: int,
                   layer: int | None, now: float) -> int | None:
@@ -369,3 +450,49 @@ def _reopen(a: Alert, p: _Pending) -> None:
         ev["active_heads"] = sorted(set(active) | set(p.heads))
         a.heads = list(a.heads or []) + [h for h in p.heads if h not in (a.heads or [])]
     a.evidence = ev
+
+
+def _before(a: Alert) -> float | None:
+    """The level of the alert ``a``'s series before its episode: its baseline, or the
+    higher window median its detector measured the jump from (``evidence.level``: after a
+    stretch of trivially easy batches the newest values sit far below the run's level)."""
+    xs = [x for x in (a.baseline, (a.evidence or {}).get("level"))
+          if isinstance(x, (int, float)) and math.isfinite(x)]
+    return max(xs) if xs else None
+
+
+def _awaiting(a: Alert) -> bool:
+    """Whether the open alert ``a`` is held open only until its level comes back
+    (``Page.recover_within``): its condition cleared, and it has not paged."""
+    return a.paged_step is None and "unrecovered" in (a.evidence or {})
+
+
+def _recovered(a: Alert, step: int, rule: RuleSpec) -> None:
+    """Resolve the held-back alert ``a`` at ``step`` as a bump that recovered without
+    paging (with ``Page.recover_within``: its level back within that of its level before,
+    :func:`_before`)."""
+    a.state = State.RESOLVED.value
+    a.resolved_step = step
+    a.evidence = {**(a.evidence or {}), "recovered": True, "recovered_step": step}
+    pg = rule.page
+    base = _before(a)
+    back = (f" (the {rule.metric}'s level, the median of its last {pg.recover_steps} steps, "
+            f"back within {_fmt(pg.recover_within)} of its level before, {_fmt(base)})"
+            if pg is not None and pg.recover_within is not None and base is not None
+            else "")
+    a.message = f"{a.message} Recovered at step {step} without paging{back}."
+
+
+def _unrecovered_due(rule: RuleSpec, a: Alert, step: int,
+                     up: dict[str, object]) -> str | None:
+    """Why the held-back alert ``a``, whose condition cleared with its level still up
+    (``up``: :meth:`LifecycleMixin._not_back`), pages at ``step``: ``Page.after`` steps have
+    passed since it started; else None."""
+    pg = rule.page
+    if pg is None or pg.after is None or step - a.started_step < pg.after \
+            or up.get("above") is None:
+        return None
+    return (f"it did not recover: {step - a.started_step} steps after it started (step "
+            f"{a.started_step}), the {rule.metric}'s level (the median of its last "
+            f"{pg.recover_steps} steps) is {_fmt(up['above'])} above its level before, "
+            f"{_fmt(up['before'])}, more than {_fmt(pg.recover_within)}")

@@ -21,6 +21,10 @@ def _page_text(why: dict[str, object], severity: str, loss_over: object = None) 
     conds = []
     if why.get("after") is not None:
         conds.append(f"if it persists {why['after']} steps")
+        if why.get("recover_within") is not None:
+            conds.append(f"if {why['after']} steps after it started the {why.get('metric')}'s "
+                         f"level (the median of its last {why.get('recover_steps')} steps) is "
+                         f"not back within {_fmt(why['recover_within'])} of its level before")
     if why.get("eta_within") is not None:
         conds.append(f"once the crossing is within {why['eta_within']} steps")
     if why.get("with_rules"):

@@ -63,6 +63,27 @@ class PagePolicyMixin(RankState):
                 p.unpaged.update(climb_above=pg.climb_above)
             if pg.repeats_built is not None:
                 p.unpaged.update(repeats_built=pg.repeats_built)
+            if pg.recover_within is not None:
+                p.unpaged.update(recover_within=pg.recover_within,
+                                 recover_steps=pg.recover_steps, metric=rule.metric)
+
+    def _pages_now_because(self, p: _Pending, run_id: int, rank: int) -> str:
+        """Which part of its rule's page policy lets the firing alert ``p`` page when it
+        fires (the order :meth:`_page_policy` judges them in)."""
+        rule, t = p.rule, p.transition
+        pg = rule.page
+        if pg is None:
+            return "its condition held"
+        if pg.after is not None and t.step - t.started_step >= pg.after:
+            return f"it persisted {t.step - t.started_step} steps"
+        eta = t.verdict.evidence.get("eta_steps")
+        if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
+            return f"the crossing is ~{eta} steps away"
+        pair = self._pair_pages(pg, run_id, rank, rule.name, t.verdict, t.step,
+                                t.started_step)
+        if pair is not None:
+            return f"corroborated: {pair[0]} breached at step {pair[1]}{pair[2]}"
+        return "its page policy let it through"
 
     def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int,
                   v: Verdict) -> str | None:

@@ -55,8 +55,10 @@ def spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     breach = z > float(r.param("z")) and v - level > float(r.param("min_jump"))
     if breach and r.param("only_unclipped") and _clip_bounded(fv, v):
         breach = False
-    return Verdict(breach, v, {"value": v, "median": med, "robust_z": z, "scale": spread},
-                   baseline=med, limit=med + float(r.param("z")) * spread)
+    ev: dict[str, Any] = {"value": v, "median": med, "robust_z": z, "scale": spread}
+    if level != med:
+        ev["level"] = level  # the window's median, above the newest values' (see above)
+    return Verdict(breach, v, ev, baseline=med, limit=med + float(r.param("z")) * spread)
 
 
 def _clip_bounded(fv: FrameView, g: float) -> bool:

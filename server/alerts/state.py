@@ -88,6 +88,40 @@ def _loss_key(run_id: int, rank: int, d: Downgrade) -> tuple[int, int, int, int]
     return run_id, rank, d.loss_window, d.recover_span or 0
 
 
+def _level_key(run_id: int, rank: int, rule: RuleSpec) -> tuple[int, int, str, int]:
+    """The key of the level tracker a rule's ``Page.recover_within`` reads on (run, rank)."""
+    assert rule.page is not None
+    return run_id, rank, rule.metric, rule.page.recover_steps
+
+
+@dataclass(slots=True)
+class _Level:
+    """The level of one scalar series of a (run, rank): the median of its values over the
+    newest ``steps`` steps, or of its newest :data:`RECOVER_MIN_SAMPLES` samples where a
+    wide sampling interval without every step's history gives fewer, taken over the steps
+    after an episode started (``Page.recover_within``: whether a held-back episode has
+    recovered). A non-finite value counts as infinitely high."""
+
+    steps: int
+    recent: deque[tuple[int, float]] = field(default_factory=deque)
+
+    def push(self, step: int, v: float) -> None:
+        if self.recent and step <= self.recent[-1][0]:
+            return  # a step seen already (a restored history overlapping the stream)
+        self.recent.append((step, v if math.isfinite(v) else math.inf))
+        while (len(self.recent) > RECOVER_MIN_SAMPLES
+               and self.recent[0][0] <= step - self.steps):
+            self.recent.popleft()
+
+    def level(self, since: int) -> float | None:
+        """The median of the newest values of the steps after ``since`` (None under
+        :data:`RECOVER_MIN_SAMPLES` of them)."""
+        vals = [x for s, x in self.recent if s > since]
+        if len(vals) < RECOVER_MIN_SAMPLES:
+            return None
+        return float(median(vals))
+
+
 @dataclass(slots=True)
 class _LossRise:
     """How far the median of the loss over the last ``span`` steps sits above the lowest
@@ -198,6 +232,8 @@ class RankState:
         self._sticky: dict[tuple[int, int], float] = {}  # the last grad.max_norm a rank said
         # run_id, rank, loss window, recover span (0: none)
         self._loss: dict[tuple[int, int, int, int], _LossRise] = {}
+        # run_id, rank, metric, steps: the levels Page.recover_within reads
+        self._levels: dict[tuple[int, int, str, int], _Level] = {}
         self._down: dict[tuple[int, int], _Down] = {}  # open downgraded alerts
         self._mem: dict[Key, Memory] = {}
         self._tracks: dict[Key, Track] = {}
@@ -208,6 +244,7 @@ class RankState:
     def _clear_state(self) -> None:
         """Forget every (run, rank) (each is rebuilt from the store when it sends again)."""
         self._loss.clear()
+        self._levels.clear()
         self._thin.clear()
         self._sticky.clear()
         self._down.clear()
@@ -242,6 +279,7 @@ class RankState:
             self._sticky.pop(key, None)
             self._down.pop(key, None)
         self._loss = {k: v for k, v in self._loss.items() if k[:2] not in gone}
+        self._levels = {k: v for k, v in self._levels.items() if k[:2] not in gone}
         self._mem = {k: v for k, v in self._mem.items() if k[1:3] not in gone}
         self._tracks = {k: v for k, v in self._tracks.items() if k[1:3] not in gone}
         self._cells_of = {k: v for k, v in self._cells_of.items() if k[1:] not in gone}

@@ -1,0 +1,175 @@
+"""A held-back loss jump is "recovered" only when the loss's level is back, and pages when
+it is not (``Page.recover_within``): a bad batch the run shrugs off is shown and resolves,
+one that left the run worse for good pages once ``Page.after`` steps have passed.
+
+Before this, an episode resolved as recovered on its first step under the jump detector's
+limit: a garbage stretch that left the loss 0.6-0.7 nat up for good, under that limit, was
+reported "Recovered" and never paged.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from logitwatch.server.alerts.defaults import DEFAULT_RULES
+from logitwatch.server.alerts.engine import AlertEngine
+from logitwatch.server.alerts.rules import Page, RuleError
+from logitwatch.server.db.models import Alert
+from logitwatch.server.db.session import make_engine, migrate, session_scope
+from logitwatch.server.schemas import IngestIn
+from logitwatch.server.store.ingest import ingest_frames
+from tests.test_alerts_policy import _defaults_with, _growing, alerts_of, by_rule, frames_at
+
+#: the defaults' limit: a loss level this far above where it was before the jump is not back
+WITHIN = next(r for r in DEFAULT_RULES if r.name == "loss_jump").page.recover_within  # type: ignore[union-attr]
+_RNG = random.Random(3)
+_NOISE = [_RNG.gauss(0.0, 0.12) for _ in range(3000)]  # batch noise, 0.12 nat
+
+
+def _garbage_then(after: Any, start: int = 400, length: int = 10):  # type: ignore[no-untyped-def]
+    """A plateau at 3 nats with batch noise; ``length`` garbage batches (+8 nats) from
+    ``start``; then the loss sits ``after(step)`` nats above the plateau."""
+    def scalars(step: int) -> dict[str, float]:
+        v = 3.0 + _NOISE[step]
+        if start <= step < start + length:
+            v += 8.0
+        elif step >= start + length:
+            v += after(step)
+        return {"loss": v, "lr": 1e-3}
+    return scalars
+
+
+def _stays_up(step: int) -> float:
+    return 0.7  # under the jump detector's limit on this noise, above the defaults' 0.5
+
+
+def _comes_back(step: int) -> float:
+    return max(0.0, 0.7 - 0.02 * (step - 410))  # back on the plateau by step 445
+
+
+def test_the_defaults_ask_for_the_level_to_come_back() -> None:
+    assert WITHIN is not None and 0 < WITHIN < 1
+
+
+@pytest.mark.parametrize("k", [1, 10, 40])
+def test_a_bump_that_leaves_the_loss_higher_pages_once_after_has_passed(k: int) -> None:
+    """Ten garbage batches, then the loss settles 0.7 nat above where it was: the jump is
+    shown (info), not reported recovered, and pages 100 steps after it started, saying so,
+    at every interval (every step's loss travels as history)."""
+    alerts = alerts_of(frames_at(k, 700, _garbage_then(_stays_up), history=k > 1))
+    (a,) = by_rule(alerts, "loss_jump")
+    assert a.severity == "critical" and a.started_step == 400, a.evidence
+    assert a.paged_step is not None and 500 <= a.paged_step <= 500 + k, a.paged_step
+    assert a.state == "firing" and not a.evidence.get("recovered")
+    because = a.evidence["escalated_because"]
+    assert because.startswith("it did not recover: 100 steps after it started (step 400)")
+    assert "0.7" in because and f"more than {WITHIN:g}" in because
+    assert a.evidence["unrecovered"]["step"] < 450  # its condition had cleared long before
+    assert "is not back within" in a.message  # said when it fired, as what would page it
+    assert [x.rule for x in alerts if x.paged_step is not None] == ["loss_jump"]
+
+
+def test_without_recover_within_the_same_bump_is_reported_recovered() -> None:
+    """The option taken back: the episode resolves at its first step under the detector's
+    limit and says it recovered, with the loss still 0.7 nat up (the old behaviour)."""
+    rules = _defaults_with("loss_jump", page={"recover_within": None})
+    (a,) = by_rule(alerts_of(frames_at(1, 700, _garbage_then(_stays_up)), rules=rules),
+                   "loss_jump")
+    assert a.severity == "info" and a.state == "resolved" and a.resolved_step < 450
+    assert a.evidence.get("recovered") is True
+
+
+@pytest.mark.parametrize("k", [1, 10])
+def test_a_bump_whose_level_comes_back_resolves_as_recovered(k: int) -> None:
+    alerts = alerts_of(frames_at(k, 700, _garbage_then(_comes_back), history=k > 1))
+    (a,) = by_rule(alerts, "loss_jump")
+    assert a.severity == "info" and a.paged_step is None and a.state == "resolved"
+    assert a.evidence.get("recovered") is True and a.evidence["recovered_step"] < 500
+    assert f"back within {WITHIN:g} of its level before" in a.message
+    assert not [x for x in alerts if x.paged_step is not None]
+
+
+def test_a_one_batch_outlier_resolves_once_the_level_after_it_is_back() -> None:
+    """One garbage batch, the next batches on the plateau: recovered a level's span (20
+    steps) after it, not on the jump's own steps."""
+    (a,) = by_rule(alerts_of(frames_at(1, 700, _garbage_then(lambda s: 0.0, length=1))),
+                   "loss_jump")
+    assert a.severity == "info" and a.state == "resolved" and a.evidence["recovered"]
+    assert 420 <= a.resolved_step <= 425, a.resolved_step
+
+
+def test_a_new_jump_while_the_level_is_still_up_pages_on_its_own_terms() -> None:
+    """The loss stays up after the garbage, then jumps three times within 20 steps (440,
+    445, 450): the third episode of the rule within 20 steps pages (``Page.repeats``), as it
+    would without the wait. The open alert pages then, not 100 steps after the first jump,
+    and says why; the new jumps join its evidence."""
+    jumps = {440: 6.0, 445: 6.0, 450: 6.0}
+
+    def after(step: int) -> float:
+        return jumps.get(step, 0.7)
+    alerts = alerts_of(frames_at(1, 700, _garbage_then(after)))
+    (a,) = by_rule(alerts, "loss_jump")
+    assert a.started_step == 400 and a.paged_step == 450, (a.paged_step, a.evidence)
+    assert a.evidence["escalated_because"].startswith("it jumped again at step 450: episode")
+    assert {b["step"] for b in a.evidence["breaches"]} >= {440, 445, 450}
+
+
+def test_an_episode_waiting_for_the_level_does_not_inhibit_head_alerts() -> None:
+    """While the loss's level is still up after a cleared jump, a head's max logit leaves
+    its range: that alert is stored as usual, not suppressed by the waiting loss alert."""
+    def heads(step: int) -> dict[str, Any]:
+        return _growing(420, rate=0.05)(step)
+    alerts = alerts_of(frames_at(1, 700, _garbage_then(_stays_up), heads=heads))
+    dep = by_rule(alerts, "attn_logit_departure")
+    assert dep and dep[0].fired_step < 500, [(a.rule, a.fired_step) for a in alerts]
+    assert dep[0].suppressed is None
+
+
+# -- restart -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(db_url)
+    migrate(engine)
+    yield sessionmaker(engine, expire_on_commit=False)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("restart_at", [None, 460])
+def test_the_wait_for_the_level_survives_a_restart(sessions: sessionmaker[Session],
+                                                   restart_at: int | None) -> None:
+    """The collector restarts while the episode waits for the level (step 460, its
+    condition cleared before): the alert still pages at 500, the level rebuilt from the
+    stored every-step losses."""
+    frames = frames_at(1, 560, _garbage_then(_stays_up))
+    cut = restart_at or len(frames)
+    for part in (frames[:cut], frames[cut:]):
+        engine = AlertEngine(list(DEFAULT_RULES))  # a restarted collector
+        for f in part:
+            with session_scope(sessions) as s:
+                stored = ingest_frames(s, IngestIn.model_validate({"frames": [f]}).frames,
+                                       now=f["time"])
+                engine.process(s, stored.new_frames)
+    with sessions() as s:
+        (a,) = s.scalars(select(Alert).where(Alert.rule == "loss_jump")).all()
+    assert a.paged_step == 500 and a.severity == "critical", a.evidence
+    assert a.evidence["escalated_because"].startswith("it did not recover")
+
+
+def test_recover_within_is_validated() -> None:
+    with pytest.raises(RuleError, match="recover_within pages an episode"):
+        Page(repeats=3, recover_within=0.5)
+    with pytest.raises(RuleError, match="recover_within must be a number"):
+        Page(after=100, recover_within=-1.0)
+    with pytest.raises(RuleError, match="recover_steps must be an int"):
+        Page(after=100, recover_within=0.5, recover_steps=0)
+    p = Page.from_dict({"after": 100, "recover_within": 0.5, "recover_steps": 30})
+    assert (p.recover_within, p.recover_steps) == (0.5, 30)
+    assert Page.from_dict(p.to_dict()) == p
