@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Starlette's TestClient names its fake server "testserver" in the Host header, and some
@@ -60,6 +61,18 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'lw.db'}"
     else:
         yield from _pg_database()
+
+
+@pytest.fixture
+def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
+    """A migrated database at ``db_url`` (SQLite, and PostgreSQL where configured) and a
+    session factory for it."""
+    from logitwatch.server.db.session import make_engine, migrate
+
+    engine = make_engine(db_url)
+    migrate(engine)
+    yield sessionmaker(engine, expire_on_commit=False)
+    engine.dispose()
 
 
 @pytest.fixture(autouse=True)

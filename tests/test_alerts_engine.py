@@ -9,7 +9,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -59,14 +58,6 @@ def logits(i: int, rising: tuple[tuple[int, int], ...] = (), start: int = 20) ->
         if i >= start:
             m[layer][head] = 5.0 * 2 ** (i - start + 1)
     return {"attn.logit_max": m}
-
-
-@pytest.fixture
-def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(db_url)
-    migrate(engine)
-    yield sessionmaker(engine, expire_on_commit=False)
-    engine.dispose()
 
 
 def feed(sessions: sessionmaker[Session], engine: AlertEngine,

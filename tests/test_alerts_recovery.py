@@ -10,7 +10,6 @@ reported "Recovered" and never paged.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.alerts.rules import Page, RuleError
 from logitwatch.server.db.models import Alert
-from logitwatch.server.db.session import make_engine, migrate, session_scope
+from logitwatch.server.db.session import session_scope
 from logitwatch.server.schemas import IngestIn
 from logitwatch.server.store.ingest import ingest_frames
 from tests.test_alerts_policy import _defaults_with, _growing, alerts_of, by_rule, frames_at
@@ -132,14 +131,6 @@ def test_an_episode_waiting_for_the_level_does_not_inhibit_head_alerts() -> None
 
 
 # -- restart -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(db_url)
-    migrate(engine)
-    yield sessionmaker(engine, expire_on_commit=False)
-    engine.dispose()
 
 
 @pytest.mark.parametrize("restart_at", [None, 460])

@@ -577,8 +577,8 @@ def test_alert_state_is_bounded(sqlite_url: str) -> None:
         # every container of per-(run, rank) state holds those 50 ranks only
         for name, value in vars(engine).items():
             if isinstance(value, (dict, set)) and value and name not in ("_broken",):
-                keys = {k[:2] if name in ("_thin", "_sticky", "_down", "_loss", "_loaded",
-                                          "_seen") else k[1:3] for k in value}
+                keys = {k[:2] if name in ("_thin", "_sticky", "_down", "_loss", "_levels",
+                                          "_loaded", "_seen") else k[1:3] for k in value}
                 assert keys <= ranks, name
         # and an idle rank is forgotten after idle_seconds
         engine._idle_seconds = 0.0

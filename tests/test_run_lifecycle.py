@@ -9,7 +9,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +42,6 @@ def end(i: int, *, run: str = "r", rank: int = 0, seq: int | None = None) -> dic
     """The end frame a client sends after its frame ``i``."""
     return {"run": run, "rank": rank, "seq": i + 1 if seq is None else seq, "step": i * 10,
             "time": 1000.5 + i, "end": "finished"}
-
-
-@pytest.fixture
-def sessions(db_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(db_url)
-    migrate(engine)
-    yield sessionmaker(engine, expire_on_commit=False)
-    engine.dispose()
 
 
 class Feed:
