@@ -121,13 +121,20 @@ def test_a_new_jump_while_the_level_is_still_up_pages_on_its_own_terms() -> None
 
 def test_an_episode_waiting_for_the_level_does_not_inhibit_head_alerts() -> None:
     """While the loss's level is still up after a cleared jump, a head's max logit leaves
-    its range: that alert is stored as usual, not suppressed by the waiting loss alert."""
-    def heads(step: int) -> dict[str, Any]:
-        return _growing(420, rate=0.05)(step)
+    its range: that alert is stored as usual, not suppressed by the waiting loss alert.
+    While the loss jumps again (470-499, joining the waiting alert), it inhibits, as a
+    firing loss jump always has."""
+    heads = _growing(420, rate=0.05)
     alerts = alerts_of(frames_at(1, 700, _garbage_then(_stays_up), heads=heads))
     dep = by_rule(alerts, "attn_logit_departure")
     assert dep and dep[0].fired_step < 500, [(a.rule, a.fired_step) for a in alerts]
     assert dep[0].suppressed is None
+
+    def again(step: int) -> float:
+        return 6.0 if 470 <= step < 500 else 0.7
+    alerts = alerts_of(frames_at(1, 700, _garbage_then(again), heads=heads))
+    (dep,) = by_rule(alerts, "attn_logit_departure")
+    assert 470 <= dep.fired_step < 500 and dep.suppressed == "inhibited", dep.fired_step
 
 
 # -- restart -------------------------------------------------------------------------------

@@ -309,8 +309,9 @@ class LifecycleMixin(PagePolicyMixin):
         """Why the held-back alert ``a`` has not recovered at ``step`` under its rule's
         ``Page.recover_within``: the level of the rule's series (over the steps since the
         episode started, once ``recover_steps`` steps have passed) sits more than that above
-        its baseline (``above``), or cannot be judged yet (``above`` None); None when it is
-        back (or the rule does not ask, or the alert has no baseline to judge by)."""
+        its level before (:func:`_before`; ``above``), or cannot be judged yet (``above``
+        None); None when it is back (or the rule does not ask, or the alert has no level
+        before to judge by)."""
         pg = rule.page
         base = _before(a)
         if pg is None or pg.recover_within is None or base is None:
@@ -330,8 +331,8 @@ class LifecycleMixin(PagePolicyMixin):
 
     def _inhibited(self, session: Session, run_id: int, rank: int) -> str | None:
         """The inhibiting rule firing on (run, rank), if any. An episode held open only
-        because its level has not come back (``Page.recover_within``) does not inhibit:
-        its condition has cleared."""
+        because its level has not come back (``Page.recover_within``) does not inhibit while
+        its condition stays clear (a new jump of its rule, joining it, does)."""
         names = [r.name for r in self._rules if r.inhibits]
         if not names:
             return None
@@ -340,8 +341,10 @@ class LifecycleMixin(PagePolicyMixin):
             .where(Alert.run_id == run_id, Alert.rank == rank, Alert.rule.in_(names),
                    Alert.state == State.FIRING.value)
         ):
-            if paged is None and "unrecovered" in (ev or {}):
-                continue  # _awaiting: its condition cleared
+            t = self._tracks.get((rule, run_id, rank, None, None))
+            if paged is None and "unrecovered" in (ev or {}) and (
+                    t is None or t.state is not State.FIRING):
+                continue  # _awaiting, its condition clear
             return str(rule)
         return None
 
