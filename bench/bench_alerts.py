@@ -48,9 +48,10 @@ rounds' data) and replayed once on the set fixed after it; which round read whic
 what each replay gave: docs/ALERTS.md, *Evidence*. Round twenty-two was replayed once on
 ``fresh27`` and on ``fresh28``; round twenty-three was chosen on ``--split read28`` and
 replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read); round
-twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``. The next
-change is chosen on ``--split read30`` and replayed once on ``fresh31``; ``fresh32`` was fixed
-and recorded before that, for the change after it (``--split read31``).
+twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``; round
+twenty-five was chosen on ``--split read30`` and replayed once on ``fresh31``. The next change
+is chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and recorded before
+round twenty-five was chosen).
 
 Usage::
 
