@@ -67,6 +67,7 @@ class _Pending:
     kept: dict[str, object] | None = None  # why a downgrade did not lower it (lr_climb)
     unpaged: dict[str, object] | None = None  # what would page it, while its Page holds it
     paged_because: str | None = None  # why its Page let it page when it fired (a repeat)
+    pages_on: str | None = None  # why it paged when it fired otherwise (PagePolicyMixin)
 
 
 class LifecycleMixin(PagePolicyMixin):
@@ -174,21 +175,29 @@ class LifecycleMixin(PagePolicyMixin):
                     continue  # not persisted yet
                 ev["page_due"] = f.step
                 reasons.append(due)
-            down.keys.discard((name, layer))
-            because = "; ".join(reasons) or "its condition held"
-            a.severity = rule.severity
-            if a.paged_step is None and rule.severity in PAGING:
-                a.paged_step = f.step
-            if rule.inhibits:  # a run-level divergence alert, confirmed now
-                _diverged(session.get(Run, f.run_id), a.fired_step)
-            ev.update(escalated_step=f.step, escalated_because=because)
-            a.evidence = ev
-            a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
-                         f"{because}.")
-            log.warning("ALERT escalated: %s", a.message)
+            self._raise(session, f, rule, a, ev, "; ".join(reasons) or "its condition held")
             if a.suppressed is None:
                 out.append(a)
         return out
+
+    def _raise(self, session: Session, f: NewFrame, rule: RuleSpec, a: Alert,
+               ev: dict[str, object], because: str) -> None:
+        """Escalate the open alert ``a`` to ``rule``'s severity at frame ``f`` (paging it),
+        with its evidence ``ev`` and why (``escalated_step``, ``escalated_because``, a line
+        in the message); a run-level divergence alert marks its run diverged."""
+        down = self._down.get((f.run_id, f.rank))
+        if down is not None:
+            down.keys.discard((rule.name, a.layer))
+        a.severity = rule.severity
+        if a.paged_step is None and rule.severity in PAGING:
+            a.paged_step = f.step
+        if rule.inhibits:  # a run-level divergence alert, confirmed now
+            _diverged(session.get(Run, f.run_id), a.fired_step)
+        ev.update(escalated_step=f.step, escalated_because=because)
+        a.evidence = ev
+        a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
+                     f"{because}.")
+        log.warning("ALERT escalated: %s", a.message)
 
     # -- persistence -----------------------------------------------------------------------
 
@@ -287,21 +296,9 @@ class LifecycleMixin(PagePolicyMixin):
         rule = p.rule
         if p.severity != rule.severity or rule.severity not in PAGING:
             return False
-        because = p.paged_because or self._pages_now_because(p, f.run_id, f.rank)
-        ev = dict(a.evidence or {})
-        ev.update(page_due=f.step, escalated_step=f.step,
-                  escalated_because=f"it jumped again at step {p.transition.step}: {because}")
-        a.evidence = ev
-        a.severity = rule.severity
-        a.paged_step = f.step
-        if rule.inhibits:
-            _diverged(session.get(Run, f.run_id), a.fired_step)
-        a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
-                     f"{ev['escalated_because']}.")
-        down = self._down.get((f.run_id, f.rank))
-        if down is not None:
-            down.keys.discard((rule.name, p.layer))
-        log.warning("ALERT escalated: %s", a.message)
+        because = p.paged_because or p.pages_on or "its condition held"
+        self._raise(session, f, rule, a, {**(a.evidence or {}), "page_due": f.step},
+                    f"it jumped again at step {p.transition.step}: {because}")
         return True
 
     def _not_back(self, rule: RuleSpec, run_id: int, rank: int, a: Alert,
@@ -336,16 +333,14 @@ class LifecycleMixin(PagePolicyMixin):
         names = [r.name for r in self._rules if r.inhibits]
         if not names:
             return None
-        for rule, paged, ev in session.execute(
-            select(Alert.rule, Alert.paged_step, Alert.evidence)
-            .where(Alert.run_id == run_id, Alert.rank == rank, Alert.rule.in_(names),
-                   Alert.state == State.FIRING.value)
+        for a in session.scalars(
+            select(Alert).where(Alert.run_id == run_id, Alert.rank == rank,
+                                Alert.rule.in_(names), Alert.state == State.FIRING.value)
         ):
-            t = self._tracks.get((rule, run_id, rank, None, None))
-            if paged is None and "unrecovered" in (ev or {}) and (
-                    t is None or t.state is not State.FIRING):
-                continue  # _awaiting, its condition clear
-            return str(rule)
+            t = self._tracks.get((a.rule, run_id, rank, None, None))
+            if _awaiting(a) and (t is None or t.state is not State.FIRING):
+                continue  # its condition clear
+            return a.rule
         return None
 
     def _silenced(self, session: Session, run: Run | None, rule: str, rank: int,

@@ -29,19 +29,24 @@ class PagePolicyMixin(RankState):
 
     def _page_policy(self, p: _Pending, run_id: int, rank: int) -> None:
         """Judge a firing alert by its rule's :class:`~.rules.Page` on the firing sample:
-        ``p.unpaged`` says what would page one it holds back at ``info``; an alert that
-        pages at once as a repeat keeps why in ``p.paged_because``."""
+        ``p.unpaged`` says what would page one it holds back at ``info``; one that pages at
+        once keeps why in ``p.pages_on`` (persistence, horizon, corroboration), or in
+        ``p.paged_because`` as a repeat (which its message also says)."""
         rule, t = p.rule, p.transition
         pg = rule.page
         if pg is None or rule.severity == "info":
             return
         if pg.after is not None and t.step - t.started_step >= pg.after:
+            p.pages_on = f"it persisted {t.step - t.started_step} steps"
             return
         eta = t.verdict.evidence.get("eta_steps")
         if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
+            p.pages_on = f"the crossing is ~{eta} steps away"
             return
-        if self._pair_pages(pg, run_id, rank, rule.name, t.verdict, t.step,
-                            t.started_step) is not None:
+        pair = self._pair_pages(pg, run_id, rank, rule.name, t.verdict, t.step,
+                                t.started_step)
+        if pair is not None:
+            p.pages_on = f"corroborated: {pair[0]} breached at step {pair[1]}{pair[2]}"
             return
         p.paged_because = self._repeated(rule, run_id, rank, t.step, t.verdict)
         if p.paged_because is None:
@@ -66,24 +71,6 @@ class PagePolicyMixin(RankState):
             if pg.recover_within is not None:
                 p.unpaged.update(recover_within=pg.recover_within,
                                  recover_steps=pg.recover_steps, metric=rule.metric)
-
-    def _pages_now_because(self, p: _Pending, run_id: int, rank: int) -> str:
-        """Which part of its rule's page policy lets the firing alert ``p`` page when it
-        fires (the order :meth:`_page_policy` judges them in)."""
-        rule, t = p.rule, p.transition
-        pg = rule.page
-        if pg is None:
-            return "its condition held"
-        if pg.after is not None and t.step - t.started_step >= pg.after:
-            return f"it persisted {t.step - t.started_step} steps"
-        eta = t.verdict.evidence.get("eta_steps")
-        if pg.eta_within is not None and eta is not None and eta <= pg.eta_within:
-            return f"the crossing is ~{eta} steps away"
-        pair = self._pair_pages(pg, run_id, rank, rule.name, t.verdict, t.step,
-                                t.started_step)
-        if pair is not None:
-            return f"corroborated: {pair[0]} breached at step {pair[1]}{pair[2]}"
-        return "its page policy let it through"
 
     def _repeated(self, rule: RuleSpec, run_id: int, rank: int, step: int,
                   v: Verdict) -> str | None:
