@@ -51,7 +51,8 @@ replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read); r
 twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``; round
 twenty-five was chosen on ``--split read30`` and replayed once on ``fresh31``. The next change
 is chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and recorded before
-round twenty-five was chosen).
+round twenty-five was chosen); ``fresh33`` was fixed and recorded before that, for the change
+after it (``--split read32``).
 
 Usage::
 
@@ -388,7 +389,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 32
+NEWEST = 33
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
