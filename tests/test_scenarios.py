@@ -464,17 +464,49 @@ def test_a_warm_up_ramped_too_far_pages_its_first_big_jump(tmp_path: Path) -> No
     from logitwatch.server.alerts.defaults import DEFAULT_RULES
 
     ba = _load("bench_alerts")
+    # loss_clip_ramp with its 10-step hold (through round twenty-five), in both rule sets:
+    # without the hold it pages these runs itself (the next test)
+    held = dict(next(r for r in DEFAULT_RULES if r.name == "loss_clip_ramp").to_dict(),
+                for_steps=10)
     jump = next(r for r in DEFAULT_RULES if r.name == "loss_jump").to_dict()
     jump["page"]["with_rules"] = ["grad_blowup", "grad_nonfinite"]
-    rules = tmp_path / "round22.yaml"
-    rules.write_text(yaml.safe_dump({"rules": [jump]}))
-    round22 = ba.rules_over_defaults(rules)
+    (tmp_path / "round25.yaml").write_text(yaml.safe_dump({"rules": [held]}))
+    (tmp_path / "round22.yaml").write_text(yaml.safe_dump({"rules": [held, jump]}))
+    round25 = ba.rules_over_defaults(tmp_path / "round25.yaml")
+    round22 = ba.rules_over_defaults(tmp_path / "round22.yaml")
     for name, now, before in (("f22_lr_ramp_s223", 101, 111), ("f17_lr_ramp_s171", 134, 137)):
         path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
-        row = ba.bench_one(path, 1)
+        row = ba.bench_one(path, 1, rules=round25)
         assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, row)
         assert row["logitwatch_rules"] == ["loss_jump"], (name, row)
         assert ba.bench_one(path, 1, rules=round22)["logitwatch"]["from50"] == before, name
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_warm_up_ramped_too_far_pages_when_its_loss_climbs_at_the_clip(
+        tmp_path: Path) -> None:
+    """Round twenty-six on recorded runs: ``loss_clip_ramp`` pages on the first step its
+    condition holds (the loss's 20-step level 0.3 nat up, the gradient clipped on 75 % of
+    the last 20 steps, the LR still climbing), at intervals 1, 10 and 50. Two QK-norm
+    warm-ups ramped too far are caught before their divergence; with the 10-step hold the
+    rule had through round twenty-five, both paged 4 steps after it."""
+    import yaml
+
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES
+
+    ba = _load("bench_alerts")
+    held = dict(next(r for r in DEFAULT_RULES if r.name == "loss_clip_ramp").to_dict(),
+                for_steps=10)
+    (tmp_path / "round25.yaml").write_text(yaml.safe_dump({"rules": [held]}))
+    round25 = ba.rules_over_defaults(tmp_path / "round25.yaml")
+    for name, now, before in (("f20_lr_ramp_s201", 101, 109), ("f31_lr_ramp_s310", 133, 141)):
+        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+        for k in (1, 10, 50):
+            row = ba.bench_one(path, k)
+            assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, k, row)
+            assert row["logitwatch_rules"] == ["loss_clip_ramp"], (name, k, row)
+        old = ba.bench_one(path, 1, rules=round25)["logitwatch"]["from50"]
+        assert old == before > row["divergence_step"], name
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")

@@ -202,7 +202,15 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # steps while the LR climbed with more than a third of its last 20 steps clipped (one,
     # a Llama at a high LR, with a fifth); the 13 fast ramps all reached 0.9.
     # read17 @1: caught 372/386 -> 375/386, healthy paged 29/564 -> 29/564
-    RuleSpec("loss_clip_ramp", "level_rise", "loss", severity="warning", for_steps=10,
+    # Round twenty-six (--split read31, 1,848 runs): no 10-step hold. The condition is
+    # already three 20-step readings (the loss's median, the clip rate, the LR against 50
+    # steps before); the hold only delayed the page, and two QK-norm ramps dated 105 and 137
+    # paged 4 steps after their divergence. None of the 1,143 healthy runs read meets the
+    # condition on any step (107 of them clip on most steps while the LR climbs, their loss
+    # level under 0.3 nat up: none paged at intervals 1, 10, 50). The 104 QK-norm ramps:
+    # caught 102 -> 104 at 1, 10 and 50 (on arrival 95 -> 102 at 10 and 50), 10 steps
+    # earlier (median; 1-25), none later
+    RuleSpec("loss_clip_ramp", "level_rise", "loss", severity="warning",
              params={"window": 20, "margin": 0.3, "min_history": 50, "while_rising": "lr",
                      "rising_span": 50, "rising_factor": 1.05, "rising_max": 4.0,
                      "also_metric": "grad.clipped", "also_window": 20, "also_rate": 0.75},
