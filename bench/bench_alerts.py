@@ -49,10 +49,10 @@ what each replay gave: docs/ALERTS.md, *Evidence*. Round twenty-two was replayed
 ``fresh27`` and on ``fresh28``; round twenty-three was chosen on ``--split read28`` and
 replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read); round
 twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``; round
-twenty-five was chosen on ``--split read30`` and replayed once on ``fresh31``. The next change
-is chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and recorded before
-round twenty-five was chosen); ``fresh33`` was fixed and recorded before that, for the change
-after it (``--split read32``).
+twenty-five was chosen on ``--split read30`` and replayed once on ``fresh31``; round twenty-six
+was chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and recorded before
+round twenty-five was chosen). The next change is chosen on ``--split read32`` and replayed
+once on ``fresh33`` (fixed and recorded before round twenty-six was chosen).
 
 Usage::
 
