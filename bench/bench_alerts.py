@@ -52,7 +52,8 @@ twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``; r
 twenty-five was chosen on ``--split read30`` and replayed once on ``fresh31``; round twenty-six
 was chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and recorded before
 round twenty-five was chosen). The next change is chosen on ``--split read32`` and replayed
-once on ``fresh33`` (fixed and recorded before round twenty-six was chosen).
+once on ``fresh33`` (fixed and recorded before round twenty-six was chosen); ``fresh34`` was
+fixed and recorded before that, for the change after it (``--split read33``).
 
 Usage::
 
@@ -389,7 +390,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 33
+NEWEST = 34
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
