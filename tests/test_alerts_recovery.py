@@ -23,7 +23,7 @@ from logitwatch.server.db.models import Alert
 from logitwatch.server.db.session import session_scope
 from logitwatch.server.schemas import IngestIn
 from logitwatch.server.store.ingest import ingest_frames
-from tests.test_alerts_policy import _defaults_with, _growing, alerts_of, by_rule, frames_at
+from tests.alert_frames import alerts_of, by_rule, defaults_with, frames_at, growing
 
 #: the defaults' limit: a loss level this far above where it was before the jump is not back
 WITHIN = next(r for r in DEFAULT_RULES if r.name == "loss_jump").page.recover_within  # type: ignore[union-attr]
@@ -77,7 +77,7 @@ def test_a_bump_that_leaves_the_loss_higher_pages_once_after_has_passed(k: int) 
 def test_without_recover_within_the_same_bump_is_reported_recovered() -> None:
     """The option taken back: the episode resolves at its first step under the detector's
     limit and says it recovered, with the loss still 0.7 nat up (the old behaviour)."""
-    rules = _defaults_with("loss_jump", page={"recover_within": None})
+    rules = defaults_with("loss_jump", page={"recover_within": None})
     (a,) = by_rule(alerts_of(frames_at(1, 700, _garbage_then(_stays_up)), rules=rules),
                    "loss_jump")
     assert a.severity == "info" and a.state == "resolved" and a.resolved_step < 450
@@ -124,7 +124,7 @@ def test_an_episode_waiting_for_the_level_does_not_inhibit_head_alerts() -> None
     its range: that alert is stored as usual, not suppressed by the waiting loss alert.
     While the loss jumps again (470-499, joining the waiting alert), it inhibits, as a
     firing loss jump always has."""
-    heads = _growing(420, rate=0.05)
+    heads = growing(420, rate=0.05)
     alerts = alerts_of(frames_at(1, 700, _garbage_then(_stays_up), heads=heads))
     dep = by_rule(alerts, "attn_logit_departure")
     assert dep and dep[0].fired_step < 500, [(a.rule, a.fired_step) for a in alerts]

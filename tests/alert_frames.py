@@ -1,0 +1,78 @@
+"""Frames a job would send, replayed through the real ingest and engine (SQLite), for the
+alert-policy tests: ``frames_at`` builds them from per-step functions, ``alerts_of`` replays
+them, ``defaults_with`` takes a change back to show a test fails without it."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from logitwatch.server.alerts.defaults import DEFAULT_RULES
+from logitwatch.server.alerts.replay import replay
+from logitwatch.server.alerts.rules import RuleSpec
+from logitwatch.server.schemas import AlertOut
+
+#: float16's largest finite value (what an fp16 attention can hold)
+FP16 = 65504.0
+
+
+def frames_at(interval: int, steps: int, scalars: Any, heads: Any = None,
+              run: str = "r", history: bool = False) -> list[dict[str, Any]]:
+    """Frames a job sampling every ``interval`` steps sends: step 0, interval, ...;
+    ``scalars(step)`` and ``heads(step)`` give each frame's values. With ``history`` each
+    frame also carries the scalars of every step since the previous frame, as the hooks
+    send them (``logitwatch.wire``)."""
+    out = []
+    for i, step in enumerate(range(0, steps, interval)):
+        f = {"run": run, "rank": 0, "seq": i + 1, "step": step, "time": 1000.0 + step,
+             "scalars": scalars(step), "heads": heads(step) if heads else {}}
+        between = list(range(max(0, step - interval + 1), step))
+        if history and between:
+            rows = [scalars(s) for s in between]
+            f["history"] = {"steps": between,
+                            "scalars": {k: [r.get(k) for r in rows] for k in rows[0]}}
+        out.append(f)
+    return out
+
+
+def alerts_of(frames: list[dict[str, Any]], rules: Any = None) -> list[AlertOut]:
+    return replay(frames, rules=rules).alerts
+
+
+def by_rule(alerts: list[AlertOut], name: str) -> list[AlertOut]:
+    return [a for a in alerts if a.rule == name]
+
+
+def defaults_with(name: str, params: dict[str, Any] | None = None,
+                   page: dict[str, Any] | None = None,
+                   rules: Sequence[RuleSpec] = DEFAULT_RULES) -> list[RuleSpec]:
+    """``rules`` (the defaults), rule ``name``'s params updated by ``params`` and its page's
+    fields by ``page``: a change taken back, to show the test fails without it."""
+    return [dataclasses.replace(r, params={**r.params, **(params or {})},
+                                page=dataclasses.replace(r.page, **page) if page else r.page)
+            if r.name == name else r for r in rules]
+
+
+def with_damage() -> list[RuleSpec]:
+    """The default rules with round ten's damage test paging again (``aftershock_above: 12``
+    on ``loss_jump`` and ``grad_blowup``; dropped from the defaults in round twenty-one): the
+    Page option is the user's to set."""
+    damage = {"aftershock_above": 12.0}
+    return defaults_with("grad_blowup", page=damage,
+                          rules=defaults_with("loss_jump", page=damage))
+
+
+def plateau_loss(step: int) -> float:
+    return 3.0 + 0.05 * math.sin(step * 1.7)  # batch noise around a plateau
+
+
+def growing(start: int, rate: float = 0.02, base: float = 5.0):  # type: ignore[no-untyped-def]
+    """2 layers x 4 heads; layer 1 head 2 grows exponentially from ``start``."""
+    def heads(step: int) -> dict[str, Any]:
+        m = [[base + 0.1 * ((h + step // 10) % 3) for h in range(4)] for _ in range(2)]
+        if step >= start:
+            m[1][2] = base * math.exp(rate * (step - start))
+        return {"attn.logit_max": m}
+    return heads

@@ -1,0 +1,105 @@
+"""Warm-ups ramping too far, through the real ingest and engine (SQLite): the loss climbing
+at the clip (``loss_clip_ramp``), with the gradient's level (``loss_grad_ramp``), or half a
+nat alone (``loss_ramp``), while the learning rate still climbs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from logitwatch.server.schemas import AlertOut
+from tests.alert_frames import alerts_of, by_rule, frames_at
+
+
+def _warmup_run(lr_at, loss_at, grad_at=lambda s: 0.5,  # type: ignore[no-untyped-def]
+                clipped_at=lambda s: 0.0):
+    def scalars(step: int) -> dict[str, float]:
+        noise = 0.03 * ((step * 7) % 5 - 2)
+        return {"loss": loss_at(step) + noise, "grad.norm": grad_at(step),
+                "grad.clipped": clipped_at(step), "lr": lr_at(step)}
+    return scalars
+
+
+def _fired_by(rule: str, steps: int, scalars: Any, k: int = 1
+              ) -> tuple[list[tuple[int, str]], list[AlertOut]]:
+    """``rule``'s alerts as ``(fired_step, severity)`` on ``steps`` steps of ``scalars``
+    sampled every ``k`` (every step's scalars in the history), and all the alerts."""
+    alerts = alerts_of(frames_at(k, steps, scalars, history=k > 1))
+    return [(a.fired_step, a.severity) for a in by_rule(alerts, rule)], alerts
+
+
+def test_loss_clip_ramp_pages_an_early_warm_up_whose_loss_climbs_at_the_clip() -> None:
+    """A warm-up ramping too far in its first 150 steps: the loss's level 0.35 nat above its
+    best while the gradient is clipped on every step (its norm 1.2-1.5 at the clip: no level
+    settled from step 100 to read 2.5x) pages `loss_clip_ramp`, not `loss_grad_ramp`, at
+    intervals 1 and 25 (every step's clip flag travels with the frames); the same climb
+    unclipped (an SGD warm-up bump), or clipped with the loss flat, does not page it."""
+    def lr(step: int) -> float:
+        return 1e-3 * (step + 1) / 300
+
+    def loss(step: int) -> float:
+        return 3.0 + min(0.35, 0.01 * (step - 100)) if step > 100 else 3.0
+
+    def clipped(step: int) -> float:
+        return 1.0 if step > 90 else 0.0
+
+    def grad(step: int) -> float:
+        return 1.2 + 0.3 * (step % 2) if step > 90 else 0.6
+
+    def fired(loss_at, clipped_at, k: int = 1):  # type: ignore[no-untyped-def]
+        return _fired_by("loss_clip_ramp", 180, _warmup_run(lr, loss_at, grad, clipped_at), k)
+
+    for k in (1, 25):
+        got, alerts = fired(loss, clipped, k)
+        assert got and 135 <= got[0][0] <= 160 and got[0][1] == "warning", (k, got)
+        ev = by_rule(alerts, "loss_clip_ramp")[0].evidence
+        assert ev["grad.clipped_rate"] >= 0.75 and ev["above_lowest"] >= 0.3
+        assert not by_rule(alerts, "loss_grad_ramp") and not by_rule(alerts, "loss_ramp")
+    assert fired(loss, lambda s: 0.0)[0] == []  # the climb unclipped
+    assert fired(lambda s: 3.0, clipped)[0] == []  # clipped, the loss flat
+    # a third of the steps clipped is not "at the clip"
+    assert fired(loss, lambda s: 1.0 if s > 90 and s % 3 == 0 else 0.0)[0] == []
+
+
+def test_loss_grad_ramp_pages_a_warm_up_whose_loss_and_gradient_climb_together() -> None:
+    """While the LR warms up: the loss's level 0.35 nat above its best with the gradient
+    norm's 50-step level 3x its lowest pages `loss_grad_ramp`, before `loss_ramp`'s half
+    nat; either climb alone does not (a loss bump in unclipped SGD with a flat gradient; a
+    gradient rising with the LR while the loss holds: healthy QK-norm runs at a high LR)."""
+    def lr(step: int) -> float:
+        return 1e-3 * (step + 1) / 1000
+
+    def loss(step: int) -> float:
+        return 3.0 + min(0.35, 0.01 * (step - 200)) if step > 200 else 3.0
+
+    def grad(step: int) -> float:
+        return 0.5 * min(3.0, 1.0 + 0.04 * (step - 180)) if step > 180 else 0.5
+
+    def fired(loss_at, grad_at, k: int = 1):  # type: ignore[no-untyped-def]
+        return _fired_by("loss_grad_ramp", 400, _warmup_run(lr, loss_at, grad_at), k)
+
+    for k in (1, 25):
+        got, alerts = fired(loss, grad, k)
+        assert got and 240 <= got[0][0] <= 275 and got[0][1] == "warning", (k, got)
+        ev = by_rule(alerts, "loss_grad_ramp")[0].evidence
+        assert ev["grad.norm_ratio"] >= 2.5 and ev["above_lowest"] >= 0.3
+        assert not by_rule(alerts, "loss_ramp")  # 0.35 nat: under loss_ramp's half nat
+    assert fired(loss, lambda s: 0.5)[0] == []  # the loss alone
+    assert fired(lambda s: 3.0, grad)[0] == []  # the gradient alone
+
+
+def test_loss_ramp_pages_a_warm_up_whose_loss_climbs_not_a_step_or_a_flat_lr() -> None:
+    """The loss's 20-step level climbing 0.6 nat while the LR still warms up (linearly over
+    1,000 steps) pages `loss_ramp`; the same climb while the LR stays flat after its
+    warm-up, or right after the LR is stepped x10 (a step, which lr_jump judges), does not."""
+    def climb(step: int) -> float:
+        return 3.0 + (0.02 * (step - 200) if step > 200 else 0.0)  # +0.6 nat by step 230
+
+    def fired(lr_at) -> list[int]:  # type: ignore[no-untyped-def]
+        frames = frames_at(10, 300, _warmup_run(lr_at, climb), history=True)
+        return [a.fired_step for a in by_rule(alerts_of(frames), "loss_ramp")]
+
+    got = fired(lambda s: 1e-3 * (s + 1) / 1000)  # still warming up
+    assert got and 220 <= got[0] <= 250, got
+    assert fired(lambda s: 1e-3) == []  # flat LR
+    assert fired(lambda s: 1e-4 if s < 200 else 1e-3) == []  # stepped x10 at 200
