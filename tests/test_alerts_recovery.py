@@ -91,6 +91,11 @@ def test_a_bump_whose_level_comes_back_resolves_as_recovered(k: int) -> None:
     assert a.severity == "info" and a.paged_step is None and a.state == "resolved"
     assert a.evidence.get("recovered") is True and a.evidence["recovered_step"] < 500
     assert f"back within {WITHIN:g} of its level before" in a.message
+    # it waited for its level from the step its condition cleared: a recovered alert's
+    # evidence says so, and no longer reads "unrecovered"
+    assert "unrecovered" not in a.evidence
+    assert a.evidence["waited"]["from"] < a.evidence["waited"]["until"]
+    assert a.evidence["waited"]["until"] == a.evidence["recovered_step"]
     assert not [x for x in alerts if x.paged_step is not None]
 
 

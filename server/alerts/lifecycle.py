@@ -471,7 +471,11 @@ def _recovered(a: Alert, step: int, rule: RuleSpec) -> None:
     :func:`_before`)."""
     a.state = State.RESOLVED.value
     a.resolved_step = step
-    a.evidence = {**(a.evidence or {}), "recovered": True, "recovered_step": step}
+    ev = dict(a.evidence or {})
+    waited = ev.pop("unrecovered", None)  # it was waiting for its level: say it came back
+    if isinstance(waited, dict):
+        ev["waited"] = {"from": waited.get("step"), "until": step}
+    a.evidence = {**ev, "recovered": True, "recovered_step": step}
     pg = rule.page
     base = _before(a)
     back = (f" (the {rule.metric}'s level, the median of its last {pg.recover_steps} steps, "
