@@ -124,6 +124,30 @@ def test_a_new_jump_while_the_level_is_still_up_pages_on_its_own_terms() -> None
     assert {b["step"] for b in a.evidence["breaches"]} >= {440, 445, 450}
 
 
+def test_a_blow_up_while_the_level_is_still_up_pages_the_waiting_alert_at_once() -> None:
+    """The loss stays up after the garbage; at 455 the gradient builds to 3x its median, and
+    at 460 the loss jumps 3 nats with an unclipped gradient 60x up: a blow-up, paged on its
+    own terms (corroborated by ``grad_blowup`` after a precursor, the page policy's
+    ``pages_on``). It joins the waiting alert and pages it at 460, saying why, not 100
+    steps after the first jump."""
+    grad = [0.6 + abs(g) for g in _NOISE]
+
+    def scalars(step: int) -> dict[str, float]:
+        s = _garbage_then(_stays_up)(step)
+        g = grad[step] * (3.0 if 455 <= step < 460 else 1.0)
+        if step in (460, 461):
+            s["loss"] += 3.0
+            g = 40.0
+        return {**s, "grad.norm": g}
+    alerts = alerts_of(frames_at(1, 700, scalars))
+    (a,) = by_rule(alerts, "loss_jump")
+    assert a.started_step == 400 and a.paged_step == 460, (a.paged_step, a.evidence)
+    assert a.evidence["escalated_because"].startswith(
+        "it jumped again at step 460: corroborated: grad_blowup breached at step 460, after "
+        "a precursor"), a.evidence["escalated_because"]
+    assert "unrecovered" in a.evidence and a.severity == "critical"
+
+
 def test_an_episode_waiting_for_the_level_does_not_inhibit_head_alerts() -> None:
     """While the loss's level is still up after a cleared jump, a head's max logit leaves
     its range: that alert is stored as usual, not suppressed by the waiting loss alert.
