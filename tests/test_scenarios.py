@@ -511,6 +511,30 @@ def test_a_warm_up_ramped_too_far_pages_when_its_loss_climbs_at_the_clip(
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_warm_up_whose_loss_and_gradient_climb_pages_when_both_have(tmp_path: Path) -> None:
+    """Round twenty-seven on a recorded run: ``loss_grad_ramp`` pages on the first step its
+    condition holds (the loss's 20-step level 0.3 nat up and the gradient norm's 50-step
+    level 2.5x its lowest, the LR still climbing). A Llama momentum-SGD warm-up dated 157 is
+    caught at 155, at intervals 1 and 50; with the 10-step hold the rule had through round
+    twenty-six it paged at 162."""
+    import yaml
+
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES
+
+    ba = _load("bench_alerts")
+    held = dict(next(r for r in DEFAULT_RULES if r.name == "loss_grad_ramp").to_dict(),
+                for_steps=10)
+    (tmp_path / "round26.yaml").write_text(yaml.safe_dump({"rules": [held]}))
+    round26 = ba.rules_over_defaults(tmp_path / "round26.yaml")
+    path = str(BENCH / "scenarios" / "f11_llama_sgd_blowup.jsonl.gz")
+    for k in (1, 50):
+        row = ba.bench_one(path, k)
+        assert row["logitwatch"]["from50"] == 155 <= row["divergence_step"], (k, row)
+        assert row["logitwatch_rules"] == ["loss_grad_ramp"], (k, row)
+    old = ba.bench_one(path, 1, rules=round26)["logitwatch"]["from50"]
+    assert old == 162 > row["divergence_step"]
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
 def test_an_sgd_warm_up_pages_on_its_logits_not_its_blow_up(tmp_path: Path) -> None:
     """Round twenty-four on recorded runs: momentum-SGD Llama runs warming up grow a head's
     float32 logits past 4x their range well before they blow up; with the LR still climbing

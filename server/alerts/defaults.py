@@ -184,8 +184,15 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # three 4-13 steps after it); of the 252 healthy runs the nearest reached 0.32 nat with
     # the gradient 2.43x (fresh_llama_wide_lr03, whose departure pages anyway), the next 0.24
     # nat with 4.6x (QK-norm at LR 0.30); an unclipped SGD warm-up spike lifts the loss 0.4-0.6
-    # nat with the gradient's level flat (1.0-1.1x)
-    RuleSpec("loss_grad_ramp", "level_rise", "loss", severity="warning", for_steps=10,
+    # nat with the gradient's level flat (1.0-1.1x).
+    # Round twenty-seven (--split read32, 1,912 runs): no 10-step hold, as loss_clip_ramp in
+    # round twenty-six (its readings are 20- and 50-step windows already). No healthy run
+    # of 1,185 meets the condition on any step; the 81 whose gradient level climbs 2.5x
+    # while the LR climbs, replayed without the hold at intervals 1, 10, 50: none paged. The
+    # 313 runs where it holds or fired, at 1 and 50: caught 291 -> 292 of 295 (an SGD
+    # warm-up dated 157, paged at 155 instead of 162), 111 runs paged earlier (median 10
+    # steps), none later; degraded 36/36 as before
+    RuleSpec("loss_grad_ramp", "level_rise", "loss", severity="warning",
              params={"window": 20, "margin": 0.3, "min_history": 50, "while_rising": "lr",
                      "rising_span": 50, "rising_factor": 1.05, "rising_max": 4.0,
                      "also_metric": "grad.norm", "also_factor": 2.5, "also_window": 50,
