@@ -51,9 +51,10 @@ replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read); r
 twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``; round
 twenty-five was chosen on ``--split read30`` and replayed once on ``fresh31``; round twenty-six
 was chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and recorded before
-round twenty-five was chosen). The next change is chosen on ``--split read32`` and replayed
-once on ``fresh33`` (fixed and recorded before round twenty-six was chosen); ``fresh34`` was
-fixed and recorded before that, for the change after it (``--split read33``).
+round twenty-five was chosen); round twenty-seven was chosen on ``--split read32`` and
+replayed once on ``fresh33`` (fixed and recorded before round twenty-six was chosen). The
+next change is chosen on ``--split read33`` and replayed once on ``fresh34`` (fixed and
+recorded before ``fresh33`` was read).
 
 Usage::
 
