@@ -1,7 +1,8 @@
 """The loss-jump paging policy, through the real ingest and engine (SQLite): loss bumps that
 keep coming back, bumps after the gradient built up, unclipped one-batch spikes and garbage
 batches or stretches (shown, not paged, unless their damage persists), blow-ups that climb
-or stay up, and the adaptive-optimizer gates (a bounded update's loss is back next step).
+or stay up, the adaptive-optimizer gates (a bounded update's loss is back next step), and
+the validation of the ``Page`` options these use (``repeats``, the confirmation).
 """
 
 from __future__ import annotations

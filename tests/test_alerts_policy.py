@@ -4,9 +4,16 @@
   persistence count steps; per-head statistics are judged at most once every 10 steps);
 * a page needs persistence: a loss bump that recovers is shown as ``info`` and resolves as
   recovered, one that persists escalates to ``critical`` (``paged_step``);
+* a wide-dtype departure is ``info`` until the loss shows harm that it is not winning back,
+  or while a plain optimizer's LR still climbs;
 * overflow is judged on what the softmax receives: a soft-capped attention whose raw logits
   run away is not forecast to overflow, and its departure is ``info``;
-* a gradient norm under the job's own clip threshold is not a blow-up.
+* a gradient norm under the job's own clip threshold is not a blow-up; the gradient norm's
+  level rising, or climbing with a warm-up, pages; baselines of the final layer's series.
+
+The loss-jump policy (bumps that come back, garbage batches, blow-ups):
+``test_alerts_loss_jump.py``; the warm-up ramp rules on the loss: ``test_alerts_ramps.py``;
+a bump's recovery judged on its level: ``test_alerts_recovery.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """A held-back loss jump is "recovered" only when the loss's level is back, and pages when
 it is not (``Page.recover_within``): a bad batch the run shrugs off is shown and resolves,
-one that left the run worse for good pages once ``Page.after`` steps have passed.
+one that left the run worse for good pages once ``Page.after`` steps have passed. A
+recovered alert says how long it waited (``evidence.waited``); a new jump while it waits
+joins it and pages it when the jump pages on its own terms (a repeat, a corroborated
+blow-up).
 
 Before this, an episode resolved as recovered on its first step under the jump detector's
 limit: a garbage stretch that left the loss 0.6-0.7 nat up for good, under that limit, was

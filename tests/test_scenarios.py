@@ -466,7 +466,8 @@ def test_a_warm_up_ramped_too_far_pages_its_first_big_jump(tmp_path: Path) -> No
 
     ba = _load("bench_alerts")
     # loss_clip_ramp with its 10-step hold (through round twenty-five), in both rule sets:
-    # without the hold it pages these runs itself (the next test)
+    # without the hold (the defaults since round twenty-six) it pages these runs itself, as
+    # early or earlier (asserted last)
     held = dict(next(r for r in DEFAULT_RULES if r.name == "loss_clip_ramp").to_dict(),
                 for_steps=10)
     jump = next(r for r in DEFAULT_RULES if r.name == "loss_jump").to_dict()
@@ -475,12 +476,14 @@ def test_a_warm_up_ramped_too_far_pages_its_first_big_jump(tmp_path: Path) -> No
     (tmp_path / "round22.yaml").write_text(yaml.safe_dump({"rules": [held, jump]}))
     round25 = ba.rules_over_defaults(tmp_path / "round25.yaml")
     round22 = ba.rules_over_defaults(tmp_path / "round22.yaml")
-    for name, now, before in (("f22_lr_ramp_s223", 101, 111), ("f17_lr_ramp_s171", 134, 137)):
+    for name, now, before, today in (("f22_lr_ramp_s223", 101, 111, 101),
+                                     ("f17_lr_ramp_s171", 134, 137, 125)):
         path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
         row = ba.bench_one(path, 1, rules=round25)
         assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, row)
         assert row["logitwatch_rules"] == ["loss_jump"], (name, row)
         assert ba.bench_one(path, 1, rules=round22)["logitwatch"]["from50"] == before, name
+        assert ba.bench_one(path, 1)["logitwatch"]["from50"] == today <= now, name
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
@@ -533,6 +536,7 @@ def test_a_warm_up_whose_loss_and_gradient_climb_pages_when_both_have(tmp_path: 
         assert row["logitwatch_rules"] == ["loss_grad_ramp"], (k, row)
     old = ba.bench_one(path, 1, rules=round26)["logitwatch"]["from50"]
     assert old == 162 > row["divergence_step"]
+
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
 def test_an_sgd_warm_up_pages_on_its_logits_not_its_blow_up(tmp_path: Path) -> None:

@@ -178,13 +178,14 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              summary="the loss's level rose half a nat above its best while the learning "
              "rate is still climbing (a warm-up ramping too far)"),
     # both at once, earlier: the loss's level 0.3 nat above its best AND the gradient norm's
-    # 50-step level 2.5x the lowest it settled to (from step 100), for 10 steps, while the LR
-    # still climbs gradually. Round eight, chosen on the 411 runs read (--split read7): it
-    # pages all 20 warm-ups ramping too far before their divergence (loss_ramp alone paged
-    # three 4-13 steps after it); of the 252 healthy runs the nearest reached 0.32 nat with
-    # the gradient 2.43x (fresh_llama_wide_lr03, whose departure pages anyway), the next 0.24
-    # nat with 4.6x (QK-norm at LR 0.30); an unclipped SGD warm-up spike lifts the loss 0.4-0.6
-    # nat with the gradient's level flat (1.0-1.1x).
+    # 50-step level 2.5x the lowest it settled to (from step 100), while the LR still climbs
+    # gradually (held for 10 steps until round twenty-seven, below). Round eight, chosen on
+    # the 411 runs read (--split read7): it pages all 20 warm-ups ramping too far before
+    # their divergence (loss_ramp alone paged three 4-13 steps after it); of the 252
+    # healthy runs the nearest reached 0.32 nat with the gradient 2.43x
+    # (fresh_llama_wide_lr03, whose departure pages anyway), the next 0.24 nat with 4.6x
+    # (QK-norm at LR 0.30); an unclipped SGD warm-up spike lifts the loss 0.4-0.6 nat with
+    # the gradient's level flat (1.0-1.1x).
     # Round twenty-seven (--split read32, 1,912 runs): no 10-step hold, as loss_clip_ramp in
     # round twenty-six (its readings are 20- and 50-step windows already). No healthy run
     # of 1,185 meets the condition on any step; the 81 whose gradient level climbs 2.5x

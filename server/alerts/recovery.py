@@ -5,8 +5,9 @@ condition clears is a bump that recovered only once the level of the rule's seri
 median of its newest ``recover_steps`` steps, over the steps since the episode started) is
 back within ``recover_within`` of its level before (:func:`_before`). Until then it stays
 open (``evidence.unrecovered``; :func:`_awaiting`); once back it resolves as recovered
-(:func:`_recovered`); ``Page.after`` steps after it started with the level still up, it
-pages (:func:`_unrecovered_due`). :class:`RecoveryMixin` judges the level; the lifecycle
+(:func:`_recovered`, which turns ``evidence.unrecovered`` into ``evidence.waited``, from and
+until); ``Page.after`` steps after it started with the level still up, it pages
+(:func:`_unrecovered_due`). :class:`RecoveryMixin` judges the level; the lifecycle
 module stores and escalates what this decides.
 """
 
