@@ -193,6 +193,34 @@ def test_the_wait_for_the_level_survives_a_restart(sessions: sessionmaker[Sessio
     assert a.evidence["escalated_because"].startswith("it did not recover")
 
 
+def test_a_bump_judged_back_after_a_restart_resolves_as_recovered(
+        sessions: sessionmaker[Session]) -> None:
+    """The collector restarts at step 430 while the episode waits for the level (its
+    condition cleared at the end of the garbage, the loss coming back by 445): the restarted
+    engine finds the open alert, rebuilds the level from the stored every-step losses and
+    resolves it as recovered at the same step as a collector that ran throughout, with the
+    same ``evidence.waited``."""
+    frames = frames_at(1, 560, _garbage_then(_comes_back))
+    (once,) = by_rule(alerts_of(frames), "loss_jump")
+    assert once.state == "resolved" and once.evidence["recovered"] is True
+    for part in (frames[:430], frames[430:]):
+        engine = AlertEngine(list(DEFAULT_RULES))  # a restarted collector
+        for f in part:
+            with session_scope(sessions) as s:
+                stored = ingest_frames(s, IngestIn.model_validate({"frames": [f]}).frames,
+                                       now=f["time"])
+                engine.process(s, stored.new_frames)
+        if part is frames[:430]:
+            with sessions() as s:  # waiting when the collector stops
+                (a,) = s.scalars(select(Alert).where(Alert.rule == "loss_jump")).all()
+                assert a.state == "firing" and "unrecovered" in a.evidence, a.evidence
+    with sessions() as s:
+        (a,) = s.scalars(select(Alert).where(Alert.rule == "loss_jump")).all()
+    assert a.state == "resolved" and a.paged_step is None and a.severity == "info"
+    assert a.evidence["recovered_step"] == once.evidence["recovered_step"], a.evidence
+    assert a.evidence["waited"] == once.evidence["waited"]
+
+
 def test_recover_within_is_validated() -> None:
     with pytest.raises(RuleError, match="recover_within pages an episode"):
         Page(repeats=3, recover_within=0.5)
