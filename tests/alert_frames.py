@@ -1,6 +1,8 @@
 """Frames a job would send, replayed through the real ingest and engine (SQLite), for the
 alert-policy tests: ``frames_at`` builds them from per-step functions, ``alerts_of`` replays
-them, ``defaults_with`` takes a change back to show a test fails without it."""
+them, ``feed`` sends them one by one through a collector's write path into a given database
+(an engine per call: a restarted collector), ``defaults_with`` takes a change back to show
+a test fails without it."""
 
 from __future__ import annotations
 
@@ -9,10 +11,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
+from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.alerts.replay import replay
 from logitwatch.server.alerts.rules import RuleSpec
-from logitwatch.server.schemas import AlertOut
+from logitwatch.server.db.models import Alert
+from logitwatch.server.db.session import session_scope
+from logitwatch.server.schemas import AlertOut, IngestIn
+from logitwatch.server.store.ingest import ingest_frames
 
 #: float16's largest finite value (what an fp16 attention can hold)
 FP16 = 65504.0
@@ -39,6 +47,20 @@ def frames_at(interval: int, steps: int, scalars: Any, heads: Any = None,
 
 def alerts_of(frames: list[dict[str, Any]], rules: Any = None) -> list[AlertOut]:
     return replay(frames, rules=rules).alerts
+
+
+def feed(sessions: sessionmaker[Session], engine: AlertEngine,
+         frames: list[dict[str, Any]]) -> list[Alert]:
+    """Ingest ``frames`` one by one into the database of ``sessions`` and let ``engine``
+    judge each, as the collector's write path does; the alerts each changed."""
+    out: list[Alert] = []
+    for f in frames:
+        with session_scope(sessions) as s:
+            # received when it was stamped: the collector's clock agrees with the job's
+            stored = ingest_frames(s, IngestIn.model_validate({"frames": [f]}).frames,
+                                   now=f["time"])
+            out.extend(engine.process(s, stored.new_frames))
+    return out
 
 
 def by_rule(alerts: list[AlertOut], name: str) -> list[AlertOut]:

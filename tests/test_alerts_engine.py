@@ -31,6 +31,7 @@ from logitwatch.server.schemas import IngestIn
 from logitwatch.server.settings import Settings
 from logitwatch.server.store.alerts import alert_out, list_alerts
 from logitwatch.server.store.ingest import ingest_frames
+from tests.alert_frames import feed
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "bench" / "scenarios"
 
@@ -58,18 +59,6 @@ def logits(i: int, rising: tuple[tuple[int, int], ...] = (), start: int = 20) ->
         if i >= start:
             m[layer][head] = 5.0 * 2 ** (i - start + 1)
     return {"attn.logit_max": m}
-
-
-def feed(sessions: sessionmaker[Session], engine: AlertEngine,
-         frames: list[dict[str, Any]]) -> list[Alert]:
-    out: list[Alert] = []
-    for f in frames:
-        with session_scope(sessions) as s:
-            # received when it was stamped: the collector's clock agrees with the job's
-            stored = ingest_frames(s, IngestIn.model_validate({"frames": [f]}).frames,
-                                   now=f["time"])
-            out.extend(engine.process(s, stored.new_frames))
-    return out
 
 
 def alerts(sessions: sessionmaker[Session]) -> list[Alert]:

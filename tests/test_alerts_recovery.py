@@ -23,10 +23,7 @@ from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.alerts.rules import Page, RuleError
 from logitwatch.server.db.models import Alert
-from logitwatch.server.db.session import session_scope
-from logitwatch.server.schemas import IngestIn
-from logitwatch.server.store.ingest import ingest_frames
-from tests.alert_frames import alerts_of, by_rule, defaults_with, frames_at, growing
+from tests.alert_frames import alerts_of, by_rule, defaults_with, feed, frames_at, growing
 
 #: the defaults' limit: a loss level this far above where it was before the jump is not back
 WITHIN = next(r for r in DEFAULT_RULES if r.name == "loss_jump").page.recover_within  # type: ignore[union-attr]
@@ -172,6 +169,13 @@ def test_an_episode_waiting_for_the_level_does_not_inhibit_head_alerts() -> None
 # -- restart -------------------------------------------------------------------------------
 
 
+def _loss_jump_stored(sessions: sessionmaker[Session]) -> Alert:
+    """The one ``loss_jump`` alert stored in the database of ``sessions``."""
+    with sessions() as s:
+        (a,) = s.scalars(select(Alert).where(Alert.rule == "loss_jump")).all()
+    return a
+
+
 @pytest.mark.parametrize("restart_at", [None, 460])
 def test_the_wait_for_the_level_survives_a_restart(sessions: sessionmaker[Session],
                                                    restart_at: int | None) -> None:
@@ -181,14 +185,8 @@ def test_the_wait_for_the_level_survives_a_restart(sessions: sessionmaker[Sessio
     frames = frames_at(1, 560, _garbage_then(_stays_up))
     cut = restart_at or len(frames)
     for part in (frames[:cut], frames[cut:]):
-        engine = AlertEngine(list(DEFAULT_RULES))  # a restarted collector
-        for f in part:
-            with session_scope(sessions) as s:
-                stored = ingest_frames(s, IngestIn.model_validate({"frames": [f]}).frames,
-                                       now=f["time"])
-                engine.process(s, stored.new_frames)
-    with sessions() as s:
-        (a,) = s.scalars(select(Alert).where(Alert.rule == "loss_jump")).all()
+        feed(sessions, AlertEngine(list(DEFAULT_RULES)), part)  # a restarted collector
+    a = _loss_jump_stored(sessions)
     assert a.paged_step == 500 and a.severity == "critical", a.evidence
     assert a.evidence["escalated_because"].startswith("it did not recover")
 
@@ -203,19 +201,11 @@ def test_a_bump_judged_back_after_a_restart_resolves_as_recovered(
     frames = frames_at(1, 560, _garbage_then(_comes_back))
     (once,) = by_rule(alerts_of(frames), "loss_jump")
     assert once.state == "resolved" and once.evidence["recovered"] is True
-    for part in (frames[:430], frames[430:]):
-        engine = AlertEngine(list(DEFAULT_RULES))  # a restarted collector
-        for f in part:
-            with session_scope(sessions) as s:
-                stored = ingest_frames(s, IngestIn.model_validate({"frames": [f]}).frames,
-                                       now=f["time"])
-                engine.process(s, stored.new_frames)
-        if part is frames[:430]:
-            with sessions() as s:  # waiting when the collector stops
-                (a,) = s.scalars(select(Alert).where(Alert.rule == "loss_jump")).all()
-                assert a.state == "firing" and "unrecovered" in a.evidence, a.evidence
-    with sessions() as s:
-        (a,) = s.scalars(select(Alert).where(Alert.rule == "loss_jump")).all()
+    feed(sessions, AlertEngine(list(DEFAULT_RULES)), frames[:430])
+    a = _loss_jump_stored(sessions)  # waiting when the collector stops
+    assert a.state == "firing" and "unrecovered" in a.evidence, a.evidence
+    feed(sessions, AlertEngine(list(DEFAULT_RULES)), frames[430:])  # a restarted collector
+    a = _loss_jump_stored(sessions)
     assert a.state == "resolved" and a.paged_step is None and a.severity == "info"
     assert a.evidence["recovered_step"] == once.evidence["recovered_step"], a.evidence
     assert a.evidence["waited"] == once.evidence["waited"]
