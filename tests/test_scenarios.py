@@ -58,6 +58,23 @@ def _header(path: Path) -> dict[str, Any]:
 # -- labels ----------------------------------------------------------------------------------
 
 
+def _default(name: str) -> dict[str, Any]:
+    """The default rule ``name`` as an entry of a rules YAML (a dict to edit)."""
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES
+
+    return next(r for r in DEFAULT_RULES if r.name == name).to_dict()
+
+
+def _over_defaults(tmp_path: Path, *rules: dict[str, Any]) -> list[Any]:
+    """The default rules with ``rules`` replacing those of their names, written to a rules
+    YAML and read back as ``bench_alerts.py --rules`` reads it: a change taken back."""
+    import yaml
+
+    path = tmp_path / f"rules{len(list(tmp_path.glob('rules*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump({"rules": list(rules)}))
+    return _load("bench_alerts").rules_over_defaults(path)
+
+
 def test_labels_on_constructed_losses(lab: ModuleType) -> None:
     flat = [3.0] * 300
     assert lab.excursions(flat) == (None, [])
@@ -388,18 +405,12 @@ def test_the_bench_replays_a_rules_file_over_the_defaults(tmp_path: Path) -> Non
     """``--rules``: a change measured, or taken back, as ``serve`` would apply it. Round
     twenty taken back (``at_once_adaptive_above: null``) pages the held-out run it was read
     on (one garbage batch under unclipped Adam) at once again; the defaults do not."""
-    import yaml
-
-    from logitwatch.server.alerts.defaults import DEFAULT_RULES
-
     ba = _load("bench_alerts")
     path = str(BENCH / "scenarios" / "f22_gpt2_adam_outlier_random.jsonl.gz")
-    jump = next(r for r in DEFAULT_RULES if r.name == "loss_jump").to_dict()
+    jump = _default("loss_jump")
     jump["page"]["at_once_adaptive_above"] = None
-    rules = tmp_path / "round19.yaml"
-    rules.write_text(yaml.safe_dump({"rules": [jump]}))
     assert ba.bench_one(path, 1)["logitwatch"]["from50"] is None
-    assert ba.bench_one(path, 1, rules=ba.rules_over_defaults(rules))["logitwatch"][
+    assert ba.bench_one(path, 1, rules=_over_defaults(tmp_path, jump))["logitwatch"][
         "from50"] == 420
     with pytest.raises(SystemExit):
         ba.main(["--split", "fresh22", "--rules", str(tmp_path / "missing.yaml")])
@@ -411,16 +422,10 @@ def test_a_healed_sgd_garbage_batch_pages_only_under_the_damage_test(tmp_path: P
     batches under unclipped momentum SGD, healed) paged at 431 on its aftershock under round
     ten's damage test; the defaults leave it shown. ``f18_postln_sgd_outlier_zeros`` (one
     zero-byte batch at 380, then a blow-up from 384) still pages, once it blows up."""
-    import yaml
-
-    from logitwatch.server.alerts.defaults import DEFAULT_RULES
-
     ba = _load("bench_alerts")
-    damage = [dict(r.to_dict(), page={**r.to_dict()["page"], "aftershock_above": 12.0})
-              for r in DEFAULT_RULES if r.name in ("loss_jump", "grad_blowup")]
-    rules = tmp_path / "round20.yaml"
-    rules.write_text(yaml.safe_dump({"rules": damage}))
-    round20 = ba.rules_over_defaults(rules)
+    damage = [dict(r, page={**r["page"], "aftershock_above": 12.0})
+              for r in (_default("loss_jump"), _default("grad_blowup"))]
+    round20 = _over_defaults(tmp_path, *damage)
     healed = str(BENCH / "scenarios" / "f23_llama_sgd_bad_data_8.jsonl.gz")
     assert ba.bench_one(healed, 1)["logitwatch"]["from50"] is None
     assert ba.bench_one(healed, 1, rules=round20)["logitwatch"]["from50"] == 431
@@ -436,16 +441,10 @@ def test_an_sgd_blow_up_that_climbs_in_its_first_steps_pages_by_its_divergence(
     twenty-seventh set, the loss a nat up on the first step, up on the second, 11-13 nats up
     on the third (the divergence), paged there by the climb; with ``climb_above`` taken back
     they paged one and two steps late (the precursor leaves a run's first three steps out)."""
-    import yaml
-
-    from logitwatch.server.alerts.defaults import DEFAULT_RULES
-
     ba = _load("bench_alerts")
-    back = [dict(r.to_dict(), page={**r.to_dict()["page"], "climb_above": None})
-            for r in DEFAULT_RULES if r.name in ("loss_jump", "grad_blowup")]
-    rules = tmp_path / "round21.yaml"
-    rules.write_text(yaml.safe_dump({"rules": back}))
-    round21 = ba.rules_over_defaults(rules)
+    back = [dict(r, page={**r["page"], "climb_above": None})
+            for r in (_default("loss_jump"), _default("grad_blowup"))]
+    round21 = _over_defaults(tmp_path, *back)
     for name, now, before in (("f26_gpt2_sgd_blowup", 261, 263),
                               ("f26_postln_sgd_blowup", 236, 238)):
         path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
@@ -460,22 +459,15 @@ def test_a_warm_up_ramped_too_far_pages_its_first_big_jump(tmp_path: Path) -> No
     loss jump, clipped, is their divergence page there, the jump corroborated by
     ``loss_clip_ramp``'s breach; without it (round twenty-two) they paged 2-6 steps late,
     when ``loss_clip_ramp`` had held 10 steps."""
-    import yaml
-
-    from logitwatch.server.alerts.defaults import DEFAULT_RULES
-
     ba = _load("bench_alerts")
     # loss_clip_ramp with its 10-step hold (through round twenty-five), in both rule sets:
     # without the hold (the defaults since round twenty-six) it pages these runs itself, as
     # early or earlier (asserted last)
-    held = dict(next(r for r in DEFAULT_RULES if r.name == "loss_clip_ramp").to_dict(),
-                for_steps=10)
-    jump = next(r for r in DEFAULT_RULES if r.name == "loss_jump").to_dict()
+    held = dict(_default("loss_clip_ramp"), for_steps=10)
+    jump = _default("loss_jump")
     jump["page"]["with_rules"] = ["grad_blowup", "grad_nonfinite"]
-    (tmp_path / "round25.yaml").write_text(yaml.safe_dump({"rules": [held]}))
-    (tmp_path / "round22.yaml").write_text(yaml.safe_dump({"rules": [held, jump]}))
-    round25 = ba.rules_over_defaults(tmp_path / "round25.yaml")
-    round22 = ba.rules_over_defaults(tmp_path / "round22.yaml")
+    round25 = _over_defaults(tmp_path, held)
+    round22 = _over_defaults(tmp_path, held, jump)
     for name, now, before, today in (("f22_lr_ramp_s223", 101, 111, 101),
                                      ("f17_lr_ramp_s171", 134, 137, 125)):
         path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
@@ -494,15 +486,8 @@ def test_a_warm_up_ramped_too_far_pages_when_its_loss_climbs_at_the_clip(
     the last 20 steps, the LR still climbing), at intervals 1, 10 and 50. Two QK-norm
     warm-ups ramped too far are caught before their divergence; with the 10-step hold the
     rule had through round twenty-five, both paged 4 steps after it."""
-    import yaml
-
-    from logitwatch.server.alerts.defaults import DEFAULT_RULES
-
     ba = _load("bench_alerts")
-    held = dict(next(r for r in DEFAULT_RULES if r.name == "loss_clip_ramp").to_dict(),
-                for_steps=10)
-    (tmp_path / "round25.yaml").write_text(yaml.safe_dump({"rules": [held]}))
-    round25 = ba.rules_over_defaults(tmp_path / "round25.yaml")
+    round25 = _over_defaults(tmp_path, dict(_default("loss_clip_ramp"), for_steps=10))
     for name, now, before in (("f20_lr_ramp_s201", 101, 109), ("f31_lr_ramp_s310", 133, 141)):
         path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
         for k in (1, 10, 50):
@@ -520,15 +505,8 @@ def test_a_warm_up_whose_loss_and_gradient_climb_pages_when_both_have(tmp_path: 
     level 2.5x its lowest, the LR still climbing). A Llama momentum-SGD warm-up dated 157 is
     caught at 155, at intervals 1 and 50; with the 10-step hold the rule had through round
     twenty-six it paged at 162."""
-    import yaml
-
-    from logitwatch.server.alerts.defaults import DEFAULT_RULES
-
     ba = _load("bench_alerts")
-    held = dict(next(r for r in DEFAULT_RULES if r.name == "loss_grad_ramp").to_dict(),
-                for_steps=10)
-    (tmp_path / "round26.yaml").write_text(yaml.safe_dump({"rules": [held]}))
-    round26 = ba.rules_over_defaults(tmp_path / "round26.yaml")
+    round26 = _over_defaults(tmp_path, dict(_default("loss_grad_ramp"), for_steps=10))
     path = str(BENCH / "scenarios" / "f11_llama_sgd_blowup.jsonl.gz")
     for k in (1, 50):
         row = ba.bench_one(path, k)
@@ -545,16 +523,10 @@ def test_an_sgd_warm_up_pages_on_its_logits_not_its_blow_up(tmp_path: Path) -> N
     20 % a hundred steps the departure pages when it fires, at interval 1 and 10 (at 40 the
     departure itself fires later on these runs); without ``lr_climb`` (round twenty-three)
     it stayed info and the gradient and loss paged 2-4 steps before the divergence."""
-    import yaml
-
-    from logitwatch.server.alerts.defaults import DEFAULT_RULES
-
     ba = _load("bench_alerts")
-    dep = next(r for r in DEFAULT_RULES if r.name == "attn_logit_departure").to_dict()
+    dep = _default("attn_logit_departure")
     dep["downgrade"]["lr_climb"] = None
-    rules = tmp_path / "round23.yaml"
-    rules.write_text(yaml.safe_dump({"rules": [dep]}))
-    round23 = ba.rules_over_defaults(rules)
+    round23 = _over_defaults(tmp_path, dep)
     for name, before in (("llama_sgd_blowup_s1", 373), ("f24_llama_sgd_blowup", 339)):
         path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
         for k in (1, 10):
