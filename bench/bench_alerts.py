@@ -54,7 +54,8 @@ was chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and rec
 round twenty-five was chosen); round twenty-seven was chosen on ``--split read32`` and
 replayed once on ``fresh33`` (fixed and recorded before round twenty-six was chosen). The
 next change is chosen on ``--split read33`` and replayed once on ``fresh34`` (fixed and
-recorded before ``fresh33`` was read).
+recorded before ``fresh33`` was read); ``fresh35`` was fixed before ``fresh34`` is read, for
+the change after it (``--split read34``).
 
 Usage::
 
@@ -391,7 +392,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 34
+NEWEST = 35
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
