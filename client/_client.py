@@ -9,10 +9,8 @@ import math
 import os
 import re
 import shlex
-import sys
 import threading
 import time as _time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +19,8 @@ import httpx
 from logitwatch.wire import NAME_RE
 
 from ._codec import NameBudget, Packed, encode, pack
-from ._http import IngestTransport, shared_ssl_context
+from ._http import IngestTransport
+from ._process import LIVE, exiting_on_exception
 from ._queue import Backlog
 from ._runconfig import ConfigSender, clean_config
 from ._spool import WriterDir
@@ -35,43 +34,7 @@ log = logging.getLogger("logitwatch.client")
 
 AlertCallback = Callable[[dict[str, Any]], None]
 
-_LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
 _CAUSE = re.compile(r"'[^']*'|\d+|\(.*")  # names, numbers, details: not part of a cause
-
-
-def _after_fork_in_child() -> None:
-    for client in list(_LIVE):
-        try:
-            client._after_fork()
-        except Exception:  # pragma: no cover - never break the child
-            pass
-
-
-def _before_fork() -> None:
-    """In the parent, just before a fork: make the shared TLS context if a live client
-    will need one, so the child inherits it instead of creating it (see
-    :func:`~logitwatch.client._http.shared_ssl_context`)."""
-    try:
-        if any(c.url is not None for c in list(_LIVE)):
-            shared_ssl_context()
-    except Exception:  # pragma: no cover - never break the fork
-        pass
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
-
-
-def _exiting_on_exception() -> bool:
-    """Whether the interpreter is exiting because of an uncaught exception: Python keeps
-    it in ``sys.last_exc`` (3.12) / ``sys.last_value`` before it runs the exit hooks. Not
-    in an interactive session, where an error at the prompt does not end it. An exit
-    through ``sys.exit(code)`` is a normal exit, whatever the code (the hooks are not told
-    it)."""
-    if hasattr(sys, "ps1") or sys.flags.interactive:
-        return False
-    return (getattr(sys, "last_exc", None) is not None
-            or getattr(sys, "last_value", None) is not None)
 
 
 class Client:
@@ -155,7 +118,7 @@ class Client:
         if url is not None:
             self._start()
             atexit.register(self._atexit)
-            _LIVE.add(self)
+            LIVE.add(self)
 
     def _build(self) -> None:
         """Fresh queue, locks and (unstarted) threads: at construction and after a fork."""
@@ -450,7 +413,7 @@ class Client:
         self.shutdown(self.config.exit_timeout, finished=exc_type is None)
 
     def _atexit(self) -> None:
-        crashed = _exiting_on_exception()
+        crashed = exiting_on_exception()
         if crashed and self._last_step >= 0:
             log.info("logitwatch: exiting on an uncaught exception: run %r is not marked "
                      "finished (the collector reports it stopped once no data comes)", self.run)

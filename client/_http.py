@@ -132,7 +132,7 @@ def shared_ssl_context() -> ssl.SSLContext:
     inherits OpenSSL's locks held, and creating a context there can hang for ever. Measured
     here: a child building an ``httpx.Client`` hung in ``ssl.SSLContext()`` in 2-4 of
     150-200 forks of a process whose other threads were making httpx clients. A DataLoader
-    worker is such a child. The client's before-fork hook (``_client._before_fork``) makes
+    worker is such a child. The client's before-fork hook (``_process._before_fork``) makes
     sure the context exists before any fork of a process with a live client, so a child
     never creates one.
     """
