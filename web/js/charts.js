@@ -1,6 +1,6 @@
 // Charts drawn from the collector's figure JSON, then extended live.
 //
-// The server builds each figure (server/figures.py); every trace carries a `meta` role
+// The server builds each figure (server/figures/); every trace carries a `meta` role
 // ("series", "clipped", "nonfinite", "alerts") so that live points go to the right trace.
 // Zoom re-queries the server for the visible step range (see ZoomSync), so the min/max
 // downsampling keeps every spike at every zoom level.
@@ -13,7 +13,7 @@ import { addSmoothTrace, smoothed } from "./smooth.js";
 
 const CONFIG = { responsive: true, displaylogo: false, modeBarButtonsToRemove: ["select2d", "lasso2d"] };
 const RECENT = 2000; // live frames remembered to replay after a redraw
-const MARKER_ROW = 0.96; // top of the plot on the figures' overlay axis (see figures.py)
+const MARKER_ROW = 0.96; // top of the plot on the figures' overlay axis (see server/figures/style.py)
 const RELOAD_EVERY_MS = 3000; // charts without live points refetch at most this often
 const FEW_POINTS = 20; // a line of fewer points shows its points too (one point draws no line)
 
