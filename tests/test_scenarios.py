@@ -517,6 +517,27 @@ def test_a_warm_up_whose_loss_and_gradient_climb_pages_when_both_have(tmp_path: 
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_warm_up_whose_gradient_level_climbs_sixfold_pages_when_it_has(
+        tmp_path: Path) -> None:
+    """Round twenty-eight on recorded runs: ``grad_norm_ramp`` pages on the first step its
+    condition holds (the gradient norm's 50-step level 6x its lowest while the LR climbs).
+    Two QK-norm warm-ups ramped too far are paged 10 and 14 steps earlier than with the
+    10-step hold the rule had through round twenty-seven, at intervals 1 and 50, a hundred
+    steps or more before their divergence."""
+    ba = _load("bench_alerts")
+    round27 = _over_defaults(tmp_path, dict(_default("grad_norm_ramp"), for_steps=10))
+    for name, now, before in (("f21_qknorm_high_lr", 405, 415),
+                              ("f16_qknorm_high_lr", 542, 556)):
+        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+        for k in (1, 50):
+            row = ba.bench_one(path, k)
+            assert row["logitwatch"]["from50"] == now, (name, k, row)
+            assert row["logitwatch_rules"] == ["grad_norm_ramp"], (name, k, row)
+            assert row["divergence_step"] - now >= 90, (name, row)
+        assert ba.bench_one(path, 1, rules=round27)["logitwatch"]["from50"] == before, name
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
 def test_an_sgd_warm_up_pages_on_its_logits_not_its_blow_up(tmp_path: Path) -> None:
     """Round twenty-four on recorded runs: momentum-SGD Llama runs warming up grow a head's
     float32 logits past 4x their range well before they blow up; with the LR still climbing
