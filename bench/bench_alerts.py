@@ -52,10 +52,10 @@ twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``; r
 twenty-five was chosen on ``--split read30`` and replayed once on ``fresh31``; round twenty-six
 was chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and recorded before
 round twenty-five was chosen); round twenty-seven was chosen on ``--split read32`` and
-replayed once on ``fresh33`` (fixed and recorded before round twenty-six was chosen). The
-next change is chosen on ``--split read33`` and replayed once on ``fresh34`` (fixed and
-recorded before ``fresh33`` was read); ``fresh35`` was fixed before ``fresh34`` is read, for
-the change after it (``--split read34``).
+replayed once on ``fresh33`` (fixed and recorded before round twenty-six was chosen); round
+twenty-eight was chosen on ``--split read33`` and replayed once on ``fresh34`` (fixed and
+recorded before ``fresh33`` was read). The next change is chosen on ``--split read34`` and
+replayed once on ``fresh35`` (fixed and recorded before ``fresh34`` was read).
 
 Usage::
 
