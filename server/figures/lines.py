@@ -16,6 +16,28 @@ from .marks import add_alerts, nonfinite_trace
 from .style import COLORS, MARKER_ROW, PALETTE, base_layout, gaps_for_nonfinite, no_data, plain
 
 
+def _line(x: Sequence[int], y: Sequence[float], name: str, *, meta: str, color: str,
+          width: float = 1.5) -> go.Scatter:
+    """A series as a line (``name`` already made literal): gaps where it is non-finite, the
+    step and value on hover."""
+    return go.Scatter(
+        x=list(x), y=gaps_for_nonfinite(y), mode="lines", name=name, meta=meta,
+        line={"color": color, "width": width},
+        hovertemplate="step %{x}<br>" + name + " %{y:.4g}<extra></extra>",
+    )
+
+
+def _finish(fig: go.Figure, series: SeriesOut, alerts: Sequence[AlertOut],
+            own: Callable[[AlertOut], bool] | None) -> go.Figure:
+    """What every single-series chart ends with: its non-finite values along the top, its
+    alerts, and "no data" while it has no step."""
+    fig.add_trace(nonfinite_trace(series))
+    add_alerts(fig, alerts, own=own, steps=series.steps)
+    if not series.steps:
+        no_data(fig, series.name)
+    return fig
+
+
 def loss_figure(series: SeriesOut, alerts: Sequence[AlertOut] = (), *,
                 own: Callable[[AlertOut], bool] | None = None) -> go.Figure:
     """Loss over steps; traces: ``series``, ``nonfinite``, ``alerts``."""
@@ -34,11 +56,8 @@ def grad_norm_figure(
     """
     name = plain(norm.name)
     fig = go.Figure(layout=base_layout("gradient norm", "grad_norm", y_title=name))
-    fig.add_trace(go.Scatter(
-        x=list(norm.steps), y=gaps_for_nonfinite(norm.values), mode="lines", name=name,
-        meta="series", line={"color": COLORS["grad_norm"], "width": 1.5},
-        hovertemplate="step %{x}<br>" + name + " %{y:.4g}<extra></extra>",
-    ))
+    fig.add_trace(_line(norm.steps, norm.values, name, meta="series",
+                        color=COLORS["grad_norm"]))
     clip_steps: list[int] = []
     if clipped is not None:
         clip_steps = [s for s, v in zip(clipped.steps, clipped.values, strict=True) if v > 0]
@@ -55,11 +74,7 @@ def grad_norm_figure(
         marker={"color": COLORS["clipped"], "size": 7, "symbol": "circle"},
         hovertemplate="step %{x}: clipped (norm %{y:.4g})<extra></extra>",
     ))
-    fig.add_trace(nonfinite_trace(norm))
-    add_alerts(fig, alerts, own=own, steps=norm.steps)
-    if not norm.steps:
-        no_data(fig, norm.name)
-    return fig
+    return _finish(fig, norm, alerts, own)
 
 
 def line_figure(
@@ -96,22 +111,11 @@ def line_figure(
         fig.layout.yaxis.type = "log"
     if envelope is not None:
         env = plain(envelope.name)
-        fig.add_trace(go.Scatter(
-            x=list(envelope.steps), y=gaps_for_nonfinite(envelope.values), mode="lines", name=env,
-            meta="envelope", line={"color": COLORS["envelope"], "width": 1},
-            hovertemplate="step %{x}<br>" + env + " %{y:.4g}<extra></extra>",
-        ))
-    fig.add_trace(go.Scatter(
-        x=list(series.steps), y=gaps_for_nonfinite(series.values), mode="lines", name=name,
-        meta="series",
-        line={"color": color or COLORS.get(series.name, COLORS["series"]), "width": 1.5},
-        hovertemplate="step %{x}<br>" + name + " %{y:.4g}<extra></extra>",
-    ))
-    fig.add_trace(nonfinite_trace(series))
-    add_alerts(fig, alerts, own=own, steps=series.steps)
-    if not series.steps:
-        no_data(fig, series.name)
-    return fig
+        fig.add_trace(_line(envelope.steps, envelope.values, env, meta="envelope",
+                            color=COLORS["envelope"], width=1))
+    fig.add_trace(_line(series.steps, series.values, name, meta="series",
+                        color=color or COLORS.get(series.name, COLORS["series"])))
+    return _finish(fig, series, alerts, own)
 
 
 def compare_figure(
