@@ -16,9 +16,16 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
+
+from logitwatch.client import Client, ClientConfig
+from logitwatch.server.app import create_app
+from tests.hostile import settings
+from tests.served import Served
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Starlette's TestClient names its fake server "testserver" in the Host header, and some
@@ -175,3 +182,44 @@ def rising_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
                     "metric: attn.logit_max, severity: info, for_steps: 20, for_samples: 3,\n"
                     "     params: {factor: 4.0, floor: 30.0, window: 200, lag: 50}}\n")
     monkeypatch.setenv("LOGITWATCH_ALERT_RULES", str(path))
+
+
+# --- the hostile-day tests' collectors and clients (test_hostile_*.py) ---------------------
+
+
+@pytest.fixture
+def app_client(sqlite_url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(settings(sqlite_url))) as c:
+        yield c
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    made: list[Served] = []
+
+    def start(db_url: str | None = None, *args: str, nofile: int | None = None,
+              port: int | None = None, **env: str) -> Served:
+        s = Served(tmp_path, "--db", db_url or f"sqlite:///{tmp_path / 'served.db'}", *args,
+                   nofile=nofile, port=port, env=env)
+        made.append(s)
+        return s
+
+    yield start
+    for s in made:
+        s.stop()
+
+
+@pytest.fixture
+def client_for(tmp_path: Path) -> Iterator[Callable[..., Client]]:
+    made: list[Client] = []
+
+    def make(url: str, run: str, **config: Any) -> Client:
+        cfg = {"interval": 0.05, "max_backoff": 0.1, "spool_interval": 0.1, "timeout": 5.0,
+               "spool_dir": str(tmp_path / "spool"), **config}
+        c = Client(url, run=run, config=ClientConfig(**cfg))
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.shutdown(5.0)
