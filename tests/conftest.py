@@ -189,12 +189,17 @@ def rising_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def app_client(sqlite_url: str) -> Iterator[TestClient]:
+    """The collector's whole ASGI stack on a fresh SQLite database (no token cache, a fast
+    live stream)."""
     with TestClient(create_app(settings(sqlite_url))) as c:
         yield c
 
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    """``serve(db_url=None, *args, nofile=None, port=None, **env)`` starts ``logitwatch
+    serve`` on loopback (a fresh SQLite database by default); each is stopped after the
+    test."""
     made: list[Served] = []
 
     def start(db_url: str | None = None, *args: str, nofile: int | None = None,
@@ -211,6 +216,8 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
 
 @pytest.fixture
 def client_for(tmp_path: Path) -> Iterator[Callable[..., Client]]:
+    """``client_for(url, run, **config)``: a real client with short timings and a spool
+    under the test's directory; each is shut down after the test."""
     made: list[Client] = []
 
     def make(url: str, run: str, **config: Any) -> Client:
