@@ -164,9 +164,10 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # loss_grad_ramp (a 50-step median already). Recomputed from every step's gradient norm
     # and LR, the condition holds on no step of the 1,227 healthy and 37 degraded runs (the
     # nearest healthy level while the LR climbs: 5.2x, QK-norm at LR 0.3). The 36 diverging
-    # runs where it comes before today's first page and the 66 healthy or degraded runs whose
-    # level reaches 3x, at intervals 1, 10 and 50: 32 runs paged earlier (median 10 steps,
-    # 1-18), none later; caught 36/36, no healthy run paged, the 12 degraded paged as before
+    # runs where it comes before the first page of their set's last replay and the 66
+    # healthy or degraded runs whose level reaches 3x, at intervals 1, 10 and 50: 32 runs
+    # paged earlier (median 10 steps, 1-18), none later; caught 36/36, no healthy run paged,
+    # the 12 degraded paged as before
     RuleSpec("grad_norm_ramp", "level_rise", "grad.norm", severity="warning",
              params={"window": 50, "factor": 6.0, "min_history": 100, "while_rising": "lr",
                      "rising_span": 50, "rising_factor": 1.05},
