@@ -161,5 +161,3 @@ def mlflow_ingest(python: str, frames: list[dict[str, Any]], tmp: Path) -> tuple
         srv.wait(30)
     return r["values"] / r["seconds"], sqlite_bytes(db) / r["values"]
 
-
-# --- report ------------------------------------------------------------------------------

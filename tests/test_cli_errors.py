@@ -15,12 +15,12 @@ from pathlib import Path
 import click
 import httpx
 import pytest
-from served import Served
 
 from logitwatch.cli import main
 from logitwatch.client import Client, ClientConfig
 from logitwatch.client._url import normalize_url
 from logitwatch.demo.runner import free_port
+from tests.served import Served
 
 
 def lw(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -24,9 +24,9 @@ from pathlib import Path
 import click
 import httpx
 import pytest
-from served import Served
 
 from logitwatch.cli import main
+from tests.served import Served
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -523,7 +523,7 @@ def test_a_warm_up_whose_gradient_level_climbs_sixfold_pages_when_it_has(
     """Round twenty-eight on recorded runs: ``grad_norm_ramp`` pages on the first step its
     condition holds (the gradient norm's 50-step level 6x its lowest while the LR climbs).
     Two QK-norm warm-ups ramped too far are paged 10 and 14 steps earlier than with the
-    10-step hold the rule had through round twenty-seven, at intervals 1 and 50, a hundred
+    10-step hold the rule had through round twenty-seven, at intervals 1 and 50, ninety
     steps or more before their divergence."""
     ba = _load("bench_alerts")
     round27 = _over_defaults(tmp_path, dict(_default("grad_norm_ramp"), for_steps=10))

@@ -13,12 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-from served import Served
 
 from logitwatch.cli import main
 from logitwatch.client import ClientConfig
 from logitwatch.paths import default_db_url, home
 from logitwatch.server.settings import Settings
+from tests.served import Served
 
 
 def lw(*args: str, cwd: Path, env: dict[str, str] | None = None,

@@ -167,7 +167,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # runs where it comes before the first page of their set's last replay and the 66
     # healthy or degraded runs whose level reaches 3x, at intervals 1, 10 and 50: 32 runs
     # paged earlier (median 10 steps, 1-18), none later; caught 36/36, no healthy run paged,
-    # the 12 degraded paged as before
+    # the 12 degraded warned as before
     RuleSpec("grad_norm_ramp", "level_rise", "grad.norm", severity="warning",
              params={"window": 50, "factor": 6.0, "min_history": 100, "while_rising": "lr",
                      "rising_span": 50, "rising_factor": 1.05},

@@ -98,7 +98,7 @@ def line_figure(
     name = plain(series.name)
     shown = plain(title) if title is not None else name
     fig = go.Figure(layout=base_layout(shown, revision or f"series:{series.name}",
-                                        y_title=plain(y_title) if y_title else name))
+                                       y_title=plain(y_title) if y_title else name))
     fig.layout.yaxis.exponentformat = "SI"
     finite = {v for v in series.values if math.isfinite(v)}
     if y_range is None and len(finite) == 1:

@@ -59,8 +59,8 @@ def span_start(a: AlertOut, first: int | None, extent: int | None) -> int:
 
 
 def add_alerts(fig: go.Figure, alerts: Sequence[AlertOut], *,
-                own: Callable[[AlertOut], bool] | None = None,
-                steps: Sequence[int] = ()) -> None:
+               own: Callable[[AlertOut], bool] | None = None,
+               steps: Sequence[int] = ()) -> None:
     """Each alert about this chart (``own``, default: every alert): a shaded span from
     ``started_step`` (clamped, see :func:`span_start`) to ``fired_step``, a vertical line at
     ``fired_step``, and a hoverable marker at the top naming its layer and head. Alerts about
