@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh database per test, on SQLite and (when available) PostgreSQL.
+"""Shared fixtures: a fresh database per test, on SQLite and (when available) PostgreSQL;
+the hostile-day tests' collectors and clients; a collector that records what the hooks send.
 
 PostgreSQL comes from ``LOGITWATCH_TEST_PG_URL`` (scripts/test.sh starts a throwaway
 cluster and sets it). With ``LOGITWATCH_REQUIRE_PG=1`` a missing server fails the tests
@@ -8,16 +9,20 @@ instead of skipping them, so CI cannot pass without PostgreSQL.
 from __future__ import annotations
 
 import atexit
+import gzip
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -230,3 +235,34 @@ def client_for(tmp_path: Path) -> Iterator[Callable[..., Client]]:
     yield make
     for c in made:
         c.shutdown(5.0)
+
+
+# --- the hooks' tests: a collector that records what it is sent -----------------------------
+
+
+class Recorder:
+    """A collector (an httpx MockTransport handler) that keeps every frame posted to it and
+    answers with ``control``."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict] = []
+        self.control: dict = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = request.content
+        if request.headers.get("content-encoding") == "gzip":
+            body = gzip.decompress(body)
+        with self.lock:
+            self.frames.extend(json.loads(body)["frames"])
+        return httpx.Response(200, json={"alerts": [], "control": self.control})
+
+
+@pytest.fixture
+def recorder() -> Iterator[tuple[Recorder, Client]]:
+    """A :class:`Recorder` and a real client posting to it (the hooks' tests)."""
+    rec = Recorder()
+    http = httpx.Client(transport=httpx.MockTransport(rec))
+    client = Client("http://collector", run="r", config=ClientConfig(interval=0.02), http=http)
+    yield rec, client
+    client.shutdown(5.0)

@@ -2,190 +2,35 @@
 
 from __future__ import annotations
 
-import gzip
-import json
-import logging
-import math
-import os
-import threading
-from collections.abc import Callable, Iterator
-from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import logitwatch
 import logitwatch.hooks as lwh
-from logitwatch.client import Client, ClientConfig
-from logitwatch.hooks import Monitor, _capture, _frames, _monitor, _optimizer_step, attach
-from logitwatch.hooks._attach import resolve_rank
+from logitwatch.client import Client
+from logitwatch.hooks import _monitor, attach
 from logitwatch.hooks._probes import CountSyncs
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-COST = {"hooks.host_ms", "hooks.syncs", "hooks.bytes", "hooks.sample_every"}
-#: Present once the monitor has measured a sampled step against plain ones / on frame 0.
-LATER = {"hooks.cost_ms", "hooks.overhead", "loss.first_over_ln_vocab"}
-FINAL = {"final.hidden_rms", "final.logz", "final.logit_max"}
-SCALARS = ({"loss", "grad.norm", "grad.clipped", "grad.max_norm", "grad.clip_rate", "lr",
-            "attn.dtype_max", "optim.adaptive"}
-           | FINAL | COST)
-ATTN = {"attn.logit_max", "attn.logit_p99", "attn.logit_mean", "attn.logit_std",
-        "attn.entropy_mean", "attn.entropy_min"}
-QK = {"qk.q_weight_norm", "qk.k_weight_norm", "qk.q_bias_norm", "qk.k_bias_norm"}
-HEADS = ATTN | QK
-VOCAB = 64
-
+from tests.hooks_tiny import (
+    ATTN,
+    COST,
+    FINAL,
+    HEADS,
+    LATER,
+    SCALARS,
+    TinyLM,
+    assert_frame_matches,
+    batches,
+    keys,
+    reference,
+    train_tiny,
+    watch,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-# -- a custom model that calls SDPA itself (GQA, custom scale) ----------------------------
-
-
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, kv_heads: int, scale: float) -> None:
-        super().__init__()
-        self.heads, self.kv_heads, self.hd, self.scale = heads, kv_heads, dim // heads, scale
-        self.q = nn.Linear(dim, dim)
-        self.kv = nn.Linear(dim, 2 * kv_heads * self.hd)
-        self.o = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor, recorded: list | None) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q(x).view(b, t, self.heads, self.hd).transpose(1, 2)
-        k, v = self.kv(x).view(b, t, 2, self.kv_heads, self.hd).unbind(2)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
-        if recorded is not None:
-            recorded.append((q.detach().clone(), k.detach().clone(), self.scale))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.scale, enable_gqa=True
-        )
-        return self.o(y.transpose(1, 2).reshape(b, t, -1))
-
-
-class TinyLM(nn.Module):
-    def __init__(self, dim: int = 32, heads: int = 4, kv_heads: int = 2, layers: int = 2) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads, kv_heads, 0.3 + i) for i in range(layers))
-        self.head = nn.Linear(dim, VOCAB)
-        self.recorded: list | None = None
-
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None):
-        x = self.emb(ids)
-        for block in self.blocks:
-            x = x + block(x, self.recorded)
-        logits = self.head(x)
-        if targets is None:
-            return logits
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
-        return SimpleNamespace(loss=loss, logits=logits)
-
-
-def watch(*args, **kwargs) -> Monitor:
-    """``attach`` with a fixed schedule (no overhead budget) unless the test says so."""
-    kwargs.setdefault("overhead_budget", None)
-    return attach(*args, **kwargs)
-
-
-def batches(n: int, seed: int = 0, b: int = 3, t: int = 10) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (b, t), generator=gen) for _ in range(n)]
-
-
-def reference(recorded: list, mask: torch.Tensor | None = None) -> tuple[list, list]:
-    """Explicit eager attention logits from recorded (q, k, scale): per layer, per head."""
-    maxima, p99s = [], []
-    for q, k, scale in recorded:
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        logits = (q.double() @ k.double().transpose(-1, -2) * scale).numpy()
-        t, s = logits.shape[-2:]
-        valid = np.broadcast_to(np.tril(np.ones((t, s), bool)), logits.shape)
-        if mask is not None:  # (B, S) padding, 1 = real token: keys and queries
-            real = mask.bool().numpy()
-            valid = valid & real[:, None, None, :] & real[:, None, :, None]
-        maxima.append([logits[:, h][valid[:, h]].max() for h in range(q.shape[1])])
-        p99s.append([np.percentile(logits[:, h][valid[:, h]], 99) for h in range(q.shape[1])])
-    return maxima, p99s
-
-
-# -- a recording collector ----------------------------------------------------------------
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.frames: list[dict] = []
-        self.control: dict = {}
-        self.lock = threading.Lock()
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        body = request.content
-        if request.headers.get("content-encoding") == "gzip":
-            body = gzip.decompress(body)
-        with self.lock:
-            self.frames.extend(json.loads(body)["frames"])
-        return httpx.Response(200, json={"alerts": [], "control": self.control})
-
-
-@pytest.fixture
-def recorder() -> Iterator[tuple[Recorder, Client]]:
-    rec = Recorder()
-    http = httpx.Client(transport=httpx.MockTransport(rec))
-    client = Client("http://collector", run="r", config=ClientConfig(interval=0.02), http=http)
-    yield rec, client
-    client.shutdown(5.0)
-
-
-def train_tiny(
-    model: TinyLM,
-    opt: torch.optim.Optimizer,
-    mon: Monitor | None,
-    data: list[torch.Tensor],
-    *,
-    clip: float | None = 1.0,
-    micro: int = 1,
-    hook: Callable[[int], None] | None = None,
-) -> list[dict]:
-    """A plain training loop; returns per step what the test needs to check frames."""
-    steps = []
-    for i in range(0, len(data), micro):
-        model.recorded = []
-        losses = []
-        for ids in data[i : i + micro]:
-            out = model(ids, ids.roll(-1, 1))
-            (out.loss / micro).backward()
-            losses.append(out.loss.detach())
-        if hook is not None:
-            hook(i // micro)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip) if clip else None
-        opt.step()
-        opt.zero_grad()
-        steps.append({"recorded": model.recorded, "losses": losses, "norm": norm})
-    model.recorded = None
-    return steps
-
-
-def assert_frame_matches(frame: dict, step: dict, layers: int = 2, heads: int = 4) -> None:
-    ref_max, ref_p99 = reference(step["recorded"])
-    got_max = np.array(frame["heads"]["attn.logit_max"])
-    got_p99 = np.array(frame["heads"]["attn.logit_p99"])
-    assert got_max.shape == got_p99.shape == (layers, heads)
-    np.testing.assert_allclose(got_max, ref_max, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got_p99, ref_p99, rtol=1e-5, atol=1e-6)
-
-
-# -- tests --------------------------------------------------------------------------------
-
-
-def keys(frame: dict) -> set[str]:
-    """The frame's scalar names without those that depend on timing or frame order."""
-    return set(frame["scalars"]) - LATER
 
 
 def test_public_surface() -> None:
@@ -543,159 +388,3 @@ def test_cuda_history_flushes_do_not_sync() -> None:
             assert told[s] == (losses[s], norms[s]), s
 
 
-def test_sampling_interval_follows_control(recorder) -> None:
-    rec, client = recorder
-    rec.control = {"sample_every": 2}
-    model = TinyLM()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    mon = watch(model, opt, run="r", client=client, sample_every=5)
-    train_tiny(model, opt, mon, batches(1))
-    assert client.flush(5.0) and client.control == {"sample_every": 2}
-    train_tiny(model, opt, mon, batches(6, seed=1))
-    rec.control = {"sample_every": True}  # not an int: back to attach's 5
-    assert client.flush(5.0) and client.control == {"sample_every": True}
-    train_tiny(model, opt, mon, batches(7, seed=2))  # steps 7..13: next sample at 6 + 5
-    mon.close()
-    assert [f["step"] for f in rec.frames] == [0, 2, 4, 6, 11, 13]  # 13: close()'s
-
-
-def test_eval_and_no_grad_forwards_are_not_captured(recorder) -> None:
-    rec, client = recorder
-    torch.manual_seed(0)
-    model = TinyLM()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-
-    def evaluate(i: int) -> None:
-        huge = torch.full((2, 10), 7)
-        model.eval()
-        with torch.no_grad():
-            model(huge, huge)
-        model.train()
-        with torch.no_grad():
-            model(huge, huge)
-
-    with watch(model, opt, run="r", client=client, sample_every=1) as mon:
-        recorded_before = []
-        steps = train_tiny(model, opt, mon, batches(2),
-                           hook=lambda i: (recorded_before.append(list(model.recorded)),
-                                           evaluate(i)))
-    for frame, step, rec_train in zip(rec.frames, steps, recorded_before, strict=True):
-        step["recorded"] = rec_train
-        assert_frame_matches(frame, step)
-        assert frame["scalars"]["loss"] == pytest.approx(step["losses"][0].item(), rel=1e-6)
-
-
-def test_micro_batches_are_combined(recorder) -> None:
-    rec, client = recorder
-    model = TinyLM()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    kept: list[torch.Tensor] = []
-
-    def keep(i: int) -> None:  # what the monitor holds just before the optimizer step
-        buf = mon._buffer
-        for stats in buf.attn.values():
-            kept.extend(t for t in vars(stats).values() if isinstance(t, torch.Tensor))
-        kept.extend([buf.auto_loss, *buf.final.metrics().values()])
-
-    with watch(model, opt, run="r", client=client, sample_every=1) as mon:
-        steps = train_tiny(model, opt, mon, batches(4), micro=2, hook=keep)
-    assert kept and all(t.grad_fn is None and not t.requires_grad for t in kept)
-    assert len(rec.frames) == 2
-    for frame, step in zip(rec.frames, steps, strict=True):
-        first, second = step["recorded"][:2], step["recorded"][2:]
-        max_a, p99_a = reference(first)
-        max_b, p99_b = reference(second)
-        np.testing.assert_allclose(frame["heads"]["attn.logit_max"], np.maximum(max_a, max_b),
-                                   rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(frame["heads"]["attn.logit_p99"], np.maximum(p99_a, p99_b),
-                                   rtol=1e-5, atol=1e-6)
-        mean_loss = torch.stack(step["losses"]).mean().item()
-        assert frame["scalars"]["loss"] == pytest.approx(mean_loss, rel=1e-6)
-
-
-def run_tiny(mon_factory, n: int = 4) -> tuple[list[torch.Tensor], Monitor | None]:
-    torch.manual_seed(0)
-    model = TinyLM()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    mon = mon_factory(model, opt)
-    train_tiny(model, opt, mon, batches(n), clip=None)  # grad.norm from the pre-step hook
-    if mon is not None:
-        mon.close()
-    return [p.detach().clone() for p in model.parameters()], mon
-
-
-@pytest.mark.parametrize("where", ["attention", "grad", "step"])
-def test_a_failure_disables_one_part_and_training_is_unaffected(
-    recorder, monkeypatch, caplog, where
-) -> None:
-    rec, client = recorder
-
-    def boom(*args, **kwargs):
-        raise RuntimeError("injected failure")
-
-    target = {"attention": (_capture, "attention_head_stats"),
-              "grad": (_optimizer_step, "global_grad_norm"),
-              "step": (_frames, "collect")}[where]
-    expected, _ = run_tiny(lambda model, opt: None)
-    monkeypatch.setattr(*target, boom)
-    with caplog.at_level(logging.WARNING, logger="logitwatch.hooks"):
-        params, mon = run_tiny(
-            lambda model, opt: watch(model, opt, run="r", client=client, sample_every=1)
-        )
-    assert all(torch.equal(a, b) for a, b in zip(params, expected, strict=True))
-    assert mon is not None and mon.disabled == {where}
-    assert caplog.text.count("part of the monitor failed") == 1 and f"'{where}' part" in caplog.text
-    assert torch._C._len_torch_function_stack() == 0
-    if where == "attention":
-        assert len(rec.frames) == 4 and all(f["heads"] == {} for f in rec.frames)
-        assert all("loss" in f["scalars"] for f in rec.frames)
-    if where == "step":
-        assert rec.frames == []
-
-
-def test_an_exception_in_forward_leaves_no_mode_behind(recorder) -> None:
-    rec, client = recorder
-    model = TinyLM()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    mon = watch(model, opt, run="r", client=client, sample_every=1)
-    with pytest.raises(IndexError):
-        model(torch.full((1, 4), VOCAB + 5))  # out of range token: the job's own bug
-    assert torch._C._len_torch_function_stack() == 0 and not mon.capturing
-    train_tiny(model, opt, mon, batches(1))
-    mon.close()
-    assert [f["step"] for f in rec.frames] == [0] and rec.frames[0]["heads"]
-
-
-def test_without_optimizer_monitor_step_ends_steps(recorder) -> None:
-    rec, client = recorder
-    model = TinyLM()
-    mon = watch(model, run="r", client=client, sample_every=2)
-    for ids in batches(3):
-        out = model(ids, ids.roll(-1, 1))
-        out.loss.backward()
-        mon.step()
-        model.zero_grad()
-    mon.close()
-    assert [f["step"] for f in rec.frames] == [0, 2]
-    assert keys(rec.frames[0]) == {"loss", "grad.norm", "attn.dtype_max"} | FINAL | COST
-
-
-def test_attach_validates_arguments(monkeypatch) -> None:
-    model = TinyLM()
-    with pytest.raises(ValueError, match="sample_every"):
-        attach(model, run="r", sample_every=0)
-    with pytest.raises(ValueError, match="max_grad_norm"):
-        attach(model, run="r", max_grad_norm=-1.0)
-    with pytest.raises(TypeError, match="model"):
-        attach(object(), run="r")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="run"):
-        attach(model, run="r", client=Client(None, run="other"))
-    with pytest.raises(ValueError, match="run"):
-        attach(model, run="not a valid name")
-    monkeypatch.setenv("RANK", "3")
-    assert resolve_rank(None) == 3 and resolve_rank(1) == 1
-    monkeypatch.delenv("RANK")
-    assert resolve_rank(None) == 0
-    with attach(model, run="r") as mon:  # url=None: a dry run that discards
-        assert mon.client.url is None and mon.client.rank == 0
-    assert math.isfinite(mon.step_index)
