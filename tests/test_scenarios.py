@@ -12,42 +12,27 @@ whole suite: ``python bench/bench_alerts.py``).
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-FILES = sorted((BENCH / "scenarios").glob("*.jsonl.gz"))
+from tests.scenario_tools import FILES, load
+
 NAN = math.nan
-
-
-def _load(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))  # the bench modules import each other
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def rec() -> ModuleType:
-    return _load("record_scenarios")
+    return load("record_scenarios")
 
 
 @pytest.fixture(scope="module")
 def lab() -> ModuleType:
-    return _load("scenario_labels")
+    return load("scenario_labels")
 
 
 def _header(path: Path) -> dict[str, Any]:
@@ -56,23 +41,6 @@ def _header(path: Path) -> dict[str, Any]:
 
 
 # -- labels ----------------------------------------------------------------------------------
-
-
-def _default(name: str) -> dict[str, Any]:
-    """The default rule ``name`` as an entry of a rules YAML (a dict to edit)."""
-    from logitwatch.server.alerts.defaults import DEFAULT_RULES
-
-    return next(r for r in DEFAULT_RULES if r.name == name).to_dict()
-
-
-def _over_defaults(tmp_path: Path, *rules: dict[str, Any]) -> list[Any]:
-    """The default rules with ``rules`` replacing those of their names, written to a rules
-    YAML and read back as ``bench_alerts.py --rules`` reads it: a change taken back."""
-    import yaml
-
-    path = tmp_path / f"rules{len(list(tmp_path.glob('rules*.yaml')))}.yaml"
-    path.write_text(yaml.safe_dump({"rules": list(rules)}))
-    return _load("bench_alerts").rules_over_defaults(path)
 
 
 def test_labels_on_constructed_losses(lab: ModuleType) -> None:
@@ -191,7 +159,7 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
     assert set(rec.SPLIT_NAMES) == {"tune", "holdout", *sets}
     # the bench replays exactly the recorded sets, in the order they were fixed, and each
     # read split reads through its own set
-    bench = _load("bench_alerts")
+    bench = load("bench_alerts")
     assert bench.SETS == rec.SPLIT_NAMES
     assert all(bench.READ_THROUGH[f"read{i}"] == f"fresh{i}" for i in range(6, bench.NEWEST))
     assert len(rec.BY_NAME) == len(rec.ALL)  # no name twice
@@ -220,7 +188,7 @@ def _frame(step: int, clipped: float) -> dict[str, Any]:
 
 
 def test_derive_is_what_a_job_sampling_every_k_sends() -> None:
-    sf = _load("scenario_frames")
+    sf = load("scenario_frames")
     frames = [_frame(s, 1.0 if s in (2, 4, 5) else 0.0) for s in range(8)]
     frames[5]["scalars"]["loss"] = "NaN"
     got = sf.derive(frames, 3)
@@ -273,7 +241,7 @@ def test_a_spike_is_sampled_at_once_and_a_steady_run_never() -> None:
 
 
 def test_derived_frames_pass_the_collectors_schema() -> None:
-    sf = _load("scenario_frames")
+    sf = load("scenario_frames")
     if not sf.history_supported():
         pytest.skip("this collector's FrameIn has no history")
     from logitwatch.server.schemas import IngestIn
@@ -293,7 +261,7 @@ def test_derived_frames_pass_the_collectors_schema() -> None:
 
 
 def test_derived_flushes_keep_every_step_and_do_not_move_the_samples() -> None:
-    sf = _load("scenario_frames")
+    sf = load("scenario_frames")
     frames = [_frame(s, 0.0) for s in range(137)]
     for k in (1, 7, 25, 50):
         plain = sf.derive(frames, k, flush_every=None)
@@ -347,7 +315,7 @@ INTERVALS = (1, 40)
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
 def test_default_rules_on_a_heldout_subset() -> None:
-    ba = _load("bench_alerts")
+    ba = load("bench_alerts")
     paths = {p.name.split(".")[0]: p for p in FILES}
     missing = [n for n in SUBSET if n not in paths]
     assert not missing, missing
@@ -387,7 +355,7 @@ FIXED = {"lr_ramp": "paged", "gpt2_plain_adam": "quiet", "postln_early_transient
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
 @pytest.mark.parametrize("k", INTERVALS)
 def test_what_the_first_heldout_reading_fixed(k: int) -> None:
-    ba = _load("bench_alerts")
+    ba = load("bench_alerts")
     paths = {p.name.split(".")[0]: p for p in FILES}
     for name, want in FIXED.items():
         row = ba.bench_one(str(paths[name]), k)
@@ -399,186 +367,3 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
         else:
             assert row["rules_paged"] and set(row["rules_paged"]) <= {
                 "q_bias_refuge", "k_bias_refuge"}, (name, k, row["rules_paged"])
-
-
-@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_the_bench_replays_a_rules_file_over_the_defaults(tmp_path: Path) -> None:
-    """``--rules``: a change measured, or taken back, as ``serve`` would apply it. Round
-    twenty taken back (``at_once_adaptive_above: null``) pages the held-out run it was read
-    on (one garbage batch under unclipped Adam) at once again; the defaults do not."""
-    ba = _load("bench_alerts")
-    path = str(BENCH / "scenarios" / "f22_gpt2_adam_outlier_random.jsonl.gz")
-    jump = _default("loss_jump")
-    jump["page"]["at_once_adaptive_above"] = None
-    assert ba.bench_one(path, 1)["logitwatch"]["from50"] is None
-    assert ba.bench_one(path, 1, rules=_over_defaults(tmp_path, jump))["logitwatch"][
-        "from50"] == 420
-    with pytest.raises(SystemExit):
-        ba.main(["--split", "fresh22", "--rules", str(tmp_path / "missing.yaml")])
-
-
-@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_a_healed_sgd_garbage_batch_pages_only_under_the_damage_test(tmp_path: Path) -> None:
-    """Round twenty-one on recorded runs. ``f23_llama_sgd_bad_data_8`` (eight garbage
-    batches under unclipped momentum SGD, healed) paged at 431 on its aftershock under round
-    ten's damage test; the defaults leave it shown. ``f18_postln_sgd_outlier_zeros`` (one
-    zero-byte batch at 380, then a blow-up from 384) still pages, once it blows up."""
-    ba = _load("bench_alerts")
-    damage = [dict(r, page={**r["page"], "aftershock_above": 12.0})
-              for r in (_default("loss_jump"), _default("grad_blowup"))]
-    round20 = _over_defaults(tmp_path, *damage)
-    healed = str(BENCH / "scenarios" / "f23_llama_sgd_bad_data_8.jsonl.gz")
-    assert ba.bench_one(healed, 1)["logitwatch"]["from50"] is None
-    assert ba.bench_one(healed, 1, rules=round20)["logitwatch"]["from50"] == 431
-    wrecked = str(BENCH / "scenarios" / "f18_postln_sgd_outlier_zeros.jsonl.gz")
-    assert ba.bench_one(wrecked, 1, rules=round20)["logitwatch"]["from50"] == 381
-    assert ba.bench_one(wrecked, 1)["logitwatch"]["from50"] == 385
-
-
-@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_an_sgd_blow_up_that_climbs_in_its_first_steps_pages_by_its_divergence(
-        tmp_path: Path) -> None:
-    """Round twenty-two on recorded runs: two unclipped momentum-SGD blow-ups of the
-    twenty-seventh set, the loss a nat up on the first step, up on the second, 11-13 nats up
-    on the third (the divergence), paged there by the climb; with ``climb_above`` taken back
-    they paged one and two steps late (the precursor leaves a run's first three steps out)."""
-    ba = _load("bench_alerts")
-    back = [dict(r, page={**r["page"], "climb_above": None})
-            for r in (_default("loss_jump"), _default("grad_blowup"))]
-    round21 = _over_defaults(tmp_path, *back)
-    for name, now, before in (("f26_gpt2_sgd_blowup", 261, 263),
-                              ("f26_postln_sgd_blowup", 236, 238)):
-        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
-        row = ba.bench_one(path, 1)
-        assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, row)
-        assert ba.bench_one(path, 1, rules=round21)["logitwatch"]["from50"] == before, name
-
-
-@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_a_warm_up_ramped_too_far_pages_its_first_big_jump(tmp_path: Path) -> None:
-    """Round twenty-three on recorded runs: QK-norm warm-ups ramped too far whose first big
-    loss jump, clipped, is their divergence page there, the jump corroborated by
-    ``loss_clip_ramp``'s breach; without it (round twenty-two) they paged 2-6 steps late,
-    when ``loss_clip_ramp`` had held 10 steps."""
-    ba = _load("bench_alerts")
-    # loss_clip_ramp with its 10-step hold (through round twenty-five), in both rule sets:
-    # without the hold (the defaults since round twenty-six) it pages these runs itself, as
-    # early or earlier (asserted last)
-    held = dict(_default("loss_clip_ramp"), for_steps=10)
-    jump = _default("loss_jump")
-    jump["page"]["with_rules"] = ["grad_blowup", "grad_nonfinite"]
-    round25 = _over_defaults(tmp_path, held)
-    round22 = _over_defaults(tmp_path, held, jump)
-    for name, now, before, today in (("f22_lr_ramp_s223", 101, 111, 101),
-                                     ("f17_lr_ramp_s171", 134, 137, 125)):
-        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
-        row = ba.bench_one(path, 1, rules=round25)
-        assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, row)
-        assert row["logitwatch_rules"] == ["loss_jump"], (name, row)
-        assert ba.bench_one(path, 1, rules=round22)["logitwatch"]["from50"] == before, name
-        assert ba.bench_one(path, 1)["logitwatch"]["from50"] == today <= now, name
-
-
-@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_a_warm_up_ramped_too_far_pages_when_its_loss_climbs_at_the_clip(
-        tmp_path: Path) -> None:
-    """Round twenty-six on recorded runs: ``loss_clip_ramp`` pages on the first step its
-    condition holds (the loss's 20-step level 0.3 nat up, the gradient clipped on 75 % of
-    the last 20 steps, the LR still climbing), at intervals 1, 10 and 50. Two QK-norm
-    warm-ups ramped too far are caught before their divergence; with the 10-step hold the
-    rule had through round twenty-five, both paged 4 steps after it."""
-    ba = _load("bench_alerts")
-    round25 = _over_defaults(tmp_path, dict(_default("loss_clip_ramp"), for_steps=10))
-    for name, now, before in (("f20_lr_ramp_s201", 101, 109), ("f31_lr_ramp_s310", 133, 141)):
-        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
-        for k in (1, 10, 50):
-            row = ba.bench_one(path, k)
-            assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, k, row)
-            assert row["logitwatch_rules"] == ["loss_clip_ramp"], (name, k, row)
-        old = ba.bench_one(path, 1, rules=round25)["logitwatch"]["from50"]
-        assert old == before > row["divergence_step"], name
-
-
-@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_a_warm_up_whose_loss_and_gradient_climb_pages_when_both_have(tmp_path: Path) -> None:
-    """Round twenty-seven on a recorded run: ``loss_grad_ramp`` pages on the first step its
-    condition holds (the loss's 20-step level 0.3 nat up and the gradient norm's 50-step
-    level 2.5x its lowest, the LR still climbing). A Llama momentum-SGD warm-up dated 157 is
-    caught at 155, at intervals 1 and 50; with the 10-step hold the rule had through round
-    twenty-six it paged at 162."""
-    ba = _load("bench_alerts")
-    round26 = _over_defaults(tmp_path, dict(_default("loss_grad_ramp"), for_steps=10))
-    path = str(BENCH / "scenarios" / "f11_llama_sgd_blowup.jsonl.gz")
-    for k in (1, 50):
-        row = ba.bench_one(path, k)
-        assert row["logitwatch"]["from50"] == 155 <= row["divergence_step"], (k, row)
-        assert row["logitwatch_rules"] == ["loss_grad_ramp"], (k, row)
-    old = ba.bench_one(path, 1, rules=round26)["logitwatch"]["from50"]
-    assert old == 162 > row["divergence_step"]
-
-
-@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_a_warm_up_whose_gradient_level_climbs_sixfold_pages_when_it_has(
-        tmp_path: Path) -> None:
-    """Round twenty-eight on recorded runs: ``grad_norm_ramp`` pages on the first step its
-    condition holds (the gradient norm's 50-step level 6x its lowest while the LR climbs).
-    Two QK-norm warm-ups ramped too far are paged 10 and 14 steps earlier than with the
-    10-step hold the rule had through round twenty-seven, at intervals 1 and 50, ninety
-    steps or more before their divergence."""
-    ba = _load("bench_alerts")
-    round27 = _over_defaults(tmp_path, dict(_default("grad_norm_ramp"), for_steps=10))
-    for name, now, before in (("f21_qknorm_high_lr", 405, 415),
-                              ("f16_qknorm_high_lr", 542, 556)):
-        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
-        for k in (1, 50):
-            row = ba.bench_one(path, k)
-            assert row["logitwatch"]["from50"] == now, (name, k, row)
-            assert row["logitwatch_rules"] == ["grad_norm_ramp"], (name, k, row)
-            assert row["divergence_step"] - now >= 90, (name, row)
-        assert ba.bench_one(path, 1, rules=round27)["logitwatch"]["from50"] == before, name
-
-
-@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_an_sgd_warm_up_pages_on_its_logits_not_its_blow_up(tmp_path: Path) -> None:
-    """Round twenty-four on recorded runs: momentum-SGD Llama runs warming up grow a head's
-    float32 logits past 4x their range well before they blow up; with the LR still climbing
-    20 % a hundred steps the departure pages when it fires, at interval 1 and 10 (at 40 the
-    departure itself fires later on these runs); without ``lr_climb`` (round twenty-three)
-    it stayed info and the gradient and loss paged 2-4 steps before the divergence."""
-    ba = _load("bench_alerts")
-    dep = _default("attn_logit_departure")
-    dep["downgrade"]["lr_climb"] = None
-    round23 = _over_defaults(tmp_path, dep)
-    for name, before in (("llama_sgd_blowup_s1", 373), ("f24_llama_sgd_blowup", 339)):
-        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
-        for k in (1, 10):
-            row = ba.bench_one(path, k)
-            assert row["divergence_step"] - row["logitwatch"]["from50"] >= 50, (name, k, row)
-            assert row["logitwatch_rules"] == ["attn_logit_departure"], (name, k, row)
-        old = ba.bench_one(path, 1, rules=round23)
-        assert old["logitwatch"]["from50"] == before, (name, old)
-
-
-@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_a_garbage_stretch_that_left_the_run_worse_is_not_reported_recovered() -> None:
-    """Round twenty-five on recorded runs: twenty garbage batches left an unclipped post-LN
-    SGD run 0.6 nat worse for good, just under the jump detector's limit; the jump alert
-    used to resolve at step 431 as "Recovered" and never page. Now it pages 100 steps after
-    the jump, saying the loss did not recover. A garbage batch a Llama run shrugs off still
-    resolves as recovered, once the loss's level is back."""
-    from logitwatch.server.alerts.replay import replay
-
-    frames_mod = _load("scenario_frames")
-    for name, pages in (("f13_postln_sgd_bad_data", True), ("f30_llama_outlier_random", False)):
-        _, frames = frames_mod.read_run(BENCH / "scenarios" / f"{name}.jsonl.gz")
-        jumps = [a for a in replay(frames_mod.derive(frames, 1), batch=64).alerts
-                 if a.rule == "loss_jump"]
-        assert jumps, name
-        a = jumps[0]
-        if pages:
-            assert a.paged_step == a.started_step + 100 == 480, (name, a.evidence)
-            assert a.evidence["escalated_because"].startswith("it did not recover"), name
-            assert not a.evidence.get("recovered")
-        else:
-            assert a.paged_step is None and a.evidence.get("recovered") is True, name
-            assert "back within" in a.message
