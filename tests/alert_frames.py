@@ -2,7 +2,8 @@
 alert-policy tests: ``frames_at`` builds them from per-step functions, ``alerts_of`` replays
 them, ``feed`` sends them one by one through a collector's write path into a given database
 (an engine per call: a restarted collector), ``defaults_with`` takes a change back to show
-a test fails without it."""
+a test fails without it; ``frame``, ``logits`` and ``alerts`` build frames by sample index
+and read back the stored alerts for the engine tests."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
@@ -98,3 +100,28 @@ def growing(start: int, rate: float = 0.02, base: float = 5.0):  # type: ignore[
             m[1][2] = base * math.exp(rate * (step - start))
         return {"attn.logit_max": m}
     return heads
+
+
+# -- frames by sample index, and what the database holds (the engine tests) ----------------
+
+
+def frame(i: int, *, run: str = "r1", heads: Any = None, **scalars: Any) -> dict[str, Any]:
+    """Frame ``i`` of rank 0 of ``run``: step ``10 i``, these scalars and per-head matrices."""
+    return {"run": run, "rank": 0, "seq": i, "step": i * 10, "time": 1000.0 + i,
+            "scalars": scalars, "heads": heads or {}}
+
+
+def logits(i: int, rising: tuple[tuple[int, int], ...] = (), start: int = 20) -> dict[str, Any]:
+    """2 layers x 4 heads of max logits near 5; the ``rising`` cells double each sample
+    from sample ``start``."""
+    m = [[5.0 + 0.1 * ((i + h) % 3) for h in range(4)] for _ in range(2)]
+    for layer, head in rising:
+        if i >= start:
+            m[layer][head] = 5.0 * 2 ** (i - start + 1)
+    return {"attn.logit_max": m}
+
+
+def alerts(sessions: sessionmaker[Session]) -> list[Alert]:
+    """Every alert stored in the database, oldest first."""
+    with sessions() as s:
+        return list(s.scalars(select(Alert).order_by(Alert.id)).all())

@@ -1,0 +1,184 @@
+"""The alert engine over a real database, one episode at a time: a re-breach within a rule's
+hold is the same alert (also across a collector restart), a per-head departure's severity
+follows the attention dtype and escalates when the loss rises, and an LR climb survives a
+restart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from logitwatch.server.alerts.defaults import DEFAULT_RULES
+from logitwatch.server.alerts.engine import AlertEngine
+from logitwatch.server.alerts.rules import RuleSpec
+from tests.alert_frames import alerts, feed, frame, logits
+
+# -- hold (keep_firing_for): one episode, one alert ----------------------------------------
+
+HOT = [RuleSpec("hot_loss", "threshold", "loss", params={"value": 5.0}, keep_firing_for=50)]
+# fires at step 30; clear at 40, 50, 60; breaches again at 70 (within the 50-step hold)
+REBREACH = [2, 2, 2, 9, 2, 2, 2, 9, 2, 2, 2, 2, 2, 2, 2]
+# fires at step 30; clear from 40: resolved at 90 (hold over); breaches again at 100
+BEYOND = [2, 2, 2, 9, 2, 2, 2, 2, 2, 2, 9, 2]
+
+
+@pytest.mark.parametrize("restart_at", [None, 5, 8])
+def test_rebreach_within_hold_is_one_alert(sessions: sessionmaker[Session],
+                                           restart_at: int | None) -> None:
+    frames = [frame(i, loss=v) for i, v in enumerate(REBREACH)]
+    cut = restart_at or len(frames)
+    changed = feed(sessions, AlertEngine(HOT), frames[:cut])
+    changed += feed(sessions, AlertEngine(HOT), frames[cut:])  # a restarted collector
+    got = alerts(sessions)
+    assert len(got) == 1, [(a.fired_step, a.resolved_step) for a in got]
+    a = got[0]
+    assert (a.fired_step, a.state, a.resolved_step) == (30, "resolved", 130)
+    assert a.evidence["reopened"] == 1 and a.evidence["last_breach_step"] == 70
+    assert a.evidence["keep_firing_for"] == 50
+    # what it showed when it fired stays; the re-breach is added, not written over it
+    assert (a.value, a.threshold, a.paged_step) == (9.0, 5.0, 30)
+    assert "loss = 9" in a.message and "fired at step 30" in a.message
+    assert a.evidence["breaches"] == [{"step": 70, "value": 9.0, "baseline": None,
+                                       "limit": 5.0}]
+    assert a.evidence["latest"]["step"] == 70 and "breaches_dropped" not in a.evidence
+    # people heard of it when it fired and when it resolved, not of the re-breach
+    assert [(c.id, c.state) for c in changed] == [(a.id, "firing"), (a.id, "resolved")]
+
+
+@pytest.mark.parametrize("restart_at", [None, 6])
+def test_breach_beyond_hold_is_a_second_alert(sessions: sessionmaker[Session],
+                                              restart_at: int | None) -> None:
+    frames = [frame(i, loss=v) for i, v in enumerate(BEYOND)]
+    cut = restart_at or len(frames)
+    feed(sessions, AlertEngine(HOT), frames[:cut])
+    feed(sessions, AlertEngine(HOT), frames[cut:])
+    got = [(a.fired_step, a.state, a.resolved_step) for a in alerts(sessions)]
+    assert got == [(30, "resolved", 90), (100, "firing", None)]
+
+
+@pytest.mark.parametrize("restart_at", [None, 30])
+def test_rebreaches_are_added_to_a_bounded_list(sessions: sessionmaker[Session],
+                                                restart_at: int | None) -> None:
+    series = [2, 2, 2, 9] + [2, 9] * 25 + [2] * 8  # fires at 30, 25 re-breaches, resolves
+    frames = [frame(i, loss=v) for i, v in enumerate(series)]
+    cut = restart_at or len(frames)
+    feed(sessions, AlertEngine(HOT), frames[:cut])
+    feed(sessions, AlertEngine(HOT), frames[cut:])  # a restarted collector
+    (a,) = alerts(sessions)
+    assert (a.fired_step, a.value, a.paged_step, a.state) == (30, 9.0, 30, "resolved")
+    ev = a.evidence
+    assert ev["reopened"] == 25 and ev["breaches_dropped"] == 5
+    assert [b["step"] for b in ev["breaches"]] == list(range(150, 531, 20))
+    assert ev["latest"]["step"] == ev["last_breach_step"] == 530
+    assert ev["rule_kind"] == "threshold" and ev["keep_firing_for"] == 50
+
+
+def test_head_that_rebreaches_keeps_its_layer_alert(sessions: sessionmaker[Session]) -> None:
+    """A grouped per-head alert: a head that clears and breaches again within the hold
+    stays in the same alert (active), with the newest value."""
+    rule = RuleSpec("hot_head", "threshold", "attn.logit_max", params={"value": 50.0},
+                    keep_firing_for=50)
+    hot = [0, 0, 60, 60, 0, 0, 70, 0, 0, 0, 0, 0, 0, 0]
+
+    def m(i: int) -> dict[str, Any]:
+        return {"attn.logit_max": [[5.0, 5.0], [5.0, float(hot[i])]]}
+
+    feed(sessions, AlertEngine([rule]), [frame(i, heads=m(i), loss=2.0)
+                                         for i in range(len(hot))])
+    got = alerts(sessions)
+    assert len(got) == 1
+    a = got[0]
+    assert (a.layer, a.heads, a.fired_step, a.resolved_step) == (1, [1], 20, 120)
+    assert a.value == 60.0 and a.evidence["reopened"] == 1  # the value it fired with
+    assert [(b["step"], b["value"], b["heads"]) for b in a.evidence["breaches"]] == [
+        (60, 70.0, [1])]
+    assert a.evidence["latest"]["value"] == 70.0
+
+
+# -- downgrade: a per-head logit departure in a wide attention dtype ----------------------
+
+DEPARTURE = [r for r in DEFAULT_RULES if r.name == "attn_logit_departure"]
+
+
+def _wide(i: int, *, dtype_max: float | None, loss: float = 2.0) -> dict[str, Any]:
+    scalars: dict[str, Any] = {"loss": loss}
+    if dtype_max is not None:
+        scalars["attn.dtype_max"] = dtype_max
+    # head (1, 2) doubles from sample 26: 80 > floor 50 at 29, firing (3 samples) at 31
+    return frame(i, heads=logits(i, rising=((1, 2),), start=26), **scalars)
+
+
+@pytest.mark.parametrize(("dtype_max", "severity"), [
+    (65504.0, "warning"),  # float16 attention: on course to overflow
+    (None, "warning"),  # the job does not say: as before
+    (3.4028e38, "info"),  # float32: growth tends to stall learning, not overflow
+])
+def test_departure_severity_follows_attention_dtype(
+        sessions: sessionmaker[Session], dtype_max: float | None, severity: str) -> None:
+    feed(sessions, AlertEngine(DEPARTURE), [_wide(i, dtype_max=dtype_max) for i in range(34)])
+    (a,) = alerts(sessions)
+    assert (a.rule, a.layer, a.heads, a.fired_step) == ("attn_logit_departure", 1, [2], 310)
+    assert a.severity == severity
+    assert a.paged_step == (310 if severity == "warning" else None)
+    if severity == "info":
+        why = a.evidence["downgraded"]
+        assert why["from"] == "warning" and why["value"] == 3.4028e38
+        assert why["loss_rise"] == 0.0 and why["loss_rise_limit"] == 0.25
+        assert "Info, not warning: attn.dtype_max = 3.403e+38" in a.message
+        assert "stall learning rather than overflow" in a.message and "QK-clip" in a.message
+    else:
+        assert "downgraded" not in a.evidence
+
+
+@pytest.mark.parametrize("restart_at", [None, 33])
+def test_downgraded_alert_escalates_when_the_loss_rises(
+        sessions: sessionmaker[Session], restart_at: int | None) -> None:
+    # loss 2.0, then 2.2 (0.2 nat: below the 0.25-nat rise) from sample 28, then 3.5 from
+    # sample 33: the median of the last 10 samples is 0.85 nat above its best once five of
+    # them are at 3.5 (sample 37)
+    frames = [_wide(i, dtype_max=3.4028e38, loss=2.0 if i < 28 else 2.2 if i < 33 else 3.5)
+              for i in range(41)]
+    cut = restart_at or len(frames)
+    first = feed(sessions, AlertEngine(DEPARTURE), frames[:cut])
+    later = feed(sessions, AlertEngine(DEPARTURE), frames[cut:])
+    (a,) = alerts(sessions)
+    assert a.severity == "warning" and a.fired_step == 310 and a.state == "firing"
+    assert a.paged_step == 370 and a.evidence["escalated_step"] == 370
+    # what it showed when it fired (as info) stays: head (1, 2) at sample 31 was 5 * 2**6
+    assert a.value == 320.0 and a.message.startswith("r1: rank 0, layer 1, head 2: ")
+    assert "fired at step 310." in a.message and "Info, not warning" in a.message
+    assert "rose 0.85 nats above its best" in a.evidence["escalated_because"]
+    assert "Escalated to warning at step 370" in a.message
+    notified = [(c.id, c.severity) for c in first + later]
+    assert notified == [(a.id, "info"), (a.id, "warning")]
+
+
+def _sgd_warm_up(i: int) -> dict[str, Any]:
+    """Frame ``i`` (step 10·i) of a momentum-SGD job warming its LR up to step 800, float32
+    scores, a flat loss; head (1, 2)'s max logit grows e-fold every 50 steps from step 400."""
+    step = i * 10
+    m = [[5.0 + 0.1 * ((i + h) % 3) for h in range(4)] for _ in range(2)]
+    if step >= 400:
+        m[1][2] = 5.0 * 2.718281828 ** ((step - 400) / 50)
+    return frame(i, heads={"attn.logit_max": m}, loss=3.0 + 0.05 * ((i * 7) % 3),
+                 lr=3.0 * (step + 1) / 800, **{"attn.dtype_max": 3.4e38, "optim.adaptive": 0.0})
+
+
+@pytest.mark.parametrize("restart_at", [None, 50])
+def test_the_lr_climb_survives_a_restart(sessions: sessionmaker[Session],
+                                         restart_at: int | None) -> None:
+    """A wide-dtype departure under a plain optimizer whose LR still climbs pages when it
+    fires, also when the collector restarted 30 steps before: the LR it climbed from is
+    rebuilt from the stored frames (without them the climb over 500-530 is 6 %, and the
+    departure would be info). The departure alone: the defaults' loss_jump reads the LR
+    too, and would restore it anyway."""
+    rules = [r for r in DEFAULT_RULES if r.name == "attn_logit_departure"]
+    frames = [_sgd_warm_up(i) for i in range(70)]
+    cut = restart_at or len(frames)
+    feed(sessions, AlertEngine(rules), frames[:cut])
+    feed(sessions, AlertEngine(rules), frames[cut:])  # a restarted collector
+    (a,) = [a for a in alerts(sessions) if a.rule == "attn_logit_departure"]
+    assert a.severity == "warning" and a.paged_step == a.fired_step, a.evidence
+    assert 510 <= a.fired_step <= 560 and "downgraded" not in a.evidence
