@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from logitwatch.client import Client, ClientConfig
 from logitwatch.server.app import create_app
 from tests.hostile import settings
+from tests.pg import pg_database
 from tests.served import Served
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,36 +43,13 @@ os.environ.setdefault("LOGITWATCH_ALLOWED_HOSTS", "testserver,collector")
 os.environ["LOGITWATCH_HOME"] = tempfile.mkdtemp(prefix="logitwatch-test-home-")
 atexit.register(shutil.rmtree, os.environ["LOGITWATCH_HOME"], ignore_errors=True)
 
-PG_URL = os.environ.get("LOGITWATCH_TEST_PG_URL")
-
-
-def _pg_database() -> Iterator[str]:
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    if not PG_URL:
-        if os.environ.get("LOGITWATCH_REQUIRE_PG"):
-            pytest.fail("LOGITWATCH_REQUIRE_PG is set but LOGITWATCH_TEST_PG_URL is not")
-        pytest.skip("PostgreSQL not configured (set LOGITWATCH_TEST_PG_URL; scripts/test.sh does)")
-    name = f"lw_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database URL: a SQLite file, then a new PostgreSQL database."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'lw.db'}"
     else:
-        yield from _pg_database()
+        yield from pg_database()
 
 
 @pytest.fixture

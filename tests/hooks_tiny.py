@@ -29,7 +29,6 @@ HEADS = ATTN | QK
 VOCAB = 64
 
 
-
 # -- a custom model that calls SDPA itself (GQA, custom scale) ----------------------------
 
 

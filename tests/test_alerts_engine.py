@@ -1,7 +1,7 @@
 """The alert engine over a real database: lifecycle, restart-resume, grouping, inhibition,
 silences, no data, the persistent webhook outbox, the alerts API and the CLI, the screens
-against the per-cell detectors, rules that fail (one episode at a time, holds and dtype
-downgrades: test_alerts_episodes.py)."""
+against the per-cell detectors, rules that fail. One episode at a time (holds, dtype
+downgrades, the LR climb after a restart): test_alerts_episodes.py."""
 
 from __future__ import annotations
 

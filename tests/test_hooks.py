@@ -1,4 +1,6 @@
-"""logitwatch.hooks: frames from real training loops, checked against explicit attention."""
+"""logitwatch.hooks: frames from real training loops, checked against explicit attention;
+GPT-2, closing, and no host sync between sampled steps (the loop's other behaviours:
+``test_hooks_loop.py``)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from logitwatch.server.db.partitions import (
 from logitwatch.server.db.session import alembic_config, make_engine, migrate
 from logitwatch.server.settings import Settings
 from logitwatch.server.store.retention import RetentionWorker, drop_old_frames
-from tests.conftest import _pg_database
+from tests.pg import pg_database
 
 NOW = time.time()
 TODAY = int(NOW // DAY)
@@ -63,7 +63,7 @@ def count(engine: Engine, table: str) -> int:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A new PostgreSQL database (skipped without LOGITWATCH_TEST_PG_URL, as elsewhere)."""
-    yield from _pg_database()
+    yield from pg_database()
 
 
 def _engine(url: str) -> Iterator[Engine]:
