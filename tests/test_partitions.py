@@ -35,6 +35,15 @@ NOW = time.time()
 TODAY = int(NOW // DAY)
 
 
+@pytest.fixture(autouse=True)
+def _read_the_clock() -> None:
+    """``NOW`` and ``TODAY`` as of each test's start: a suite collected before midnight (UTC)
+    and run after it planned yesterday's partitions while the collector made today's."""
+    global NOW, TODAY
+    NOW = time.time()
+    TODAY = int(NOW // DAY)
+
+
 def _upgrade(engine: Engine, target: str) -> None:
     cfg = alembic_config()
     with engine.begin() as conn:
