@@ -19,28 +19,14 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 import pytest
 
-from logitwatch.demo.runner import Collector as LiveCollector
+from tests.dashboard_tools import HEADS, LAYERS, WAIT_MS, Collector, ingest, logits
 
 pytestmark = pytest.mark.browser
 
-LAYERS, HEADS = 2, 4
 RUN = "dash-run"
-WAIT_MS = 10_000
 
 
 # --- fixtures -------------------------------------------------------------------------------
-
-
-class Collector(LiveCollector):
-    """A real collector on 127.0.0.1:<free port>, served by uvicorn in a background thread."""
-
-    def __init__(self, db: Path) -> None:
-        super().__init__(f"sqlite:///{db}", stream_interval=0.2)
-        self.__enter__()
-
-    def stop(self) -> None:
-        self.__exit__(None, None, None)
-        assert not self.thread.is_alive(), "the collector did not stop"
 
 
 @pytest.fixture
@@ -69,16 +55,6 @@ def tab(chromium: Any) -> Iterator[Any]:
 # --- data -----------------------------------------------------------------------------------
 
 
-def logits(i: int, climbing: dict[tuple[int, int], int]) -> list[list[float]]:
-    """Every head sits near 5; a head in ``climbing`` jumps to 40+ from sample ``start``."""
-    m = [[5.0 + 0.1 * ((i + 3 * layer + head) % 4) for head in range(HEADS)]
-         for layer in range(LAYERS)]
-    for (layer, head), start in climbing.items():
-        if i >= start:
-            m[layer][head] = 40.0 + 5.0 * (i - start)
-    return m
-
-
 def frames(seqs: range, climbing: dict[tuple[int, int], int]) -> list[dict[str, Any]]:
     out = []
     for i in seqs:
@@ -91,14 +67,6 @@ def frames(seqs: range, climbing: dict[tuple[int, int], int]) -> list[dict[str, 
             "heads": {"attn.logit_max": logits(i, climbing)},
         })
     return out
-
-
-def ingest(url: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
-    # 1,000 wide frames per call: a loaded 2-core machine took over 10 s to store them once
-    # (a read timeout, not a wrong answer); the timeout only bounds a hung collector
-    r = httpx.post(f"{url}/api/v1/ingest", json={"frames": batch}, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def figures_asked(url: str) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.test_dashboard import HEADS, LAYERS, WAIT_MS, Collector, ingest, logits
+from tests.dashboard_tools import HEADS, LAYERS, WAIT_MS, Collector, ingest, logits
 
 pytestmark = pytest.mark.browser
 

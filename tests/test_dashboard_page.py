@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.test_dashboard import HEADS, LAYERS, WAIT_MS, Collector, ingest
+from tests.dashboard_tools import HEADS, LAYERS, WAIT_MS, Collector, ingest
 
 pytestmark = pytest.mark.browser
 

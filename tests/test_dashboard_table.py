@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from logitwatch.server.db.models import Run
 from logitwatch.server.db.session import make_engine
 from logitwatch.server.store import queries
-from tests.test_dashboard import WAIT_MS, Collector, ingest
+from tests.dashboard_tools import WAIT_MS, Collector, ingest
 
 pytestmark = pytest.mark.browser
 

@@ -21,13 +21,14 @@ import httpx
 import pytest
 import torch
 from click.testing import CliRunner
-from test_dashboard import WAIT_MS, Collector, frames, ingest
+from test_dashboard import frames
 from test_dashboard import tab as tab  # noqa: F401  (fixture)
 from test_fuses import IDS, Net
 
 from logitwatch.cli import main as cli
 from logitwatch.hooks import attach
 from logitwatch.hooks.fuses import QKClip
+from tests.dashboard_tools import WAIT_MS, Collector, ingest
 
 pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -11,8 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
-
-from tests.test_hooks_ddp import NET
+from test_hooks_ddp import NET
 
 WORLD = 3
 

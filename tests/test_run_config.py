@@ -99,8 +99,9 @@ def test_config_is_retried_until_the_collector_comes_up(tmp_path: Path) -> None:
 
 def test_hf_callback_sends_the_training_arguments(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
+    from test_integrations import hf_trainer
+
     from logitwatch.hooks.hf import LogitwatchCallback
-    from tests.test_integrations import hf_trainer
 
     with Collector(f"sqlite:///{tmp_path / 'c.db'}") as col:
         callback = LogitwatchCallback(run="hf", url=col.url, sample_every=2,
@@ -118,8 +119,9 @@ def test_hf_callback_sends_the_training_arguments(tmp_path: Path) -> None:
 @pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
 def test_lightning_callback_sends_the_hparams(tmp_path: Path) -> None:
     pytest.importorskip("lightning.pytorch")
+    from test_integrations import lightning_fit
+
     from logitwatch.hooks.lightning import LogitwatchCallback
-    from tests.test_integrations import lightning_fit
 
     with Collector(f"sqlite:///{tmp_path / 'c.db'}") as col:
         callback = LogitwatchCallback(run="pl", url=col.url, sample_every=1,
