@@ -135,18 +135,20 @@ def heads_time_figure(h: HeadsTimeOut, alerts: Sequence[AlertOut] = (), *,
     ))
     mine = [a for a in alerts if a.layer is not None
             and (h.layer is None or a.layer == h.layer)]
-    for a in mine:
-        fig.add_shape(type="line", xref="x", yref="paper", x0=a.fired_step, x1=a.fired_step,
-                      y0=0, y1=1, line={"color": "#58a6ff" if a.state == "firing"
-                                        else COLORS["alert_resolved"], "width": 1.5,
-                                        "dash": "dot"},
-                      name=f"alert-{a.id}")
+    # one layout update, as marks.add_alerts (fig.add_shape re-validates the layout each time)
+    if mine:
+        fig.update_layout(shapes=list(fig.layout.shapes or ()) + [
+            {"type": "line", "xref": "x", "yref": "paper", "x0": a.fired_step,
+             "x1": a.fired_step, "y0": 0, "y1": 1,
+             "line": {"color": COLORS["alert_heads"] if a.state == "firing"
+                      else COLORS["alert_resolved"], "width": 1.5, "dash": "dot"},
+             "name": f"alert-{a.id}"} for a in mine])
     fig.add_trace(go.Scatter(
         x=[a.fired_step for a in mine],
         y=[a.head if h.layer is not None else a.layer for a in mine],
         mode="markers", name="alerts", meta="alerts", customdata=[a.id for a in mine],
         text=[alert_label(a) for a in mine], hovertemplate="%{text}<extra></extra>",
-        marker={"symbol": "triangle-right", "size": 11, "color": "#58a6ff",
+        marker={"symbol": "triangle-right", "size": 11, "color": COLORS["alert_heads"],
                 "line": {"width": 1, "color": COLORS["paper"]}},
     ))
     if not h.steps:
@@ -166,7 +168,7 @@ def add_heatmap_alerts(fig: go.Figure, alerts: Sequence[AlertOut]) -> go.Figure:
         name="alerts", meta="alerts", customdata=[[a.id for a in c] for c in cells.values()],
         text=["<br><br>".join(alert_label(a) for a in c) for c in cells.values()],
         hovertemplate="%{text}<extra></extra>",
-        marker={"symbol": "square-open", "size": 16, "color": "#58a6ff",
-                "line": {"width": 2.5, "color": "#58a6ff"}},
+        marker={"symbol": "square-open", "size": 16, "color": COLORS["alert_heads"],
+                "line": {"width": 2.5, "color": COLORS["alert_heads"]}},
     ))
     return fig

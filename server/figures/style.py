@@ -28,6 +28,7 @@ COLORS = {
     "series": "#57606a",
     "drill": "#8250df",
     "envelope": "#afb8c1",
+    "alert_heads": "#58a6ff",  # firing alerts on the heatmaps (on Inferno's dark cells)
 }
 #: Colours of the runs overlaid in a comparison, in order.
 PALETTE = ("#1f6feb", "#d1242f", "#1a7f37", "#8250df", "#bf8700", "#0a7ea4", "#bc4c00",
