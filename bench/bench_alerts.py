@@ -54,9 +54,11 @@ was chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and rec
 round twenty-five was chosen); round twenty-seven was chosen on ``--split read32`` and
 replayed once on ``fresh33`` (fixed and recorded before round twenty-six was chosen); round
 twenty-eight was chosen on ``--split read33`` and replayed once on ``fresh34`` (fixed and
-recorded before ``fresh33`` was read). The next change is chosen on ``--split read34`` and
-replayed once on ``fresh35`` (fixed and recorded before ``fresh34`` was read); ``fresh36`` was
-fixed before ``fresh35`` is read, for the change after it (``--split read35``).
+recorded before ``fresh33`` was read), and ``fresh35`` was replayed with the same defaults
+(fixed and recorded before ``fresh34`` was read). The next change is chosen on ``--split
+read35`` and replayed once on ``fresh36`` (fixed and recorded before ``fresh35`` was read);
+``fresh37`` was fixed before ``fresh36`` is read, for the change after it (``--split
+read36``).
 
 Usage::
 
@@ -393,7 +395,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 36
+NEWEST = 37
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
