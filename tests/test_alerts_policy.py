@@ -222,28 +222,43 @@ def test_a_single_batch_outlier_at_a_wide_interval_does_not_page() -> None:
         [(a.rule, a.severity, a.fired_step) for a in alerts]
 
 
-def test_softcapped_scores_cannot_overflow() -> None:
-    """Raw logits grow to 1e6 in a float16 attention, but the model soft-caps its scores at
-    50: no forecast of an overflow, and the departure of the raw logits is info."""
-    grow = growing(300, rate=0.03)
-
+def _capped(grow: Any, cap: float) -> Any:  # the heads of a model that soft-caps at ``cap``
     def heads(step: int) -> dict[str, Any]:
         raw = grow(step)["attn.logit_max"]
-        capped = [[50.0 * math.tanh(x / 50.0) for x in row] for row in raw]
+        capped = [[cap * math.tanh(x / cap) for x in row] for row in raw]
         return {"attn.logit_max": raw, "attn.capped_logit_max": capped}
+    return heads
 
+
+def test_softcapped_scores_cannot_overflow() -> None:
+    """Raw logits grow to 1e6 in a float16 attention, but the model soft-caps its scores at
+    50: what the softmax receives never leaves its range, so no forecast of an overflow and
+    no departure, not even an info one."""
+    grow = growing(300, rate=0.03)
     alerts = alerts_of(frames_at(10, 800,
                                  lambda s: {"loss": plateau_loss(s), "attn.dtype_max": FP16},
-                                 heads))
+                                 _capped(grow, 50.0)))
     assert not by_rule(alerts, "attn_logit_forecast")
-    dep = by_rule(alerts, "attn_logit_departure")
-    assert dep and all(a.severity == "info" for a in dep)
-    assert dep[0].evidence["downgraded"]["capped_metric"] == "attn.capped_logit_max"
+    assert not by_rule(alerts, "attn_logit_departure"), \
+        [(a.severity, a.fired_step, a.value) for a in by_rule(alerts, "attn_logit_departure")]
     # without the cap, the same raw logits page (forecast or departure)
     plain = alerts_of(frames_at(10, 800,
                                 lambda s: {"loss": plateau_loss(s), "attn.dtype_max": FP16},
                                 grow))
     assert [a for a in plain if a.severity == "warning"]
+
+
+def test_a_departure_under_a_high_cap_is_judged_on_the_capped_scores() -> None:
+    """A cap of 1,000 leaves the scores free up to a few hundred: the capped scores depart
+    as the raw ones do, and the alert names the series it read (in a wide dtype: info)."""
+    alerts = alerts_of(frames_at(10, 800, lambda s: {"loss": plateau_loss(s)},
+                                 _capped(growing(300, rate=0.01), 1000.0)))
+    dep = by_rule(alerts, "attn_logit_departure")
+    assert dep, [(a.rule, a.fired_step) for a in alerts]
+    a = dep[0]
+    assert a.evidence["judged_metric"] == "attn.capped_logit_max"
+    assert "attn.capped_logit_max = " in a.message
+    assert 50.0 < a.value < 1000.0  # a capped score, past the departure's floor
 
 
 def _grads(norm_at: Any, clip: float | None):  # type: ignore[no-untyped-def]

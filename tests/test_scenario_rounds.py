@@ -193,3 +193,27 @@ def test_a_garbage_stretch_that_left_the_run_worse_is_not_reported_recovered() -
         else:
             assert a.paged_step is None and a.evidence.get("recovered") is True, name
             assert "back within" in a.message
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_soft_capped_run_is_judged_on_what_its_softmax_receives(tmp_path: Path) -> None:
+    """Round twenty-nine on recorded runs: under a soft-cap the departure reads the capped
+    scores. A healthy Gemma-2 run whose raw logits ran 7x past their range behind a cap of 30
+    gets no alert at all (round twenty-eight showed an info departure); a Gemma-2 re-warm that
+    diverges is paged at the same step as before, by the LR rule, at intervals 1 and 50."""
+    ba = load("bench_alerts")
+    dep = default_entry("attn_logit_departure")
+    dep["params"].pop("capped_metric")
+    round28 = over_defaults(tmp_path, dep)
+    healthy = str(BENCH / "scenarios" / "f30_gemma2_softcap_s300.jsonl.gz")
+    rewarm = str(BENCH / "scenarios" / "f12_gemma2_rewarm.jsonl.gz")
+    for k in (1, 50):
+        row = ba.bench_one(healthy, k)
+        assert row["label"] == "healthy" and row["rules_fired"] == [], (k, row)
+        before = ba.bench_one(healthy, k, rules=round28)
+        assert before["rules_fired"] == ["attn_logit_departure"], (k, before)
+        assert before["logitwatch"]["from50"] is None, (k, before)  # info, never paged
+        row = ba.bench_one(rewarm, k)
+        assert row["logitwatch"]["from50"] == 397 < row["divergence_step"], (k, row)
+        assert "attn_logit_departure" not in row["rules_fired"], (k, row)
+        assert ba.bench_one(rewarm, k, rules=round28)["logitwatch"]["from50"] == 397, k

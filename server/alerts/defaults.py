@@ -263,10 +263,16 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # before they blew up, paged only 0-5 steps ahead by the gradient and the loss. Under
     # Adam the same climb is ordinary (18 healthy wide-dtype warm-ups would page); at 0.1 a
     # healthy SGD run 70 steps after its warm-up would. 23 runs it can act on @1: 19
-    # diverging paged 5-173 steps earlier, no healthy run paged
+    # diverging paged 5-173 steps earlier, no healthy run paged. Round twenty-nine (--split
+    # read35, 2,104 runs): under a soft-cap it reads the capped scores (capped_metric), what
+    # the softmax receives, as the forecast does; the raw logits of most soft-capped Gemma-2
+    # runs ran 4x past their range behind the cap. The 376 soft-capped runs at intervals 1,
+    # 10 and 50: healthy runs with any alert 204 -> 153 of 307 (-51, each an info departure),
+    # the 67 diverging ones caught and first paged at the same step, one of two degraded runs
+    # no longer warned (its loss 0.25 nat up at step 748 of 800)
     RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_steps=20,
              params={"factor": 4.0, "floor": 50.0, "window": 200, "lag": 50,
-                     "min_history": 200},
+                     "min_history": 200, "capped_metric": "attn.capped_logit_max"},
              downgrade=Downgrade(
                  to="info", metric="attn.dtype_max", above=65504.0, loss_rise=0.25,
                  loss_window=100, recover_span=20, lr_climb=0.2,

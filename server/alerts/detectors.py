@@ -374,7 +374,7 @@ KINDS: dict[str, Kind] = {
     "departure": Kind(_departure, {"factor": 4.0, "floor": 30.0, "window": 200, "lag": 50,
                                    "min_history": 50, "min_samples": 5, "ceiling": None,
                                    "margin": None, "smooth": 0, "step_weighted": False,
-                                   "noise_z": 0.0},
+                                   "noise_z": 0.0, "capped_metric": None},
                       hold_breaches=True),
     "trend": Kind(_trend, {"window": 70, "min_samples": 6, "min_tau": 0.7, "min_ratio": 1.5,
                            "floor": 0.0},

@@ -196,10 +196,12 @@ class EvaluationMixin(LifecycleMixin):
         if (self._screen and rule.over == "cell" and rule.kind in SCREENS
                 and not rule.params.get("smooth") and not rule.params.get("step_weighted")
                 and rule.metric not in scalars and rule.metric in heads):
-            a = _matrix(arrays, heads, rule.metric)
+            judged = _judged_metric(rule, heads)
+            a = _matrix(arrays, heads, judged)
             if self._screened(rule, run_id, rank, a):
                 assert a is not None
-                return self._advance_screened(rule, run_id, rank, step, a, fv)
+                return self._advance_screened(rule, run_id, rank, step, a, fv,
+                                              None if judged == rule.metric else judged)
         groups: dict[tuple[State, bool, int | None], _Pending] = {}
         for cell, value in self._cells(rule, scalars, heads, arrays):
             key = (rule.name, run_id, rank, *cell)
@@ -207,9 +209,12 @@ class EvaluationMixin(LifecycleMixin):
             if mem is None:
                 mem = self._mem[key] = Memory() if cell[0] is None else Memory.per_head()
             verdict = kind.detect(rule, mem, step, value, fv, cell)
-            if verdict is not None and verdict.breach and rule.over in ("max", "min"):
-                verdict = _with_where(verdict, arrays.get(_judged_metric(rule, heads)),
-                                      rule.over)
+            if verdict is not None and verdict.breach:
+                judged = _judged_metric(rule, heads)
+                if rule.over in ("max", "min"):
+                    verdict = _with_where(verdict, arrays.get(judged), rule.over)
+                if judged != rule.metric:
+                    verdict = _judged_on(verdict, judged)
             if verdict is not None:
                 track = self._tracks.get(key)
                 if track is None:
@@ -248,9 +253,11 @@ class EvaluationMixin(LifecycleMixin):
         return False
 
     def _advance_screened(self, rule: RuleSpec, run_id: int, rank: int, step: int,
-                          a: np.ndarray, fv: FrameView) -> list[_Pending]:
+                          a: np.ndarray, fv: FrameView,
+                          read: str | None = None) -> list[_Pending]:
         """One screened per-head rule over one sample: the screen clears the calm cells at
-        rest, the rule's detector judges the others (in layer, head order)."""
+        rest, the rule's detector judges the others (in layer, head order). ``read``: the
+        series read instead of the rule's metric (its ``capped_metric``), if any."""
         kind = KINDS[rule.kind]
         c = self._cells_of[(rule.name, run_id, rank)]
         with np.errstate(all="ignore"):
@@ -265,6 +272,8 @@ class EvaluationMixin(LifecycleMixin):
             verdict = kind.detect(rule, c.mem.memory(*cell), step, float(a[cell]), fv, cell)
             if verdict is None:
                 continue
+            if read is not None and verdict.breach:
+                verdict = _judged_on(verdict, read)
             c.judged[cell] = True
             t = c.track(cell).advance(rule, step, verdict)
             if t is not None:
@@ -277,14 +286,19 @@ class EvaluationMixin(LifecycleMixin):
 
 
 def _judged_metric(rule: RuleSpec, heads: dict[str, list[list[float]]]) -> str:
-    """The per-head series a rule reads on this frame: its metric, or for a forecast the
-    soft-capped scores (``capped_metric``) where the frame has them: overflow is judged on
-    what the softmax receives."""
-    if rule.kind == "forecast":
-        capped = rule.param("capped_metric")
-        if capped and capped in heads:
-            return str(capped)
+    """The per-head series a rule reads on this frame: its metric, or for a forecast or a
+    departure with a ``capped_metric`` the soft-capped scores where the frame has them:
+    overflow and runaway logits are judged on what the softmax receives."""
+    capped = rule.params.get("capped_metric", KINDS[rule.kind].defaults.get("capped_metric"))
+    if capped and capped in heads:
+        return str(capped)
     return rule.metric
+
+
+def _judged_on(v: Verdict, metric: str) -> Verdict:
+    """A breach read off another series than the rule's metric says which (the message
+    names it)."""
+    return dataclasses.replace(v, evidence={**v.evidence, "judged_metric": metric})
 
 
 def _with_where(v: Verdict, a: np.ndarray | None, over: str) -> Verdict:

@@ -116,7 +116,7 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
         hs = ", ".join(str(h) for h in heads)
         where += f", layer {layer}, head{'s' if len(heads) > 1 else ''} {hs}"
     v, ev = t.verdict, t.verdict.evidence
-    what = f"{rule.metric} = {_fmt(v.value)}"
+    what = f"{ev.get('judged_metric', rule.metric)} = {_fmt(v.value)}"
     if rule.kind == "departure" and "above_baseline" in ev:  # an additive margin
         what += (f" is {_fmt(ev['above_baseline'])} above its baseline {v.baseline:.3g}"
                  if math.isfinite(v.value) else " (non-finite)")

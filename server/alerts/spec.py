@@ -231,7 +231,7 @@ def _number(v: Any) -> bool:
 
 
 #: parameters that name another series, or are null (not used)
-_METRIC_OR_NULL = frozenset({"logit", "while_rising", "also_metric"})
+_METRIC_OR_NULL = frozenset({"logit", "while_rising", "also_metric", "capped_metric"})
 
 
 def _param_problem(kind: str, key: str, v: Any) -> str:

@@ -307,7 +307,9 @@ class RankState:
             if r.kind == "spike" and r.param("only_unclipped"):
                 names |= {"grad.clipped", STICKY}
             if r.kind == "forecast":
-                names |= {str(r.param("capped_metric")), str(r.param("critical_metric"))}
+                names.add(str(r.param("critical_metric")))
+            if r.kind in ("forecast", "departure") and r.param("capped_metric"):
+                names.add(str(r.param("capped_metric")))
         metrics = session.execute(
             select(Metric.id, Metric.name, Metric.layers, Metric.heads)
             .where(Metric.run_id == run_id, Metric.name.in_(names))
