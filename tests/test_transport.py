@@ -33,9 +33,9 @@ import pytest
 
 from logitwatch.client import Client, ClientConfig
 from logitwatch.demo.runner import free_port
+from tests.served import Served
 
 pytestmark = pytest.mark.slow
-
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
@@ -48,49 +48,28 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
 
 
 class CollectorProcess:
-    """``python -m logitwatch.cli serve`` on a port and a SQLite file; killable, restartable."""
+    """``logitwatch serve`` (:class:`~tests.served.Served`) on a fixed port and SQLite file:
+    started, killed with SIGKILL and started again where its clients post."""
 
-    def __init__(self, tmp: Path, port: int | None = None, **env: str) -> None:
+    def __init__(self, tmp: Path, port: int | None = None) -> None:
+        self.tmp = tmp
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.db = f"sqlite:///{tmp / 'collector.db'}"
-        self.log = tmp / "collector.log"
-        self.env = {**os.environ, **env}
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.served: Served | None = None
 
     def start(self) -> CollectorProcess:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "logitwatch.cli", "serve", "--port", str(self.port),
-                 "--db", self.db, "--log-level", "warning"],
-                stdout=out, stderr=subprocess.STDOUT, env=self.env,
-            )
-        ok = wait_until(self._up, 60)
-        assert ok, f"the collector did not start: {self.log.read_text()[-2000:]}"
+        self.served = Served(self.tmp, "--db", self.db, port=self.port)
         return self
 
-    def _up(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the collector exited: {self.log.read_text()[-2000:]}")
-        try:
-            return httpx.get(self.url + "/api/v1/runs", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
     def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        assert self.served is not None
+        self.served.proc.send_signal(signal.SIGKILL)
+        self.served.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.served is not None:
+            self.served.stop()
 
     def steps(self, run: str, rank: int = 0) -> list[int]:
         """Every stored step of the run's ``loss`` series, one per stored frame."""
