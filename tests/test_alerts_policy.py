@@ -256,7 +256,7 @@ def test_a_departure_under_a_high_cap_is_judged_on_the_capped_scores() -> None:
     dep = by_rule(alerts, "attn_logit_departure")
     assert dep, [(a.rule, a.fired_step) for a in alerts]
     a = dep[0]
-    assert a.evidence["judged_metric"] == "attn.capped_logit_max"
+    assert a.evidence["judged_metric"] == a.metric == "attn.capped_logit_max"
     assert "attn.capped_logit_max = " in a.message
     assert 50.0 < a.value < 1000.0  # a capped score, past the departure's floor
 

@@ -371,7 +371,8 @@ class LifecycleMixin(RecoveryMixin):
             message += f" It pages: {p.paged_because}."
         fin = v.value if math.isfinite(v.value) else None
         a = Alert(
-            run_id=f.run_id, rule=rule.name, metric=rule.metric,
+            run_id=f.run_id, rule=rule.name,
+            metric=str(v.evidence.get("judged_metric", rule.metric)),  # the series it read
             severity=p.severity or rule.severity,
             state=State.FIRING.value, rank=f.rank, layer=p.layer, head=head,
             started_step=t.started_step, fired_step=t.step, fired_at=f.time,
