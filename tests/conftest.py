@@ -187,7 +187,7 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     def start(db_url: str | None = None, *args: str, nofile: int | None = None,
               port: int | None = None, **env: str) -> Served:
         s = Served(tmp_path, "--db", db_url or f"sqlite:///{tmp_path / 'served.db'}", *args,
-                   nofile=nofile, port=port, env=env, any_answer=True)
+                   nofile=nofile, port=port, env=env)
         made.append(s)
         return s
 

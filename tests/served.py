@@ -22,13 +22,12 @@ class Served:
 
     ``port``: a given port (a collector restarted where its clients post), else a free one;
     ``nofile``: the open-file limit of the process (a collector out of descriptors).
-    It is up once ``GET /api/v1/session`` answers 200; with ``any_answer``, once it answers
-    anything but a server error (the hostile-day tests' collectors)."""
+    It is up once ``GET /api/v1/session`` answers 200."""
 
     def __init__(self, tmp: Path, *args: str, command: list[str] | None = None,
                  cwd: Path | None = None, env: dict[str, str] | None = None,
                  timeout: float = 60, port: int | None = None,
-                 nofile: int | None = None, any_answer: bool = False) -> None:
+                 nofile: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
@@ -48,8 +47,7 @@ class Served:
             if self.proc.poll() is not None:
                 raise AssertionError(f"serve exited ({self.proc.returncode}): {self.output}")
             try:
-                code = httpx.get(self.url + "/api/v1/session", timeout=2).status_code
-                if code == 200 or (any_answer and code < 500):
+                if httpx.get(self.url + "/api/v1/session", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
