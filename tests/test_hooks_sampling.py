@@ -46,10 +46,13 @@ class Tiny(nn.Module):
         return self.lm_head(x + y.transpose(1, 2).reshape(b, t, 16))
 
 
-def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, mon=None) -> list:
+def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, mon=None,
+          between=None) -> list:
+    """``steps`` steps on random tokens, clipped at 0.3; ``between(i)`` after step ``i``.
+    Returns each step's (loss, gradient norm)."""
     gen = torch.Generator().manual_seed(1)
     seen = []
-    for _ in range(steps):
+    for i in range(steps):
         ids = torch.randint(0, 32, (2, 8), generator=gen)
         loss = F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1))
         loss.backward()
@@ -59,6 +62,8 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, mon=None) ->
         opt.step()
         opt.zero_grad()
         seen.append((loss.item(), norm.item()))
+        if between is not None:
+            between(i)
     return seen
 
 
@@ -156,3 +161,111 @@ def test_close_after_a_sampled_last_step_sends_nothing_more() -> None:
     assert frames[-1]["history"]["steps"] == [1, 2, 3, 4]
     with pytest.raises(TypeError):
         mon.request_sample_at(1.5)  # type: ignore[arg-type]
+
+
+# -- the schedule at run time, the clip rate, the cost meter --------------------------------
+
+
+def test_sampling_changes_at_run_time_and_on_demand() -> None:
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    client, frames = capturing_client()
+    mon = attach(model, opt, run="r", client=client, sample_every=4, overhead_budget=None)
+
+    def between(i: int) -> None:
+        if i == 4:
+            mon.sample_every = 2  # from the next scheduling decision on
+        if i == 9:
+            mon.request_sample()  # step 10 sampled although 8 + 4 > 10
+
+    train(model, opt, 11, mon, between)
+    mon.sample_every = 4
+    train(model, opt, 3, mon)
+    mon.close()
+    # then 14, after the last step: close() sends step 13 as a closing frame
+    assert [f["step"] for f in frames] == [0, 4, 6, 8, 10, 13]
+    assert [f["scalars"]["hooks.sample_every"] for f in frames] == [4, 4, 2, 2, 2, 4]
+    assert frames[-1]["scalars"]["hooks.closing"] == 1.0
+    with pytest.raises(ValueError, match="sample_every"):
+        mon.sample_every = 0
+
+
+def test_clip_rate_counts_every_step_on_the_device() -> None:
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    client, frames = capturing_client()
+    norms: list[float] = []
+    original = torch.nn.utils.clip_grad_norm_
+    with attach(model, opt, run="r", client=client, sample_every=3, overhead_budget=None):
+        wrapped = torch.nn.utils.clip_grad_norm_
+
+        def spy(params, max_norm, *a, **k):
+            total = wrapped(params, max_norm, *a, **k)
+            norms.append(total.item())
+            return total
+
+        torch.nn.utils.clip_grad_norm_ = spy
+        try:
+            train(model, opt, 6)
+        finally:
+            torch.nn.utils.clip_grad_norm_ = wrapped
+    assert torch.nn.utils.clip_grad_norm_ is original
+    hits = [n > 0.3 for n in norms]
+    assert [f["step"] for f in frames] == [0, 3, 5]  # 5: close()'s closing frame
+    assert frames[0]["scalars"]["grad.clip_rate"] == float(hits[0])
+    assert frames[1]["scalars"]["grad.clip_rate"] == pytest.approx(sum(hits[1:4]) / 3)
+
+
+def test_cost_meter_widens_and_narrows_the_interval() -> None:
+    # on an accelerator the extra cost is the sampled step's duration over plain ones
+    meter = CostMeter(budget=0.01, device_work=True)
+    now = 0.0
+    meter.step_end(False, now)  # the clock starts
+    meter.step_end(True, now)  # the first sampled step is warm-up: not measured
+    for _ in range(5):  # plain steps of 100 ms
+        now += 0.1
+        meter.step_end(False, now)
+    now += 0.1 + 0.05  # a sampled step costing 50 ms extra
+    meter.step_end(True, now)
+    assert meter.interval(10) == 50  # 50 ms / (1 % of 100 ms)
+    assert meter.overhead(50) == pytest.approx(0.01)
+    for _ in range(5):  # sampled steps got cheap again (the median of the last 5 is used)
+        now += 0.1 + 0.001
+        meter.step_end(True, now)
+    assert meter.interval(10) == 10
+    assert CostMeter(budget=None).interval(7) == 7
+
+
+def test_the_budget_is_on_by_default_and_off_for_an_explicit_interval() -> None:
+    model = Tiny()
+    with attach(model, run="r") as mon:
+        assert mon.sample_every == 10 and mon.overhead_budget == 0.01
+    with attach(model, run="r", sample_every=4) as mon:
+        assert mon.sample_every == 4 and mon.overhead_budget is None
+    with attach(model, run="r", sample_every=4, overhead_budget=0.05) as mon:
+        assert mon.overhead_budget == 0.05
+        mon.overhead_budget = None
+        assert mon.overhead_budget is None
+    with pytest.raises(ValueError, match="overhead_budget"):
+        attach(model, run="r", overhead_budget=2.0)
+
+
+def test_overhead_budget_reports_cost_and_widens() -> None:
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    client, frames = capturing_client()
+    # a budget no measured step can meet (any cost > 0 exceeds it), so the outcome does not
+    # depend on how loaded the machine is
+    mon = attach(model, opt, run="r", client=client, sample_every=1, overhead_budget=1e-9)
+    train(model, opt, 20, mon)
+    assert mon.effective_sample_every > 1 and len(frames) < 20  # widened after measuring
+    for _ in range(2):  # on demand: the next step is measured whatever the interval; a
+        mon.request_sample()  # frame reports the cost measured on the sampled step before it
+        train(model, opt, 1, mon)
+    mon.close()
+    last = frames[-1]["scalars"]
+    assert {"hooks.host_ms", "hooks.cost_ms", "hooks.bytes", "hooks.sample_every",
+            "hooks.syncs"} <= set(last)
+    assert last["hooks.sample_every"] > 1
+    assert last["hooks.syncs"] == 0.0  # CPU tensors: nothing to transfer
+    assert last["hooks.bytes"] > 0 and last["hooks.host_ms"] > 0
