@@ -55,10 +55,10 @@ round twenty-five was chosen); round twenty-seven was chosen on ``--split read32
 replayed once on ``fresh33`` (fixed and recorded before round twenty-six was chosen); round
 twenty-eight was chosen on ``--split read33`` and replayed once on ``fresh34`` (fixed and
 recorded before ``fresh33`` was read), and ``fresh35`` was replayed with the same defaults
-(fixed and recorded before ``fresh34`` was read). The next change is chosen on ``--split
-read35`` and replayed once on ``fresh36`` (fixed and recorded before ``fresh35`` was read);
-``fresh37`` was fixed before ``fresh36`` is read, for the change after it (``--split
-read36``).
+(fixed and recorded before ``fresh34`` was read); round twenty-nine was chosen on ``--split
+read35`` and replayed once on ``fresh36`` (fixed and recorded before ``fresh35`` was read).
+The next change is chosen on ``--split read36`` and replayed once on ``fresh37`` (fixed
+before ``fresh36`` was read).
 
 Usage::
 
