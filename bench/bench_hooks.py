@@ -38,6 +38,7 @@ process: one whose attention calls are captured by the torch function mode on ev
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -259,6 +260,25 @@ def measure_capture(args: argparse.Namespace, state: dict[str, Any], steps: int)
             times[id(r)].append(time.thread_time() - t0)
     mode.stop()
     patch.stop()
+    # what the mode costs by itself: the plain model's forward, with an empty pass-through
+    # mode and without, alternated
+    from torch.overrides import TorchFunctionMode
+
+    class Empty(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+            return func(*args, **(kwargs or {}))
+
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=plain.gen)
+    fwd: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(2 * steps):
+        empty = i % 2 == 1
+        t0 = time.thread_time()
+        with Empty() if empty else contextlib.nullcontext():
+            plain.model(input_ids=ids, labels=ids)
+        fwd[empty].append(time.thread_time() - t0)
+    f0, f1 = (1e3 * statistics.median(fwd[k]) for k in (False, True))
+    print(f"\nthe plain model's forward: {f0:.1f} ms, inside an empty torch function mode "
+          f"{f1:.1f} ms (+{f1 - f0:.2f} ms)")
     med = {name: 1e3 * statistics.median(times[id(r)])
            for name, r in (("plain", plain), ("mode", mode), ("patch", patch))}
     print(f"\nevery step sampled, {steps} steps each, rotated in one process (thread CPU, "
