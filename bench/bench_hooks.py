@@ -22,23 +22,16 @@ non-sampled and on a sampled step.
     python bench/bench_hooks.py --rounds 5 --steps 30 --threads 1 --clock thread
     python bench/bench_hooks.py --threads 1 --batch 8 --vocab 8192   # the issue's setting
     python bench/bench_hooks.py --threads 1 --parts 20   # where a sampled step's time goes
-    python bench/bench_hooks.py --threads 1 --capture 30  # the mode vs the patch
 
 ``--parts N`` runs N plain and N every-step steps interleaved in one process (two models)
 and prints, per sampled step, the thread CPU time of each part of the monitor (median):
 the attention statistics, ``final.*``, the q/k norms, the frame's read-back, the rest of
 the frame and of the monitor's step end, next to the medians of both steps.
-
-``--capture N`` times N plain steps and N steps of two every-step monitors, rotated in one
-process: one whose attention calls are captured by the torch function mode on every forward
-(as before ``hooks/_sdpa_patch.py``), one as ``attach()`` sets it up (the patch of
-``torch.nn.functional``'s two attributes after the checked forwards).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -239,54 +232,6 @@ def measure_parts(args: argparse.Namespace, state: dict[str, Any], steps: int) -
         print(f"  {label:24s} {ms:7.2f} ms")
 
 
-def measure_capture(args: argparse.Namespace, state: dict[str, Any], steps: int) -> None:
-    """Thread CPU time of a plain step and of two every-step monitors in one process, steps
-    rotated: one capturing its attention calls with the torch function mode on every forward
-    (as before ``hooks/_sdpa_patch.py``), one as attached (the patch after the checked
-    forwards)."""
-    plain, mode, patch = (Runner(n, args, state) for n in ("none", "every", "every"))
-    mode.start()
-    patch.start()
-    mode.mon._escapes = True  # as if a call had escaped the patch: the mode on every forward
-    runners = [plain, mode, patch]
-    for _ in range(args.warmup):
-        for r in runners:
-            r.step()
-    times: dict[int, list[float]] = {id(r): [] for r in runners}
-    for i in range(steps):
-        for r in runners[i % 3:] + runners[:i % 3]:
-            t0 = time.thread_time()
-            r.step()
-            times[id(r)].append(time.thread_time() - t0)
-    mode.stop()
-    patch.stop()
-    # what the mode costs by itself: the plain model's forward, with an empty pass-through
-    # mode and without, alternated
-    from torch.overrides import TorchFunctionMode
-
-    class Empty(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-            return func(*args, **(kwargs or {}))
-
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=plain.gen)
-    fwd: dict[bool, list[float]] = {False: [], True: []}
-    for i in range(2 * steps):
-        empty = i % 2 == 1
-        t0 = time.thread_time()
-        with Empty() if empty else contextlib.nullcontext():
-            plain.model(input_ids=ids, labels=ids)
-        fwd[empty].append(time.thread_time() - t0)
-    f0, f1 = (1e3 * statistics.median(fwd[k]) for k in (False, True))
-    print(f"\nthe plain model's forward: {f0:.1f} ms, inside an empty torch function mode "
-          f"{f1:.1f} ms (+{f1 - f0:.2f} ms)")
-    med = {name: 1e3 * statistics.median(times[id(r)])
-           for name, r in (("plain", plain), ("mode", mode), ("patch", patch))}
-    print(f"\nevery step sampled, {steps} steps each, rotated in one process (thread CPU, "
-          f"median): plain {med['plain']:.1f} ms, the torch function mode on every forward "
-          f"{med['mode']:.1f} ms (ratio {med['mode'] / med['plain']:.3f}), as attached "
-          f"{med['patch']:.1f} ms (ratio {med['patch'] / med['plain']:.3f})")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -311,10 +256,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", type=int, default=0, metavar="N",
                    help="only the breakdown of a sampled step's monitor time: N plain and N "
                    "every-step steps interleaved in one process (see above)")
-    p.add_argument("--capture", type=int, default=0, metavar="N",
-                   help="only the attention calls' capture: N plain steps and N of two "
-                   "every-step monitors, one with the torch function mode on every forward, "
-                   "rotated in one process (see above)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -335,9 +276,6 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     if args.parts:
         measure_parts(args, state, args.parts)
-        return 0
-    if args.capture:
-        measure_capture(args, state, args.capture)
         return 0
     Runner("none", args, state).timed(2, 1)  # one-time costs (lazy imports, allocator)
     times: dict[str, list[float]] = {c: [] for c in configs}

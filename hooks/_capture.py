@@ -4,7 +4,6 @@ mode, HF eager attention and ``record_attention`` calls, the LM head (see
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
@@ -15,17 +14,8 @@ from ._final import final_stats, step_final
 from ._logits import attention_head_stats
 from ._maxlogit import head_max
 from ._sdpa import SdpaCapture, parse_call
-from ._sdpa_patch import SdpaPatch
 
 __all__ = ["CaptureMixin", "attention_dtype_max"]
-
-log = logging.getLogger("logitwatch.hooks")
-
-#: Captured forwards that run the mode beside the patch to check that no attention call
-#: escapes it: the first ``CHECKED``, then one in ``CHECK_EVERY`` (a model whose code path
-#: changes later is caught at the next check).
-CHECKED = 2
-CHECK_EVERY = 64
 
 
 def _compiling() -> bool:
@@ -91,7 +81,8 @@ class CaptureMixin:
             self._calls = 0
             self._padding.capture(args, kwargs)  # a reference only: read when measured
             if "attention" not in self.disabled or self._rewriting():
-                self._start_calls()
+                self._mode = SdpaCapture(self._record_call)
+                self._mode.__enter__()
         except Exception:
             self._fail("attention")
         finally:
@@ -184,23 +175,8 @@ class CaptureMixin:
         self._calls = 0
         self._padding.capture(args, kwargs)
         if "attention" not in self.disabled or self._rewriting():
-            self._start_calls()
-
-    def _start_calls(self) -> None:
-        """Capture this forward's SDPA/MHA calls: with :class:`SdpaPatch` alone (no cost
-        outside the attention calls) once checked forwards showed that every call goes
-        through it, else with the mode as well (it records what escapes the patch); the
-        first :data:`CHECKED` forwards and one in :data:`CHECK_EVERY` are checked. A model
-        with a call that escaped keeps the mode alone."""
-        n = self._captures
-        self._captures += 1
-        if self._escapes or n < CHECKED or n % CHECK_EVERY == 0:
-            patch = None if self._escapes else SdpaPatch(self._record_call).__enter__()
-            self._patch = patch
-            self._mode = SdpaCapture(self._record_call, patch=patch)
+            self._mode = SdpaCapture(self._record_call)
             self._mode.__enter__()
-        else:
-            self._patch = SdpaPatch(self._record_call).__enter__()
 
     def _stop_capture(self) -> None:
         self.capturing = False
@@ -208,22 +184,13 @@ class CaptureMixin:
         self._padding.clear()
         _adapter.pop(self)
         mode, self._mode = self._mode, None
-        patch, self._patch = self._patch, None
-        if mode is not None:
-            if mode.escaped and patch is not None and not self._escapes:
-                self._escapes = True
-                log.info("logitwatch: %d attention call(s) of a sampled forward did not go "
-                         "through torch.nn.functional (a reference bound at import); the "
-                         "capture keeps its torch function mode, which sees them",
-                         mode.escaped)
-            if mode.is_top():
-                mode.__exit__(None, None, None)
-            else:  # someone left a mode of theirs on top: we cannot pop ours safely
-                mode.retire()
-                self._fail("attention",
-                           RuntimeError("the SDPA capture mode is not innermost"))
-        if patch is not None:
-            patch.__exit__(None, None, None)  # retires itself if it cannot be removed
+        if mode is None:
+            return
+        if mode.is_top():
+            mode.__exit__(None, None, None)
+        else:  # someone left a mode of theirs on top: we cannot pop ours safely
+            mode.retire()
+            self._fail("attention", RuntimeError("the SDPA capture mode is not innermost"))
 
     def _record_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Measure one SDPA/MHA call; returns a fuse's rewrite of it (or None)."""

@@ -29,7 +29,6 @@ from ._padding import PaddingMask
 from ._qk_find import QKDiscovery, QKLayout, no_shape
 from ._reduce import RankReduce, Reduced, find_reduce
 from ._sdpa import SdpaCapture
-from ._sdpa_patch import SdpaPatch
 from ._shard import find_sharding
 from ._stepwatch import StepWatch
 from ._tp import find_tp
@@ -134,9 +133,6 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._buffer = StepBuffer()
         self._depth = 0
         self._mode: SdpaCapture | None = None
-        self._patch: SdpaPatch | None = None
-        self._captures = 0  # forwards whose attention calls were captured
-        self._escapes = False  # a call escaped the patch: the mode captures from now on
         self._calls = 0
         self._clip_seen = False
         self._clip_hits: torch.Tensor | None = None

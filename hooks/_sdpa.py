@@ -1,6 +1,4 @@
 """Capture of attention calls with a ``TorchFunctionMode``: SDPA and ``nn.MultiheadAttention``.
-(The monitor uses it to check, then as a fallback for, the cheaper
-:class:`~logitwatch.hooks._sdpa_patch.SdpaPatch`.)
 
 The mode is entered by the model's forward pre-hook on sampled steps only and exited by
 its forward post-hook, so non-sampled steps pay nothing. While active it sees every
@@ -149,13 +147,9 @@ class SdpaCapture(TorchFunctionMode):
     pure pass-through, for the rare case it cannot be popped from the mode stack.
     """
 
-    def __init__(self, record: Recorder, patch: Any = None) -> None:
+    def __init__(self, record: Recorder) -> None:
         super().__init__()
         self._record: Recorder | None = record
-        #: with an entered :class:`~logitwatch.hooks._sdpa_patch.SdpaPatch`: the calls it
-        #: records pass through here, and the ones it missed are recorded and counted
-        self._patch = patch
-        self.escaped = 0
 
     def retire(self) -> None:
         self._record = None
@@ -174,10 +168,6 @@ class SdpaCapture(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if self._record is not None and (func is _SDPA or func is _MHA):
-            if self._patch is not None:
-                if self._patch.inside:  # reached through the patch, which recorded it
-                    return func(*args, **kwargs)
-                self.escaped += 1
             got = self._record(func, args, kwargs)
             if got is not None:  # a fuse rewrote the call (hooks/fuses/_rewrite.py)
                 func, args, kwargs = got.func, got.args, got.kwargs

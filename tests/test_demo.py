@@ -14,10 +14,6 @@ from logitwatch.demo import data as demo_data
 from logitwatch.demo.model import GPTConfig, TinyGPT, attention
 from logitwatch.demo.train import SETTINGS, divergence_step, train
 
-#: the function itself, bound before any monitor replaces ``F``'s attribute for a
-#: sampled forward (hooks/_sdpa_patch.py): what a torch function mode receives
-SDPA = F.scaled_dot_product_attention
-
 
 class _CountSDPA(TorchFunctionMode):
     def __init__(self) -> None:
@@ -26,7 +22,7 @@ class _CountSDPA(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if func is SDPA:
+        if func is F.scaled_dot_product_attention:
             self.calls.append((args[0].dtype, dict(kwargs)))
         return func(*args, **kwargs)
 

@@ -29,11 +29,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 EPS = 1e-6
 
 
-#: the function itself, bound before any monitor replaces ``F``'s attribute for a
-#: sampled forward (hooks/_sdpa_patch.py): what a torch function mode receives
-SDPA = F.scaled_dot_product_attention
-
-
 class Spy(TorchFunctionMode):
     """Records the ``q``/``k`` each SDPA call receives (below the monitor's mode: after its
     rewrite)."""
@@ -44,7 +39,7 @@ class Spy(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
-        if func is SDPA:
+        if func is F.scaled_dot_product_attention:
             a = dict(zip(("query", "key"), args, strict=False))
             a.update(kwargs)
             self.calls.append((a["query"].detach().clone(), a["key"].detach().clone()))
