@@ -9,6 +9,7 @@ import dataclasses
 import gzip
 import json
 import logging
+import math
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,7 +34,7 @@ from logitwatch.server.schemas import IngestIn
 from logitwatch.server.settings import Settings
 from logitwatch.server.store.alerts import alert_out, list_alerts
 from logitwatch.server.store.ingest import ingest_frames
-from tests.alert_frames import alerts, feed, frame, logits
+from tests.alert_frames import alerts, feed, frame, frames_at, growing, logits, plateau_loss
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "bench" / "scenarios"
 
@@ -279,6 +280,26 @@ def _replay_alerts(url: str, frames: list[dict[str, Any]], *, screen: bool,
                     for a in s.scalars(select(Alert).order_by(Alert.id))]
     finally:
         engine.dispose()
+
+
+def test_screened_and_per_cell_engines_judge_the_capped_scores_alike(tmp_path: Path) -> None:
+    """Under a soft-cap of 1,000 a head's capped scores depart: the screened and the per-cell
+    path fire the same departure on the capped series, and the forecast reads it too."""
+    grow = growing(300, rate=0.01)
+
+    def heads(step: int) -> dict[str, Any]:
+        raw = grow(step)["attn.logit_max"]
+        return {"attn.logit_max": raw,
+                "attn.capped_logit_max": [[1000.0 * math.tanh(x / 1000.0) for x in row]
+                                          for row in raw]}
+
+    frames = frames_at(10, 800, lambda s: {"loss": plateau_loss(s)}, heads)
+    ref = _replay_alerts(f"sqlite:///{tmp_path / 'a.db'}", frames, screen=False, restarts=0)
+    got = _replay_alerts(f"sqlite:///{tmp_path / 'b.db'}", frames, screen=True, restarts=0)
+    assert got == ref
+    judged = {r[0] for r in ref if json.loads(r[-1]).get("judged_metric")
+              == "attn.capped_logit_max"}
+    assert {"attn_logit_departure", "attn_logit_forecast"} <= judged, ref
 
 
 @pytest.mark.skipif(not (SCENARIOS / "fp32_growth.jsonl.gz").exists(),
