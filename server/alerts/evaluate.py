@@ -101,10 +101,11 @@ class EvaluationMixin(LifecycleMixin):
 
     def _cells(self, rule: RuleSpec, scalars: dict[str, float],
                heads: dict[str, list[list[float]]],
-               arrays: dict[str, np.ndarray]) -> list[tuple[Cell, float]]:
+               arrays: dict[str, np.ndarray], metric: str) -> list[tuple[Cell, float]]:
+        """The values ``rule`` judges on this frame, per cell or over heads; ``metric``: the
+        per-head series it reads (:func:`_judged_metric`)."""
         if rule.metric in scalars:
             return [((None, None), float(scalars[rule.metric]))]
-        metric = _judged_metric(rule, heads)
         m = heads.get(metric)
         if m is None:
             return []
@@ -193,28 +194,27 @@ class EvaluationMixin(LifecycleMixin):
                       arrays: dict[str, np.ndarray], fv: FrameView) -> list[_Pending]:
         """One rule over one frame."""
         kind = KINDS[rule.kind]
+        judged = _judged_metric(rule, heads)
+        read = None if judged == rule.metric else judged  # another series than its metric
         if (self._screen and rule.over == "cell" and rule.kind in SCREENS
                 and not rule.params.get("smooth") and not rule.params.get("step_weighted")
                 and rule.metric not in scalars and rule.metric in heads):
-            judged = _judged_metric(rule, heads)
             a = _matrix(arrays, heads, judged)
             if self._screened(rule, run_id, rank, a):
                 assert a is not None
-                return self._advance_screened(rule, run_id, rank, step, a, fv,
-                                              None if judged == rule.metric else judged)
+                return self._advance_screened(rule, run_id, rank, step, a, fv, read)
         groups: dict[tuple[State, bool, int | None], _Pending] = {}
-        for cell, value in self._cells(rule, scalars, heads, arrays):
+        for cell, value in self._cells(rule, scalars, heads, arrays, judged):
             key = (rule.name, run_id, rank, *cell)
             mem = self._mem.get(key)
             if mem is None:
                 mem = self._mem[key] = Memory() if cell[0] is None else Memory.per_head()
             verdict = kind.detect(rule, mem, step, value, fv, cell)
             if verdict is not None and verdict.breach:
-                judged = _judged_metric(rule, heads)
                 if rule.over in ("max", "min"):
                     verdict = _with_where(verdict, arrays.get(judged), rule.over)
-                if judged != rule.metric:
-                    verdict = _judged_on(verdict, judged)
+                if read is not None:
+                    verdict = _judged_on(verdict, read)
             if verdict is not None:
                 track = self._tracks.get(key)
                 if track is None:
