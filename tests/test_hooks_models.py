@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_hooks_sampling import Tiny, train
+from test_hooks_sampling import Tiny, capturing_client, train
 from torch import nn
 
-from logitwatch.client import Client
 from logitwatch.hooks import attach, record_attention
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -89,14 +88,6 @@ def real_queries(valid: np.ndarray, mask: torch.Tensor) -> np.ndarray:
     """HF's valid pairs without the rows of padded queries (``mask``: (B, T), 1 = real),
     which the hooks leave out (tests/test_hooks_padding.py checks padding in depth)."""
     return valid & mask.bool().numpy()[:, None, :, None]
-
-
-def capturing_client() -> tuple[Client, list[dict]]:
-    frames: list[dict] = []
-    client = Client(None, run="r")
-    client.send = lambda step, scalars, heads, time=None: frames.append(  # type: ignore
-        {"step": step, "scalars": scalars, "heads": heads})
-    return client, frames
 
 
 def batch(vocab: int, b: int = 2, t: int = 12) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,17 +73,15 @@ class CollectorProcess:
 
     def steps(self, run: str, rank: int = 0) -> list[int]:
         """Every stored step of the run's ``loss`` series, one per stored frame."""
-        runs = httpx.get(self.url + "/api/v1/runs", timeout=10).json()
-        rid = next(r["id"] for r in runs if r["name"] == run)
-        series = httpx.get(f"{self.url}/api/v1/runs/{rid}/series", timeout=10,
-                           params={"name": "loss", "rank": rank, "max_points": 100_000}).json()
+        assert self.served is not None
+        series = self.served.get(f"/api/v1/runs/{self.served.run_id(run)}/series",
+                                 name="loss", rank=rank, max_points=100_000)
         assert series["total"] == len(series["steps"])
         return sorted(series["steps"])
 
     def alerts(self, run: str) -> list[dict]:
-        runs = httpx.get(self.url + "/api/v1/runs", timeout=10).json()
-        rid = next(r["id"] for r in runs if r["name"] == run)
-        return httpx.get(f"{self.url}/api/v1/runs/{rid}/alerts", timeout=10).json()
+        assert self.served is not None
+        return self.served.get(f"/api/v1/runs/{self.served.run_id(run)}/alerts")
 
 
 @pytest.fixture(scope="module")
