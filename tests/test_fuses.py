@@ -1,8 +1,9 @@
 """Fuses on real tiny models (docs/FUSES.md): QK-clip scales exactly the right rows or
 columns (biases, fused q/k/v, GQA) and caps the next forward's max logit at tau; its
 max-only steps and head maxima match the full statistics. Modes, control, undo, failing
-fuses, LR backoff and the callbacks: ``test_fuses_control.py``; the models, the loop and the
-capturing client here are shared with the other ``test_fuses_*`` modules.
+fuses, LR backoff and the callbacks: ``test_fuses_control.py``; the models and the loop here
+are shared with the other ``test_fuses_*`` modules, and so is the hooks tests' capturing
+client, imported here.
 
 Every optimizer here is SGD at lr 0 unless said: the update leaves the weights alone, so
 what changes them is the fuse, and the next forward on the same batch measures what the
@@ -17,23 +18,15 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from test_hooks_sampling import capturing_client
 from torch import nn
 
-from logitwatch.client import Client
 from logitwatch.hooks import attach
 from logitwatch.hooks.fuses import QKClip
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def capturing_client() -> tuple[Client, list[dict]]:
-    frames: list[dict] = []
-    client = Client(None, run="r")
-    client.send = lambda step, scalars, heads, time=None, history=None: frames.append(  # type: ignore
-        {"step": step, "scalars": scalars, "heads": heads})
-    return client, frames
 
 
 class FusedAttn(nn.Module):
