@@ -56,10 +56,11 @@ replayed once on ``fresh33`` (fixed and recorded before round twenty-six was cho
 twenty-eight was chosen on ``--split read33`` and replayed once on ``fresh34`` (fixed and
 recorded before ``fresh33`` was read), and ``fresh35`` was replayed with the same defaults
 (fixed and recorded before ``fresh34`` was read); round twenty-nine was chosen on ``--split
-read35`` and replayed once on ``fresh36`` (fixed and recorded before ``fresh35`` was read).
-The next change is chosen on ``--split read36`` and replayed once on ``fresh37`` (fixed
-before ``fresh36`` was read); ``fresh38`` was fixed before ``fresh37`` is read, for the change
-after it (``--split read37``).
+read35`` and replayed once on ``fresh36`` (fixed and recorded before ``fresh35`` was read),
+and ``fresh37`` was replayed with the same defaults (fixed before ``fresh36`` was read). The
+next change is chosen on ``--split read37`` and replayed once on ``fresh38`` (fixed and
+recorded before ``fresh37`` was read); ``fresh39`` was fixed before ``fresh38`` is read, for
+the change after it (``--split read38``).
 
 Usage::
 
@@ -396,7 +397,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 38
+NEWEST = 39
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);

@@ -109,6 +109,7 @@ from scenario_specs_fresh35 import FRESH35  # noqa: E402
 from scenario_specs_fresh36 import FRESH36  # noqa: E402
 from scenario_specs_fresh37 import FRESH37  # noqa: E402
 from scenario_specs_fresh38 import FRESH38  # noqa: E402
+from scenario_specs_fresh39 import FRESH39  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -126,7 +127,7 @@ HELD_OUT: dict[str, list[Scenario]] = {
     "fresh28": FRESH28, "fresh29": FRESH29, "fresh30": FRESH30, "fresh31": FRESH31,
     "fresh32": FRESH32, "fresh33": FRESH33,
     "fresh34": FRESH34, "fresh35": FRESH35, "fresh36": FRESH36,
-    "fresh37": FRESH37, "fresh38": FRESH38}
+    "fresh37": FRESH37, "fresh38": FRESH38, "fresh39": FRESH39}
 ALL: list[Scenario] = [*SCENARIOS, *(s for runs in HELD_OUT.values() for s in runs)]
 BY_NAME = {s.name: s for s in ALL}
 
