@@ -22,11 +22,21 @@ non-sampled and on a sampled step.
     python bench/bench_hooks.py --rounds 5 --steps 30 --threads 1 --clock thread
     python bench/bench_hooks.py --threads 1 --batch 8 --vocab 8192   # the issue's setting
     python bench/bench_hooks.py --threads 1 --parts 20   # where a sampled step's time goes
+    python bench/bench_hooks.py --threads 1 --clock thread --batch 8 --vocab 8192 \
+        --no-wandb --interleave 40                  # step by step, with a 95 % interval
 
 ``--parts N`` runs N plain and N every-step steps interleaved in one process (two models)
 and prints, per sampled step, the thread CPU time of each part of the monitor (median):
 the attention statistics, ``final.*``, the q/k norms, the frame's read-back, the rest of
 the frame and of the monitor's step end, next to the medians of both steps.
+
+``--interleave N`` replaces the rounds: every configuration's model is built and attached
+once, then N cycles each run one step of every configuration, in an order rotated cycle by
+cycle, so that a slow minute of a shared machine falls on all of them alike (a round of
+``--steps`` steps per configuration does not: its ratios swing several points from round to
+round on a two-core machine). The ratio printed is the total time of a configuration's N steps
+over the plain steps' of the same cycles, with a 95 % bootstrap interval over cycles; a
+single figure that says how far it can be trusted.
 """
 
 from __future__ import annotations
@@ -232,6 +242,51 @@ def measure_parts(args: argparse.Namespace, state: dict[str, Any], steps: int) -
         print(f"  {label:24s} {ms:7.2f} ms")
 
 
+def bootstrap_ratio(num: list[float], den: list[float], draws: int = 2000,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """``sum(num) / sum(den)`` and its 95 % percentile-bootstrap interval, resampling the
+    paired entries (cycles) with replacement."""
+    import random
+
+    rng = random.Random(seed)
+    n = len(num)
+    ratio = sum(num) / sum(den)
+    stats = []
+    for _ in range(draws):
+        idx = [rng.randrange(n) for _ in range(n)]
+        stats.append(sum(num[i] for i in idx) / sum(den[i] for i in idx))
+    stats.sort()
+    return ratio, stats[int(0.025 * draws)], stats[int(0.975 * draws) - 1]
+
+
+def measure_interleaved(args: argparse.Namespace, state: dict[str, Any],
+                        configs: list[str], cycles: int) -> dict[str, tuple[float, float, float]]:
+    """Step-by-step interleaving of every configuration (see the module docstring)."""
+    runners = [Runner(name, args, state) for name in configs]
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    try:
+        for runner in runners:
+            runner.start()
+        for _ in range(args.warmup):
+            for runner in runners:
+                runner.step()
+        for c in range(cycles):
+            k = c % len(runners)
+            for runner in runners[k:] + runners[:k]:
+                t0 = clock()
+                runner.step()
+                times[runner.name].append(clock() - t0)
+            if (c + 1) % 10 == 0 or c + 1 == cycles:
+                line = ", ".join(f"{n} {1e3 * statistics.fmean(times[n]):.1f} ms"
+                                 for n in configs)
+                print(f"cycle {c + 1}/{cycles}: mean so far {line}", flush=True)
+    finally:
+        for runner in runners:
+            runner.stop()
+    return {name: bootstrap_ratio(times[name], times["none"]) for name in configs[1:]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -253,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="wall: perf_counter; thread: CPU time of the training thread, "
                    "steadier on a shared machine (with --threads 1) but blind to work in "
                    "other threads or processes (wandb's)")
+    p.add_argument("--interleave", type=int, default=0, metavar="N",
+                   help="instead of rounds: N cycles of one step of every configuration, "
+                   "ratios with a 95%% bootstrap interval (see above)")
     p.add_argument("--parts", type=int, default=0, metavar="N",
                    help="only the breakdown of a sampled step's monitor time: N plain and N "
                    "every-step steps interleaved in one process (see above)")
@@ -278,6 +336,13 @@ def main(argv: list[str] | None = None) -> int:
         measure_parts(args, state, args.parts)
         return 0
     Runner("none", args, state).timed(2, 1)  # one-time costs (lazy imports, allocator)
+    if args.interleave:
+        ratios = measure_interleaved(args, state, configs, args.interleave)
+        print(f"\nstep-time ratio vs no hooks ({args.interleave} interleaved cycles; total "
+              "time over the plain steps' of the same cycles, 95% bootstrap interval):")
+        for name, (r, lo, hi) in ratios.items():
+            print(f"  {name:8s} {r:.3f}  ({lo:.3f}-{hi:.3f})")
+        return 0
     times: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(args.rounds):
         order = configs if r % 2 == 0 else configs[::-1]
