@@ -51,6 +51,38 @@ def test_loss_bumps_that_keep_coming_back_page_on_the_third_within_20_steps() ->
     assert [a.paged_step for a in alerts][-1] is not None
 
 
+def _kicked(jumps: dict[int, float]):  # type: ignore[no-untyped-def]
+    """One-step loss jumps of the given heights (nats), each back the next step."""
+    def scalars(step: int) -> dict[str, float]:
+        noise = 0.02 * ((step * 7) % 5 - 2)
+        return {"loss": 3.0 + noise + jumps.get(step, 0.0), "grad.norm": 0.5,
+                "grad.clipped": 0.0, "lr": 1e-3}
+    return scalars
+
+
+def test_smaller_jumps_after_one_big_kick_are_its_aftershocks_not_repeats() -> None:
+    """One batch kicks the loss 5 nats up at 300 and it is back the next step; then it jumps
+    1.2 nats at 308 and again at 316 while the weights heal. With ``page.repeats_aftershock``
+    0.5 those two are the kick's aftershocks (each under half its jump) and do not count
+    toward ``page.repeats``: shown, not paged. Without it, the third episode pages at 316.
+    Jumps that keep their height or grow after a first one (1.2, 1.2, 2.0 nats; 1.2, 1.5,
+    2.0) still page on the third, at intervals 1 and 25."""
+    after = defaults_with("loss_jump", page={"repeats_aftershock": 0.5})
+    without = defaults_with("loss_jump", page={"repeats_aftershock": None})
+    kick = _kicked({300: 5.0, 308: 1.2, 316: 1.2})
+    (a,) = by_rule(alerts_of(frames_at(1, 400, kick), after), "loss_jump")
+    assert a.paged_step is None and a.severity == "info", a.evidence
+    assert "not counting a jump under 50 % of an earlier one" in a.message
+    (a,) = by_rule(alerts_of(frames_at(1, 400, kick), without), "loss_jump")
+    assert a.paged_step == 316 and a.evidence["escalated_because"].endswith(
+        "episode 3 within 20 steps (fired at steps 300, 308, 316)")
+    for k in (1, 25):
+        for jumps in ({300: 1.2, 308: 1.2, 316: 2.0}, {300: 1.2, 308: 1.5, 316: 2.0}):
+            alerts = by_rule(alerts_of(frames_at(k, 400, _kicked(jumps), history=k > 1),
+                                       after), "loss_jump")
+            assert [x.paged_step for x in alerts][-1] == 316, (k, jumps, alerts)
+
+
 def _building(jumps: tuple[int, ...], build: range, clipped: float | None):  # type: ignore[no-untyped-def]
     """Loss bumps at ``jumps`` (each back the next step); the gradient 2.4x its median over
     ``build`` (within its noise's reach: not a spike); ``grad.clipped`` on every step as
@@ -108,6 +140,12 @@ def test_page_repeats_is_validated() -> None:
         Page(repeats=3, repeats_built=2)
     assert Page.from_dict({"repeats": 3, "repeats_built": 2, "precursor_above": 2.2,
                            "with_rules": ["a"]}).repeats_built == 2
+    for bad in (0, 1, 1.5, -0.5, True, "half"):
+        with pytest.raises(RuleError, match="repeats_aftershock must be"):
+            Page(repeats=3, repeats_aftershock=bad)
+    with pytest.raises(RuleError, match="repeats_aftershock qualifies repeats"):
+        Page(after=100, repeats_aftershock=0.5)
+    assert Page.from_dict({"repeats": 3, "repeats_aftershock": 0.5}).repeats_aftershock == 0.5
 
 
 def _sgd_run(events: dict[int, tuple[float, float]]):  # type: ignore[no-untyped-def]

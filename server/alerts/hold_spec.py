@@ -168,6 +168,11 @@ class Page:
       ``precursor_above``) and its step's update went in unclipped
       (``evidence.unclipped``): a loss that jumps again after the gradient built up, and
       nothing bounded it, is an instability, where bad batches come out of the blue.
+      With ``repeats_aftershock`` (a fraction) an episode does not count when an earlier
+      one within ``repeats_within`` steps before it jumped more than ``1/repeats_aftershock``
+      times as far (each episode's jump: its value over its baseline when it fired): the
+      smaller jumps after one big kick are that kick's aftershocks while the weights heal,
+      where the bumps of an unstable run keep their height or grow.
     * ``recover_within`` (nats, the rule's unit; with ``after``): an episode held back at
       ``info`` counts as recovered only once the level of the rule's series (the median of
       its newest ``recover_steps`` steps) is back within this much of its level before the
@@ -195,6 +200,7 @@ class Page:
     repeats: int | None = None
     repeats_within: int = 20
     repeats_built: int | None = None
+    repeats_aftershock: float | None = None
     confirm_adaptive: bool = False
     at_once_adaptive_above: float | None = None
     climb_above: float | None = None
@@ -273,6 +279,13 @@ class Page:
         if b is not None and (p is None or r is None):
             raise RuleError("page.repeats_built lowers repeats after a precursor: give "
                             "repeats and precursor_above too")
+        f = self.repeats_aftershock
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
+                              or not 0 < f < 1):
+            raise RuleError(f"page.repeats_aftershock must be a number between 0 and 1 "
+                            f"(a fraction of an earlier jump) or null, got {f!r}")
+        if f is not None and r is None:
+            raise RuleError("page.repeats_aftershock qualifies repeats: give repeats too")
         v = self.recover_within
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                               or not math.isfinite(v) or v < 0):

@@ -57,8 +57,10 @@ def _page_text(why: dict[str, object], severity: str, loss_over: object = None) 
     if why.get("repeats"):
         built = (f" ({why['repeats_built']} after a precursor, unclipped)"
                  if why.get("repeats_built") else "")
+        after = (f", not counting a jump under {_fmt(100 * float(why['repeats_aftershock']))} % "
+                 "of an earlier one (its aftershock)" if why.get("repeats_aftershock") else "")
         conds.append(f"if it comes back {why['repeats']} times{built} within "
-                     f"{why.get('repeats_within')} steps")
+                     f"{why.get('repeats_within')} steps{after}")
     cond = " or ".join(conds)
     note = why.get("note")
     return f" Info for now: it becomes a {severity} {cond}." + (f" {note}" if note else "")

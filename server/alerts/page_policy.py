@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from logitwatch.server.alerts.rules import Page, RuleSpec, Verdict
+from logitwatch.server.alerts.rules import Page, RuleSpec, Track, Verdict
 from logitwatch.server.alerts.state import RankState
 from logitwatch.server.db.models import Alert
 
@@ -68,6 +68,8 @@ class PagePolicyMixin(RankState):
                 p.unpaged.update(climb_above=pg.climb_above)
             if pg.repeats_built is not None:
                 p.unpaged.update(repeats_built=pg.repeats_built)
+            if pg.repeats_aftershock is not None:
+                p.unpaged.update(repeats_aftershock=pg.repeats_aftershock)
             if pg.recover_within is not None:
                 p.unpaged.update(recover_within=pg.recover_within,
                                  recover_steps=pg.recover_steps, metric=rule.metric)
@@ -84,7 +86,7 @@ class PagePolicyMixin(RankState):
         t = self._tracks.get((rule.name, run_id, rank, None, None))
         if t is None:
             return None
-        recent = [s for s in t.fired if 0 <= step - s <= pg.repeats_within]
+        recent = _counted(t, step, pg)
         need, built = pg.repeats, ""
         if pg.repeats_built is not None and pg.precursor_above is not None:
             x = v.evidence.get("precursor")
@@ -235,3 +237,23 @@ def _confirmed(pg: Page, v: Verdict, other: int, own: int, started: int) -> bool
     if not pg.confirm_steps or _at_once(pg, v):
         return True
     return max(own, other) - min(started, other) >= pg.confirm_steps
+
+
+def _counted(t: Track, step: int, pg: Page) -> list[int]:
+    """The firing steps of ``t``'s episodes within ``pg.repeats_within`` steps of ``step``
+    that count toward ``pg.repeats``: all of them, or with ``pg.repeats_aftershock`` those
+    that are not an aftershock (a jump under that fraction of an earlier episode's jump
+    within ``repeats_within`` steps before it)."""
+    jumps = dict(zip(t.fired, t.fired_jumps, strict=False))
+    out = []
+    for s in t.fired:
+        if not 0 <= step - s <= pg.repeats_within:
+            continue
+        j = jumps.get(s)
+        f = pg.repeats_aftershock
+        if f is not None and j is not None and any(
+                e is not None and 0 < s - e0 <= pg.repeats_within and j < f * e
+                for e0, e in jumps.items()):
+            continue
+        out.append(s)
+    return out
