@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.client import Client, ClientConfig
 from logitwatch.server.app import create_app
+from tests.client_collector import FAST, Collector
 from tests.hostile import settings
 from tests.pg import pg_database
 from tests.served import Served
@@ -243,3 +244,33 @@ def recorder() -> Iterator[tuple[Recorder, Client]]:
     client = Client("http://collector", run="r", config=ClientConfig(interval=0.02), http=http)
     yield rec, client
     client.shutdown(5.0)
+
+
+@pytest.fixture
+def spool_home(tmp_path, monkeypatch) -> None:
+    """Clients spool under tmp_path (the default root is the cache): the client tests use it
+    with ``pytestmark``."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[..., Client]]:
+    """Clients on a scripted collector (``tests/client_collector.Collector``), shut down
+    after the test (any stuck reply released first)."""
+    clients: list[Client] = []
+    releases: list[threading.Event] = []
+
+    def make(collector: Collector, *, config: ClientConfig = FAST,
+             release: threading.Event | None = None) -> Client:
+        if release is not None:
+            releases.append(release)
+        http = httpx.Client(transport=httpx.MockTransport(collector))
+        client = Client("http://collector", run="r1", config=config, http=http)
+        clients.append(client)
+        return client
+
+    yield make
+    for event in releases:
+        event.set()
+    for client in clients:
+        client.shutdown(5.0)

@@ -1,11 +1,12 @@
-"""logitwatch.client against a scripted collector (httpx.MockTransport): queue policy,
-retries, lifecycle, answers. The backlog and the disk spool alone: test_client_spool.py;
-fault injection against a real collector process: test_transport.py.
+"""logitwatch.client against a scripted collector (httpx.MockTransport,
+``client_collector.py``): the wire format, retries, answers (alerts, control), bad input,
+threads. Overflow, flush, shutdown and the end frame: test_client_shutdown.py; the backlog and
+the disk spool alone: test_client_spool.py; fault injection against a real collector process:
+test_transport.py.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 import math
@@ -13,8 +14,6 @@ import random
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -22,76 +21,15 @@ import pytest
 import logitwatch.client as lwc
 from logitwatch.client import Client, ClientConfig
 from logitwatch.client._http import backoff_delay, parse_retry_after
+from tests.client_collector import (
+    Collector,
+    body_of,
+    ok,
+    send_n,
+    stuck_collector,
+)
 
-FAST = ClientConfig(interval=0.02, max_backoff=0.02, timeout=5.0)
-
-Reply = Callable[[httpx.Request, int], httpx.Response]
-
-
-class Collector:
-    """A MockTransport handler that records every request and replies from a script."""
-
-    def __init__(self, reply: Reply | None = None) -> None:
-        self.reply = reply or (lambda request, n: ok())
-        self.requests: list[list[dict]] = []  # frames of every request, delivered or not
-        self.delivered: list[dict] = []  # frames of requests answered 2xx
-        self.times: list[float] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        assert request.method == "POST" and request.url.path == "/api/v1/ingest"
-        frames = json.loads(body_of(request))["frames"]
-        with self.lock:
-            n = len(self.requests)
-            self.requests.append(frames)
-            self.times.append(time.monotonic())
-        response = self.reply(request, n)
-        if 200 <= response.status_code < 300:
-            with self.lock:
-                self.delivered.extend(frames)
-        return response
-
-
-def body_of(request: httpx.Request) -> bytes:
-    if request.headers.get("Content-Encoding") == "gzip":
-        return gzip.decompress(request.content)
-    return request.content
-
-
-@pytest.fixture(autouse=True)
-def spool_home(tmp_path, monkeypatch) -> None:
-    """Every client of these tests spools under tmp_path (the default root is the cache)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-
-
-def ok(alerts: list | None = None, control: dict | None = None) -> httpx.Response:
-    body = {"accepted": 0, "duplicates": 0, "alerts": alerts or [], "control": control or {}}
-    return httpx.Response(200, json=body)
-
-
-@pytest.fixture
-def make_client() -> Iterator[Callable[..., Client]]:
-    clients: list[Client] = []
-    releases: list[threading.Event] = []
-
-    def make(collector: Collector, *, config: ClientConfig = FAST, release=None) -> Client:
-        if release is not None:
-            releases.append(release)
-        http = httpx.Client(transport=httpx.MockTransport(collector))
-        client = Client("http://collector", run="r1", config=config, http=http)
-        clients.append(client)
-        return client
-
-    yield make
-    for event in releases:
-        event.set()
-    for client in clients:
-        client.shutdown(5.0)
-
-
-def send_n(client: Client, n: int, start: int = 0) -> None:
-    for step in range(start, start + n):
-        client.send(step, {"loss": float(step)}, {"attn.logit_max": [[1.0, 2.0]]})
+pytestmark = pytest.mark.usefixtures("spool_home")
 
 
 def test_public_surface() -> None:
@@ -205,139 +143,6 @@ def test_400_is_not_retried_and_logged(make_client, caplog) -> None:
     send_n(client, 1, start=3)  # the client keeps working afterwards
     assert client.flush(5.0)
     assert sorted(f["step"] for f in collector.delivered) == [0, 2, 3]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def stuck_collector() -> tuple[Collector, threading.Event, threading.Event]:
-    """A collector whose first request blocks until released."""
-    entered, release = threading.Event(), threading.Event()
-
-    def reply(request: httpx.Request, n: int) -> httpx.Response:
-        if n == 0:
-            entered.set()
-            assert release.wait(10)
-        return ok()
-
-    return Collector(reply), entered, release
-
-
-def test_overflow_while_a_batch_is_in_flight_spills_to_disk_in_order(make_client) -> None:
-    collector, entered, release = stuck_collector()
-    config = ClientConfig(interval=0.02, max_queue=10, max_batch=1)
-    client = make_client(collector, config=config, release=release)
-    send_n(client, 1)
-    assert entered.wait(5)  # frame 0 is in flight and the sender is stuck
-    send_n(client, 8, start=1)  # past half of max_queue: the spooler writes them to disk
-    assert wait_until(lambda: client.stats["spilled"] >= 6)
-    assert client.spool_path is not None
-    send_n(client, 4, start=9)
-    release.set()
-    assert client.flush(5.0)
-    assert [f["step"] for f in collector.delivered] == list(range(13))
-    stats = client.stats
-    assert stats["dropped_queue_full"] == 0 and stats["replayed"] == stats["spilled"] >= 6
-    assert stats["spooled"] == 0
-
-
-def test_overflow_without_spool_drops_the_oldest(make_client) -> None:
-    collector, entered, release = stuck_collector()
-    config = ClientConfig(interval=0.02, max_queue=3, max_batch=1, spool_max_bytes=0)
-    client = make_client(collector, config=config, release=release)
-    send_n(client, 1)
-    assert entered.wait(5)
-    send_n(client, 5, start=1)  # 1..5 into a queue of 3: 1 and 2 are dropped
-    assert client.stats["dropped_queue_full"] == 2
-    release.set()
-    assert client.flush(5.0)  # (the drops happened before this flush began)
-    assert [f["step"] for f in collector.delivered] == [0, 3, 4, 5]
-
-
-def test_flush_false_on_timeout_and_shutdown_keeps_the_rest_in_the_spool(
-        make_client, caplog, monkeypatch) -> None:
-    unregistered: list = []
-    monkeypatch.setattr("atexit.unregister", unregistered.append)
-    entered, release = threading.Event(), threading.Event()
-
-    def reply(request: httpx.Request, n: int) -> httpx.Response:
-        entered.set()
-        release.wait(10)
-        return ok()
-
-    client = make_client(Collector(reply), release=release)
-    send_n(client, 4)
-    assert entered.wait(5)
-    assert client.flush(0.05) is False
-    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
-        t0 = time.monotonic()
-        client.shutdown(0.3)
-        elapsed = time.monotonic() - t0
-    assert elapsed < 2.0
-    stats = client.stats
-    assert stats["undelivered_at_shutdown"] == 0 and stats["spooled"] == 5  # and the end
-    path = client.spool_path
-    # the batch stuck in flight, and the end frame queued after it
-    assert path is not None and len(list(__import__("pathlib").Path(path).glob("*.seg"))) == 2
-    assert "5 frame(s) of run 'r1' rank 0 were not delivered" in caplog.text
-    assert f"logitwatch push {path} --url http://collector" in caplog.text
-    assert unregistered == [client._atexit]
-    client.shutdown(0.3)  # idempotent
-    client.send(9, {}, {})
-    assert client.stats["dropped_after_shutdown"] == 1 and client.flush(0.1) is False
-
-
-def test_shutdown_without_spool_counts_what_is_lost(make_client, caplog) -> None:
-    collector, entered, release = stuck_collector()
-    client = make_client(collector, config=ClientConfig(interval=0.02, spool_max_bytes=0),
-                         release=release)
-    send_n(client, 3)
-    assert entered.wait(5)
-    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
-        client.shutdown(0.2)
-    assert client.stats["undelivered_at_shutdown"] == 4  # 3 and the end frame
-    assert "4 frame(s) of run 'r1' rank 0 were NOT delivered" in caplog.text
-
-
-def test_shutdown_delivers_what_is_queued(make_client) -> None:
-    collector = Collector()
-    client = make_client(collector, config=ClientConfig(interval=60.0))
-    send_n(client, 5)
-    client.shutdown(5.0)
-    # and the end frame: the job ended after its last step
-    assert [(f["step"], f.get("end")) for f in collector.delivered] == [
-        *((i, None) for i in range(5)), (4, "finished")]
-    end = collector.delivered[-1]
-    assert "scalars" not in end and end["seq"] > collector.delivered[-2]["seq"]
-    assert client.stats["undelivered_at_shutdown"] == 0
-
-
-def test_end_frame_once_after_the_last_frame(make_client) -> None:
-    collector = Collector()
-    client = make_client(collector, config=ClientConfig(interval=60.0))
-    client.finish()  # nothing sent yet: nothing to end
-    send_n(client, 3)
-    client.finish()
-    client.finish()  # once in a row
-    client.send(7, {"loss": 1.0}, {})  # the job goes on
-    client.shutdown(5.0)
-    assert [(f["step"], f.get("end")) for f in collector.delivered] == [
-        (0, None), (1, None), (2, None), (2, "finished"), (7, None), (7, "finished")]
-
-
-def test_shutdown_on_an_error_sends_no_end_frame(make_client) -> None:
-    collector = Collector()
-    client = make_client(collector, config=ClientConfig(interval=60.0))
-    with pytest.raises(RuntimeError), client:
-        send_n(client, 2)
-        raise RuntimeError("the training loop failed")
-    assert [f.get("end") for f in collector.delivered] == [None, None]
 
 
 def test_alerts_once_per_id_and_severity_and_control(make_client, caplog) -> None:
