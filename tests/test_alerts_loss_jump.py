@@ -83,6 +83,25 @@ def test_smaller_jumps_after_one_big_kick_are_its_aftershocks_not_repeats() -> N
             assert [x.paged_step for x in alerts][-1] == 316, (k, jumps, alerts)
 
 
+def test_aftershocks_are_judged_in_firing_order_and_by_size() -> None:
+    """``_counted`` directly: a job restarted from a checkpoint fires twice at step 300 (a
+    5-nat kick, then 1.2), and the 1.2-nat episodes after the kick stay its aftershocks; a
+    rule that breaches downwards reads its drops by size (-1, then -5 twice: the bigger drops
+    count, a -0.5 after them does not)."""
+    from logitwatch.server.alerts.page_policy import _counted
+    from logitwatch.server.alerts.rules import Track
+    from logitwatch.server.alerts.spec import Page
+
+    pg = Page(repeats=3, repeats_aftershock=0.5)
+    t = Track(fired=(300, 300, 305, 310), fired_jumps=(5.0, 1.2, 1.2, 1.2))
+    assert _counted(t, 310, pg) == [300]
+    t = Track(fired=(300, 305, 310, 312), fired_jumps=(-1.0, -5.0, -5.0, -0.5))
+    assert _counted(t, 312, pg) == [300, 305, 310]
+    t = Track(fired=(300, 305, 310), fired_jumps=(None, 1.2, 1.2))  # no baseline: counts
+    assert _counted(t, 310, pg) == [300, 305, 310]
+    assert _counted(t, 310, Page(repeats=3)) == [300, 305, 310]
+
+
 def _building(jumps: tuple[int, ...], build: range, clipped: float | None):  # type: ignore[no-untyped-def]
     """Loss bumps at ``jumps`` (each back the next step); the gradient 2.4x its median over
     ``build`` (within its noise's reach: not a spike); ``grad.clipped`` on every step as

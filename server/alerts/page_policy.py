@@ -242,18 +242,23 @@ def _confirmed(pg: Page, v: Verdict, other: int, own: int, started: int) -> bool
 def _counted(t: Track, step: int, pg: Page) -> list[int]:
     """The firing steps of ``t``'s episodes within ``pg.repeats_within`` steps of ``step``
     that count toward ``pg.repeats``: all of them, or with ``pg.repeats_aftershock`` those
-    that are not an aftershock (a jump under that fraction of an earlier episode's jump
-    within ``repeats_within`` steps before it)."""
-    jumps = dict(zip(t.fired, t.fired_jumps, strict=False))
+    that are not an aftershock (a jump under that fraction of the jump of an earlier episode
+    within ``repeats_within`` steps before it; jumps compared by size, so a rule that
+    breaches downwards reads its drops alike). Episodes are taken in firing order, not by
+    step: a job restarted from a checkpoint may fire twice at one step."""
+    f = pg.repeats_aftershock
+    # an older track (or one rebuilt without them) may hold fewer jumps than steps: the
+    # newest entries pair up, the oldest steps go without a jump
+    jumps = (None,) * (len(t.fired) - len(t.fired_jumps)) + t.fired_jumps[-len(t.fired):] \
+        if t.fired else ()
     out = []
-    for s in t.fired:
+    for i, s in enumerate(t.fired):
         if not 0 <= step - s <= pg.repeats_within:
             continue
-        j = jumps.get(s)
-        f = pg.repeats_aftershock
+        j = jumps[i]
         if f is not None and j is not None and any(
-                e is not None and 0 < s - e0 <= pg.repeats_within and j < f * e
-                for e0, e in jumps.items()):
+                e is not None and 0 <= s - e0 <= pg.repeats_within and abs(j) < f * abs(e)
+                for e0, e in zip(t.fired[:i], jumps[:i], strict=True)):
             continue
         out.append(s)
     return out
