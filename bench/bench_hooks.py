@@ -32,11 +32,16 @@ the frame and of the monitor's step end, next to the medians of both steps.
 
 ``--interleave N`` replaces the rounds: every configuration's model is built and attached
 once, then N cycles each run one step of every configuration, in an order rotated cycle by
-cycle, so that a slow minute of a shared machine falls on all of them alike (a round of
-``--steps`` steps per configuration does not: its ratios swing several points from round to
-round on a two-core machine). The ratio printed is the total time of a configuration's N steps
-over the plain steps' of the same cycles, with a 95 % bootstrap interval over cycles; a
-single figure that says how far it can be trusted.
+cycle (a seeded shuffle), so that a slow minute of a shared machine falls on all of them alike
+(a round of ``--steps`` steps per configuration does not: its ratios swing several points from
+round to round on a two-core machine). The ratio printed is the total time of a
+configuration's N steps over the plain steps' of the same cycles, with a 95 % moving-block
+bootstrap interval (blocks of 10 cycles); a single figure that says how far it can be trusted.
+N is a multiple of 10. There ``default`` is replaced by ``1in10``: one step in 10, no budget.
+The budget judges its cost against the wall time between two of its own steps, which
+interleaving stretches to a whole cycle, so it would keep a narrower interval than in a real
+job (at the bench's settings the budget keeps 10: ``attach()`` defaults sample one step in 10
+there).
 """
 
 from __future__ import annotations
@@ -87,6 +92,9 @@ class Runner:
             self.mon = attach(self.model, self.opt, run="bench", client=Client(None, run="bench"))
         elif self.name == "between":  # step 0 (a warm-up step) sampled, never again
             self.mon = attach(self.model, self.opt, run="bench", sample_every=10**9,
+                              overhead_budget=None, client=Client(None, run="bench"))
+        elif self.name == "1in10":  # the default interval, without the budget's clock
+            self.mon = attach(self.model, self.opt, run="bench", sample_every=10,
                               overhead_budget=None, client=Client(None, run="bench"))
         elif self.name == "every":
             self.mon = attach(self.model, self.opt, run="bench", sample_every=1,
@@ -242,18 +250,26 @@ def measure_parts(args: argparse.Namespace, state: dict[str, Any], steps: int) -
         print(f"  {label:24s} {ms:7.2f} ms")
 
 
-def bootstrap_ratio(num: list[float], den: list[float], draws: int = 2000,
+def bootstrap_ratio(num: list[float], den: list[float], block: int = 10, draws: int = 2000,
                     seed: int = 0) -> tuple[float, float, float]:
-    """``sum(num) / sum(den)`` and its 95 % percentile-bootstrap interval, resampling the
-    paired entries (cycles) with replacement."""
+    """``sum(num) / sum(den)`` and its 95 % percentile interval from a moving-block bootstrap
+    over the paired entries (cycles): runs of ``block`` consecutive cycles drawn with
+    replacement, so that a sampled step in ten and a slow minute of the machine stay inside
+    the blocks that are resampled."""
     import random
 
     rng = random.Random(seed)
     n = len(num)
+    block = max(1, min(block, n))
+    starts = n - block + 1
     ratio = sum(num) / sum(den)
     stats = []
     for _ in range(draws):
-        idx = [rng.randrange(n) for _ in range(n)]
+        idx: list[int] = []
+        while len(idx) < n:
+            b = rng.randrange(starts)
+            idx.extend(range(b, b + block))
+        idx = idx[:n]
         stats.append(sum(num[i] for i in idx) / sum(den[i] for i in idx))
     stats.sort()
     return ratio, stats[int(0.025 * draws)], stats[int(0.975 * draws) - 1]
@@ -262,18 +278,23 @@ def bootstrap_ratio(num: list[float], den: list[float], draws: int = 2000,
 def measure_interleaved(args: argparse.Namespace, state: dict[str, Any],
                         configs: list[str], cycles: int) -> dict[str, tuple[float, float, float]]:
     """Step-by-step interleaving of every configuration (see the module docstring)."""
+    import random
+    from contextlib import ExitStack
+
     runners = [Runner(name, args, state) for name in configs]
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     times: dict[str, list[float]] = {name: [] for name in configs}
-    try:
+    order = random.Random(1)
+    with ExitStack() as stack:
         for runner in runners:
             runner.start()
+            stack.callback(runner.stop)
         for _ in range(args.warmup):
             for runner in runners:
                 runner.step()
         for c in range(cycles):
-            k = c % len(runners)
-            for runner in runners[k:] + runners[:k]:
+            # a fresh order each cycle: no configuration always follows the same one
+            for runner in order.sample(runners, len(runners)):
                 t0 = clock()
                 runner.step()
                 times[runner.name].append(clock() - t0)
@@ -281,9 +302,6 @@ def measure_interleaved(args: argparse.Namespace, state: dict[str, Any],
                 line = ", ".join(f"{n} {1e3 * statistics.fmean(times[n]):.1f} ms"
                                  for n in configs)
                 print(f"cycle {c + 1}/{cycles}: mean so far {line}", flush=True)
-    finally:
-        for runner in runners:
-            runner.stop()
     return {name: bootstrap_ratio(times[name], times["none"]) for name in configs[1:]}
 
 
@@ -337,9 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     Runner("none", args, state).timed(2, 1)  # one-time costs (lazy imports, allocator)
     if args.interleave:
+        if args.interleave < 10 or args.interleave % 10:
+            p.error("--interleave takes a multiple of 10 cycles (the same number of sampled "
+                    f"steps of a monitor sampling one step in 10 in any window), got "
+                    f"{args.interleave}")
+        configs[configs.index("default")] = "1in10"
         ratios = measure_interleaved(args, state, configs, args.interleave)
         print(f"\nstep-time ratio vs no hooks ({args.interleave} interleaved cycles; total "
-              "time over the plain steps' of the same cycles, 95% bootstrap interval):")
+              "time over the plain steps' of the same cycles, 95% block-bootstrap interval):")
         for name, (r, lo, hi) in ratios.items():
             print(f"  {name:8s} {r:.3f}  ({lo:.3f}-{hi:.3f})")
         return 0
