@@ -31,8 +31,8 @@ the attention statistics, ``final.*``, the q/k norms, the frame's read-back, the
 the frame and of the monitor's step end, next to the medians of both steps.
 
 ``--interleave N`` replaces the rounds: every configuration's model is built and attached
-once, then N cycles each run one step of every configuration, in an order rotated cycle by
-cycle (a seeded shuffle), so that a slow minute of a shared machine falls on all of them alike
+once, then N cycles each run one step of every configuration, in an order shuffled cycle by
+cycle (seeded), so that a slow minute of a shared machine falls on all of them alike
 (a round of ``--steps`` steps per configuration does not: its ratios swing several points from
 round to round on a two-core machine). The ratio printed is the total time of a
 configuration's N steps over the plain steps' of the same cycles, with a 95 % moving-block
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                    "other threads or processes (wandb's)")
     p.add_argument("--interleave", type=int, default=0, metavar="N",
                    help="instead of rounds: N cycles of one step of every configuration, "
-                   "ratios with a 95%% bootstrap interval (see above)")
+                   "ratios with a 95%% block-bootstrap interval (see above); a multiple of 10")
     p.add_argument("--parts", type=int, default=0, metavar="N",
                    help="only the breakdown of a sampled step's monitor time: N plain and N "
                    "every-step steps interleaved in one process (see above)")
