@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,17 +85,35 @@ def _clip_rate(values: list[Any]) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
 
-def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True,
+Interval = int | Callable[[int], int]
+
+
+def _interval(k: Interval) -> Callable[[int], int]:
+    """``k`` as a function of the step (an int: the same at every step), checked >= 1."""
+    if callable(k):
+        def at(step: int) -> int:
+            v = k(step)
+            if v < 1:
+                raise ValueError(f"the interval at step {step} must be >= 1, got {v}")
+            return v
+        return at
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return lambda step: k
+
+
+def derive(frames: list[dict[str, Any]], k: Interval, *, history: bool = True,
            spike_watch: bool = True, flush_every: int | None = FLUSH_EVERY,
            ) -> list[dict[str, Any]]:
     """The frames of ``frames`` (one per step, in step order) that a job sampling one step
-    in ``k`` sends, as it sends them (see the module docstring). ``history=False`` leaves
-    the history out (a collector that does not take it); ``flush_every`` (the hooks'
-    ``history_every``, None: off) sends the kept steps ahead of the next frame."""
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    in ``k`` sends, as it sends them (see the module docstring). ``k`` may be a function of
+    the step: the interval in effect after a sample at that step, as the hooks' overhead
+    budget widens or narrows it during a run. ``history=False`` leaves the history out (a
+    collector that does not take it); ``flush_every`` (the hooks' ``history_every``, None:
+    off) sends the kept steps ahead of the next frame."""
+    k_at = _interval(k)
     by_step = {f["step"]: f for f in frames}
-    sampled = set(schedule(frames, k, spike_watch=spike_watch))
+    sampled = set(schedule(frames, k_at, spike_watch=spike_watch))
     flush = flush_every if history and flush_every else None
     out: list[dict[str, Any]] = []
     prev: int | None = None  # the last sampled step
@@ -106,14 +125,14 @@ def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True,
                 kept.append(step)
             if flush is not None and len(kept) >= flush:
                 out.append(_scalars_frame(by_step[step], kept[:-1], by_step, len(out) + 1,
-                                          flag="hooks.history_flush", every=k))
+                                          flag="hooks.history_flush", every=k_at(prev)))
                 kept = []
             continue
         between = [] if prev is None else list(range(prev + 1, step))
         g = {key: v for key, v in f.items() if key != "history"}
         scalars = {n: v for n, v in f["scalars"].items() if n not in INTERVAL_ONLY}
         if "hooks.sample_every" in scalars:
-            scalars["hooks.sample_every"] = float(k)
+            scalars["hooks.sample_every"] = float(k_at(step))
         if "grad.clip_rate" in scalars and "grad.clipped" in scalars:
             window = [*between, step] if prev is not None else [step]
             rate = _clip_rate([by_step[s]["scalars"].get("grad.clipped")
@@ -130,13 +149,15 @@ def derive(frames: list[dict[str, Any]], k: int, *, history: bool = True,
     last = frames[-1]["step"] if frames else None
     if history and kept and kept[-1] == last:
         out.append(_scalars_frame(frames[-1], kept[:-1], by_step, len(out) + 1,
-                                  flag="hooks.closing", every=k))
+                                  flag="hooks.closing", every=k_at(prev or 0)))
     return out
 
 
-def schedule(frames: list[dict[str, Any]], k: int, *, spike_watch: bool = True) -> list[int]:
+def schedule(frames: list[dict[str, Any]], k: Interval, *,
+             spike_watch: bool = True) -> list[int]:
     """The steps a job sampling one step in ``k`` samples, as the hooks choose them: the
-    first step, then every ``k`` steps after the last sample, and the step after one whose
+    first step, then ``k`` steps after the last sample (``k`` of that sample's step, where
+    it is a function), and the step after one whose
     learning rate jumped or climbed past its settled peak (``logitwatch.hooks._lrwatch``)
     or whose loss or gradient norm spiked (``logitwatch.hooks._stepwatch``; a single-process
     job on the CPU reads them at once, an accelerator job typically a step later): the same
@@ -148,10 +169,11 @@ def schedule(frames: list[dict[str, Any]], k: int, *, spike_watch: bool = True) 
     def num(v: Any) -> float | None:
         return None if v is None else decode_float(v)
 
+    k_at = _interval(k)
     watch, spikes, out, last, force = LrWatch(), StepWatch(), [], None, False
     for f in frames:
         step = f["step"]
-        if force or last is None or step >= last + k:
+        if force or last is None or step >= last + k_at(last):
             out.append(step)
             last = step
         sc = f["scalars"]
