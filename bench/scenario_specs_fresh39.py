@@ -3,8 +3,10 @@ unchanged defaults, before ``fresh38`` is read, so before any later rule change 
 (``split: "fresh39"``).
 
 It is the held-out set for the change after the next (``--split read38``, every run recorded
-through ``fresh38``). The thirty-eighth set's shapes at seeds 390+, each parameter that
-differs between ``fresh35`` and ``fresh38`` set halfway between its two values. Record with
+through ``fresh38``). The thirty-ninth set's (``fresh38``'s) shapes at seeds 390+, each
+parameter that differs between ``fresh35`` and ``fresh38`` set halfway between its two
+values, except three written in exponent notation that kept ``fresh38``'s (the QK-clip
+run's LR and the two gradient spikes' sizes; noticed after it was recorded). Record with
 ``python bench/record_scenarios.py $(python bench/record_scenarios.py --list | awk
 '$3=="fresh39"{print $1}')``. None of its runs may be used to choose a rule, a threshold or a
 default.
