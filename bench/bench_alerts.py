@@ -57,10 +57,11 @@ twenty-eight was chosen on ``--split read33`` and replayed once on ``fresh34`` (
 recorded before ``fresh33`` was read), and ``fresh35`` was replayed with the same defaults
 (fixed and recorded before ``fresh34`` was read); round twenty-nine was chosen on ``--split
 read35`` and replayed once on ``fresh36`` (fixed and recorded before ``fresh35`` was read),
-and ``fresh37`` was replayed with the same defaults (fixed before ``fresh36`` was read). The
-next change is chosen on ``--split read37`` and replayed once on ``fresh38`` (fixed and
-recorded before ``fresh37`` was read); ``fresh39`` was fixed before ``fresh38`` is read, for
-the change after it (``--split read38``).
+and ``fresh37`` and ``fresh38`` were replayed with the same defaults (each fixed and
+recorded before the set before it was read). The next change is chosen on ``--split read38``
+and replayed once on ``fresh39`` (fixed and recorded before ``fresh38`` was read);
+``fresh40`` was fixed before ``fresh39`` is read, for the change after it (``--split
+read39``).
 
 Usage::
 
@@ -397,7 +398,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 39
+NEWEST = 40
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
