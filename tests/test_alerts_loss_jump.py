@@ -63,11 +63,13 @@ def _kicked(jumps: dict[int, float]):  # type: ignore[no-untyped-def]
 def test_smaller_jumps_after_one_big_kick_are_its_aftershocks_not_repeats() -> None:
     """One batch kicks the loss 5 nats up at 300 and it is back the next step; then it jumps
     1.2 nats at 308 and again at 316 while the weights heal. With ``page.repeats_aftershock``
-    0.5 those two are the kick's aftershocks (each under half its jump) and do not count
-    toward ``page.repeats``: shown, not paged. Without it, the third episode pages at 316.
+    0.5 (the default since round thirty) those two are the kick's aftershocks (each under half
+    its jump) and do not count toward ``page.repeats``: shown, not paged. Without it, the
+    third episode pages at 316.
     Jumps that keep their height or grow after a first one (1.2, 1.2, 2.0 nats; 1.2, 1.5,
     2.0) still page on the third, at intervals 1 and 25."""
     after = defaults_with("loss_jump", page={"repeats_aftershock": 0.5})
+    assert after == list(DEFAULT_RULES)
     without = defaults_with("loss_jump", page={"repeats_aftershock": None})
     kick = _kicked({300: 5.0, 308: 1.2, 316: 1.2})
     (a,) = by_rule(alerts_of(frames_at(1, 400, kick), after), "loss_jump")

@@ -102,8 +102,18 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # paged 13/717 unchanged (same runs, same steps), degraded paged 6/6 (1 before);
              # on the 521 of them where an episode waited or that were never paged, the same
              # at intervals 10 and 50.
+             # Round thirty (--split read38, 2,296 runs): a jump under half of an earlier one
+             # within 20 steps is its aftershock and does not count toward repeats
+             # (repeats_aftershock). One garbage batch under unclipped momentum SGD kicks a
+             # post-LN run's loss 5.2-5.5 nats up; it is back within a nat the next step and
+             # jumps again 0.6-1.4 nats while the weights heal, the third jump within 20 steps
+             # paged: three healthy runs so (f13_, f37_, f38_postln_sgd_outlier_random) and
+             # one that stayed 0.5-0.7 nat worse for good (f21_, dated 429, paged at 410,
+             # never after). On the 124 read38 runs a repeats page touched (the 60 of read37
+             # and fresh38) at intervals 1, 10 and 50: healthy paged 18 -> 9 replays, caught
+             # 225 -> 222.
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite", "loss_clip_ramp"),
-                       repeats=3,
+                       repeats=3, repeats_aftershock=0.5,
                        repeats_within=20, repeats_built=2, confirm_steps=1,
                        at_once_above=2.5, precursor_above=2.2, climb_above=2.5,
                        confirm_adaptive=True, at_once_adaptive_above=12.0,
