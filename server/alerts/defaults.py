@@ -109,8 +109,8 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              # jumps again 0.6-1.4 nats while the weights heal, the third jump within 20 steps
              # paged: three healthy runs so (f13_, f37_, f38_postln_sgd_outlier_random) and
              # one that stayed 0.5-0.7 nat worse for good (f21_, dated 429, paged at 410,
-             # never after). On the 124 read38 runs a repeats page touched (the 60 of read37
-             # and fresh38) at intervals 1, 10 and 50: healthy paged 18 -> 9 replays, caught
+             # never after). On read37's 60 runs a repeats page touched and all 64 of fresh38
+             # at intervals 1, 10 and 50: healthy paged 18 -> 9 replays, caught
              # 225 -> 222.
              page=Page(after=100, with_rules=("grad_blowup", "grad_nonfinite", "loss_clip_ramp"),
                        repeats=3, repeats_aftershock=0.5,
