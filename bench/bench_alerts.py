@@ -57,8 +57,8 @@ twenty-eight was chosen on ``--split read33`` and replayed once on ``fresh34`` (
 recorded before ``fresh33`` was read), and ``fresh35`` was replayed with the same defaults
 (fixed and recorded before ``fresh34`` was read); round twenty-nine was chosen on ``--split
 read35`` and replayed once on ``fresh36`` (fixed and recorded before ``fresh35`` was read),
-and ``fresh37`` and ``fresh38`` were replayed with the same defaults (each fixed and
-recorded before the set before it was read); round thirty was chosen on ``--split read38``
+and ``fresh37`` and ``fresh38`` were replayed with the same defaults (each fixed before the
+set before it was read); round thirty was chosen on ``--split read38``
 and replayed once on ``fresh39`` (fixed and recorded before ``fresh38`` was read). The next
 change is chosen on ``--split read39`` and replayed once on ``fresh40`` (fixed before
 ``fresh39`` was read, recorded after it).

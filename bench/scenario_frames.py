@@ -20,7 +20,10 @@ sends it) carries in each frame the scalars of the steps in between as ``history
   ``k = 1``. The recording's log Z pools every position of the batch, where the hooks'
   unsampled steps estimate it on 64 of them (``hooks/_final.step_final``; measured off by
   0.08-0.17 nat, standard deviation, on these models: docs/ALERTS.md);
-* the scalars that describe the sampling itself follow ``k``: ``hooks.sample_every`` = k,
+* ``k`` may also be a function of the step, the interval in effect after a sample at that
+  step (the hooks' overhead budget widens or narrows it during a run);
+* the scalars that describe the sampling itself follow ``k``: ``hooks.sample_every`` = k
+  (at the frame's step, or for a frame without heads at the sample before it),
   ``grad.clip_rate`` = the share of clipped steps since the previous frame (what the hooks
   count on the device between two samples), and ``hooks.overhead`` (the monitor's share
   of training time at the recorded interval) is left out;
@@ -89,7 +92,8 @@ Interval = int | Callable[[int], int]
 
 
 def _interval(k: Interval) -> Callable[[int], int]:
-    """``k`` as a function of the step (an int: the same at every step), checked >= 1."""
+    """``k`` as a function of the step (an int: the same at every step), checked >= 1. A
+    function must be pure: it is called again for the same step."""
     if callable(k):
         def at(step: int) -> int:
             v = k(step)

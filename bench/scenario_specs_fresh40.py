@@ -2,8 +2,8 @@
 unchanged defaults, before ``fresh39`` is read, so before any later rule change is replayed
 (``split: "fresh40"``).
 
-It is the held-out set for the change after the next (``--split read39``, every run recorded
-through ``fresh39``). The fortieth set's (``fresh39``'s) shapes at seeds 400+, each parameter
+It is the held-out set for the change after round thirty (``--split read39``, every run
+recorded through ``fresh39``; round thirty was replayed on ``fresh39``). The fortieth set's (``fresh39``'s) shapes at seeds 400+, each parameter
 that differs between ``fresh36`` and ``fresh39`` set halfway between its two values. Record
 with ``python bench/record_scenarios.py $(python bench/record_scenarios.py --list | awk
 '$3=="fresh40"{print $1}')``. None of its runs may be used to choose a rule, a threshold or a
