@@ -1,7 +1,7 @@
 """A scripted collector for the client tests (``httpx.MockTransport``): the handler that
 records and answers each request and small helpers shared by ``test_client.py`` and
-``test_client_shutdown.py``; their fixtures, ``make_client`` and ``spool_home``, are in
-``conftest.py``."""
+``test_client_shutdown.py``; their ``make_client`` fixture is in ``conftest.py`` (where the
+autouse ``logitwatch_home`` also puts every client's spool under the test's own home)."""
 
 from __future__ import annotations
 

@@ -247,13 +247,6 @@ def recorder() -> Iterator[tuple[Recorder, Client]]:
 
 
 @pytest.fixture
-def spool_home(tmp_path, monkeypatch) -> None:
-    """Clients spool under tmp_path (the default root is the cache): the client tests use it
-    with ``pytestmark``."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-
-
-@pytest.fixture
 def make_client() -> Iterator[Callable[..., Client]]:
     """Clients on a scripted collector (``tests/client_collector.Collector``), shut down
     after the test (any stuck reply released first)."""

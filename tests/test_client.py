@@ -29,8 +29,6 @@ from tests.client_collector import (
     stuck_collector,
 )
 
-pytestmark = pytest.mark.usefixtures("spool_home")
-
 
 def test_public_surface() -> None:
     assert lwc.__all__ == ["AlertCallback", "Client", "ClientConfig"]

@@ -22,8 +22,6 @@ from tests.client_collector import (
     wait_until,
 )
 
-pytestmark = pytest.mark.usefixtures("spool_home")
-
 
 def test_overflow_while_a_batch_is_in_flight_spills_to_disk_in_order(make_client) -> None:
     collector, entered, release = stuck_collector()
