@@ -95,11 +95,11 @@ def test_aftershocks_are_judged_in_firing_order_and_by_size() -> None:
     from logitwatch.server.alerts.spec import Page
 
     pg = Page(repeats=3, repeats_aftershock=0.5)
-    t = Track(fired=(300, 300, 305, 310), fired_jumps=(5.0, 1.2, 1.2, 1.2))
+    t = Track(fired=((300, 5.0), (300, 1.2), (305, 1.2), (310, 1.2)))
     assert _counted(t, 310, pg) == [300]
-    t = Track(fired=(300, 305, 310, 312), fired_jumps=(-1.0, -5.0, -5.0, -0.5))
+    t = Track(fired=((300, -1.0), (305, -5.0), (310, -5.0), (312, -0.5)))
     assert _counted(t, 312, pg) == [300, 305, 310]
-    t = Track(fired=(300, 305, 310), fired_jumps=(None, 1.2, 1.2))  # no baseline: counts
+    t = Track(fired=((300, None), (305, 1.2), (310, 1.2)))  # no baseline: counts
     assert _counted(t, 310, pg) == [300, 305, 310]
     assert _counted(t, 310, Page(repeats=3)) == [300, 305, 310]
 

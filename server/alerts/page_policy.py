@@ -247,18 +247,13 @@ def _counted(t: Track, step: int, pg: Page) -> list[int]:
     breaches downwards reads its drops alike). Episodes are taken in firing order, not by
     step: a job restarted from a checkpoint may fire twice at one step."""
     f = pg.repeats_aftershock
-    # an older track (or one rebuilt without them) may hold fewer jumps than steps: the
-    # newest entries pair up, the oldest steps go without a jump
-    jumps = (None,) * (len(t.fired) - len(t.fired_jumps)) + t.fired_jumps[-len(t.fired):] \
-        if t.fired else ()
     out = []
-    for i, s in enumerate(t.fired):
+    for i, (s, j) in enumerate(t.fired):
         if not 0 <= step - s <= pg.repeats_within:
             continue
-        j = jumps[i]
         if f is not None and j is not None and any(
                 e is not None and 0 <= s - e0 <= pg.repeats_within and abs(j) < f * abs(e)
-                for e0, e in zip(t.fired[:i], jumps[:i], strict=True)):
+                for e0, e in t.fired[:i]):
             continue
         out.append(s)
     return out

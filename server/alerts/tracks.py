@@ -78,9 +78,9 @@ class Track:
     clear_since: int | None = None
     streak_from: int = 0
     last_breach: tuple[int, Verdict] | None = None
-    fired: tuple[int, ...] = ()  # the steps its newest episodes fired (FIRED_KEEP at most)
-    # how far each of those episodes jumped when it fired (value - baseline; None: unknown)
-    fired_jumps: tuple[float | None, ...] = ()
+    # its newest episodes (FIRED_KEEP at most): the step each fired and how far it jumped
+    # then (value - baseline; None: no baseline)
+    fired: tuple[tuple[int, float | None], ...] = ()
 
     def advance(self, rule: RuleSpec, step: int, v: Verdict) -> Transition | None:
         if v.breach:
@@ -98,9 +98,8 @@ class Track:
             if (self.state is State.PENDING and self.streak >= rule.for_samples
                     and step - self.streak_from >= rule.for_steps):
                 self.state = State.FIRING
-                self.fired = (*self.fired[-(FIRED_KEEP - 1):], step)
                 jump = None if v.baseline is None else v.value - v.baseline
-                self.fired_jumps = (*self.fired_jumps[-(FIRED_KEEP - 1):], jump)
+                self.fired = (*self.fired[-(FIRED_KEEP - 1):], (step, jump))
                 return Transition(State.FIRING, step, self.started_step, v)
             if reopened:
                 return Transition(State.FIRING, step, self.started_step, v, reopened=True)
