@@ -37,7 +37,8 @@ cycle (seeded), so that a slow minute of a shared machine falls on all of them a
 round to round on a two-core machine). The ratio printed is the total time of a
 configuration's N steps over the plain steps' of the same cycles, with a 95 % moving-block
 bootstrap interval (blocks of 10 cycles); a single figure that says how far it can be trusted.
-N is a multiple of 10. There ``default`` is replaced by ``1in10``: one step in 10, no budget.
+N is a multiple of 10, at least 20. There ``default`` is replaced by ``1in10``: one step in
+10, no budget.
 The budget judges its cost against the wall time between two of its own steps, which
 interleaving stretches to a whole cycle, so it would keep a narrower interval than in a real
 job (at the bench's settings the budget keeps 10: ``attach()`` defaults sample one step in 10
@@ -71,6 +72,12 @@ def build(args: argparse.Namespace) -> torch.nn.Module:
     return transformers.GPT2LMHeadModel._from_config(config, attn_implementation=args.attn)
 
 
+#: The configurations that sample at a fixed interval, without the overhead budget:
+#: ``between`` samples step 0 (a warm-up step) and never again; ``1in10`` is the default
+#: interval without the budget's clock (``--interleave``); ``every`` samples every step.
+FIXED_INTERVAL = {"between": 10**9, "1in10": 10, "every": 1}
+
+
 class Runner:
     """One configuration: a model, its optimizer and whatever is attached to it."""
 
@@ -90,15 +97,10 @@ class Runner:
 
         if self.name == "default":
             self.mon = attach(self.model, self.opt, run="bench", client=Client(None, run="bench"))
-        elif self.name == "between":  # step 0 (a warm-up step) sampled, never again
-            self.mon = attach(self.model, self.opt, run="bench", sample_every=10**9,
-                              overhead_budget=None, client=Client(None, run="bench"))
-        elif self.name == "1in10":  # the default interval, without the budget's clock
-            self.mon = attach(self.model, self.opt, run="bench", sample_every=10,
-                              overhead_budget=None, client=Client(None, run="bench"))
-        elif self.name == "every":
-            self.mon = attach(self.model, self.opt, run="bench", sample_every=1,
-                              overhead_budget=None, client=Client(None, run="bench"))
+        elif self.name in FIXED_INTERVAL:
+            self.mon = attach(self.model, self.opt, run="bench",
+                              sample_every=FIXED_INTERVAL[self.name], overhead_budget=None,
+                              client=Client(None, run="bench"))
         elif self.name == "wandb":
             import wandb
 
@@ -328,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                    "other threads or processes (wandb's)")
     p.add_argument("--interleave", type=int, default=0, metavar="N",
                    help="instead of rounds: N cycles of one step of every configuration, "
-                   "ratios with a 95%% block-bootstrap interval (see above); a multiple of 10")
+                   "ratios with a 95%% block-bootstrap interval (see above); a multiple of 10, at "
+                   "least 20")
     p.add_argument("--parts", type=int, default=0, metavar="N",
                    help="only the breakdown of a sampled step's monitor time: N plain and N "
                    "every-step steps interleaved in one process (see above)")
@@ -355,10 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     Runner("none", args, state).timed(2, 1)  # one-time costs (lazy imports, allocator)
     if args.interleave:
-        if args.interleave < 10 or args.interleave % 10:
+        if args.interleave < 20 or args.interleave % 10:
             p.error("--interleave takes a multiple of 10 cycles (the same number of sampled "
-                    f"steps of a monitor sampling one step in 10 in any window), got "
-                    f"{args.interleave}")
+                    "steps of a monitor sampling one step in 10 in any window), at least 20 "
+                    f"(with one block of 10 the interval says nothing), got {args.interleave}")
         configs[configs.index("default")] = "1in10"
         ratios = measure_interleaved(args, state, configs, args.interleave)
         print(f"\nstep-time ratio vs no hooks ({args.interleave} interleaved cycles; total "
