@@ -61,7 +61,8 @@ and ``fresh37`` and ``fresh38`` were replayed with the same defaults (each fixed
 set before it was read); round thirty was chosen on ``--split read38``
 and replayed once on ``fresh39`` (fixed and recorded before ``fresh38`` was read). The next
 change is chosen on ``--split read39`` and replayed once on ``fresh40`` (fixed before
-``fresh39`` was read, recorded after it).
+``fresh39`` was read, recorded after it); ``fresh41`` was fixed and recorded before
+``fresh40`` is read, for the change after it (``--split read40``).
 
 Usage::
 
@@ -398,7 +399,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 40
+NEWEST = 41
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
