@@ -481,3 +481,26 @@ def test_a_level_from_few_samples_must_clear_the_limit_by_its_noise() -> None:
     plain = defaults_with("final_logz_departure", params={"noise_z": 0.0})
     assert [a.fired_step for a in by_rule(alerts_of(frames, rules=plain),
                                           "final_logz_departure")] == [500]
+
+
+def test_an_early_unclipped_gradient_transient_is_no_blowup() -> None:
+    """No clipping: the gradient norm sits at 0.05 and is 40x up for steps 10-14 (an early
+    transient, the weights leaving their init). A spike needs 50 steps of history (round
+    thirty-one): nothing fires. Without ``min_history`` the transient fires ``grad_blowup``
+    at step 10; a blow-up after step 50 still pages."""
+    def early(step: int) -> float:
+        return (2.0 if 10 <= step < 15 else 0.05) + 0.002 * (step % 5)
+    alerts = alerts_of(frames_at(1, 400, _grads(early, None)))
+    assert not by_rule(alerts, "grad_blowup"), [(a.rule, a.fired_step) for a in alerts]
+    assert not alerts, [(a.rule, a.fired_step) for a in alerts]
+    before = alerts_of(frames_at(1, 400, _grads(early, None)),
+                       rules=defaults_with("grad_blowup", {"min_history": 0}))
+    assert [a.fired_step for a in by_rule(before, "grad_blowup")] == [10], \
+        [(a.rule, a.fired_step) for a in before]
+
+    def later(step: int) -> float:
+        return early(step) if step < 300 else 200.0 * 1.05 ** (step - 300)
+    alerts = alerts_of(frames_at(1, 400, _grads(later, None)))
+    blow = by_rule(alerts, "grad_blowup")
+    assert blow and blow[0].fired_step == 300 and blow[0].paged_step == 360, \
+        [(a.rule, a.fired_step, a.paged_step) for a in alerts]

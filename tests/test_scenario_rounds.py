@@ -240,3 +240,28 @@ def test_one_garbage_batchs_aftershocks_do_not_page_as_repeats(tmp_path: Path) -
             path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
             assert ba.bench_one(path, k)["logitwatch"]["from50"] is None, (name, k)
             assert ba.bench_one(path, k, rules=round29)["logitwatch"]["from50"] == step, (name, k)
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_an_unclipped_gradient_in_its_first_50_steps_is_no_blowup(tmp_path: Path) -> None:
+    """Round thirty-one on recorded tuning runs, at intervals 1 and 50: healthy unclipped
+    SGD runs whose gradient norm left its first steps' range (the weights leaving their init,
+    a warm-up climbing) got a ``grad_blowup`` alert there, their only one; judged from step 50
+    of the series on (``min_history``), they get none. ``f3_postln_sgd_blowup``, which blows
+    up at 51, is still paged by its divergence, a step later than before."""
+    ba = load("bench_alerts")
+    blowup = default_entry("grad_blowup")
+    assert blowup["params"]["min_history"] == 50
+    blowup["params"]["min_history"] = 0
+    round30 = over_defaults(tmp_path, blowup)
+    for k in (1, 50):
+        for name, step in (("f14_postln_plain_sgd_warm", 9), ("f26_llama_plain_sgd", 8),
+                           ("f33_gemma2_plain_sgd_warm", 28)):
+            path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+            assert ba.bench_one(path, k)["any_alert"] is None, (name, k)
+            before = ba.bench_one(path, k, rules=round30)
+            assert before["any_alert"] == step and before["rules_fired"] == ["grad_blowup"], \
+                (name, k, before["any_alert"], before["rules_fired"])
+        path = str(BENCH / "scenarios" / "f3_postln_sgd_blowup.jsonl.gz")
+        assert ba.bench_one(path, k)["logitwatch"]["from50"] == 51, k
+        assert ba.bench_one(path, k, rules=round30)["logitwatch"]["from50"] == 50, k

@@ -142,8 +142,18 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # loss_jump's precursor; alone it pages after 30 steps, not 10 (a garbage batch left a
     # healthy unclipped SGD run's gradient 2-6x up for 15 steps; no blow-up read paged
     # through persistence before its divergence)
+    # Round thirty-one (--split read39, 2,360 runs): judged once the gradient norm has 50 steps
+    # behind it (min_history), as the departures. Its first steps' range is no range: an
+    # unclipped run's gradient norm leaves its initial value as the weights leave their
+    # init or a warm-up climbs, and the spike fired on 83 healthy runs before step 60 at
+    # interval 1 (and on 66 diverging runs, most of them hundreds of steps before their
+    # divergence). On the 141 runs where it fired that early, at intervals 1, 10 and 50:
+    # healthy replays with an alert before step 50 195 -> 15 (with any alert 231 -> 165),
+    # caught 147 -> 147, healthy paged 6 -> 6, one early blow-up paged a step later (51, its
+    # divergence) and one 4 steps earlier
     RuleSpec("grad_blowup", "spike", "grad.norm", severity="warning", keep_firing_for=10,
-             params={"z": 10.0, "window": 200, "min_scale": 0.05, "only_unclipped": True},
+             params={"z": 10.0, "window": 200, "min_scale": 0.05, "only_unclipped": True,
+                     "min_history": 50},
              # Round sixteen (--split read16, 913 runs): alone after 60 steps, not 30 (two
              # healthy unclipped SGD runs whose garbage stretch left the gradient up past 30
              # steps while the weights healed paged that way; no diverging run read needed

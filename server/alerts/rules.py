@@ -49,7 +49,8 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    median of the newest ``n`` samples (and ``min_jump`` above the higher of
                    that and the window's median); ``noise: diff``: the scale is the MAD of
                    successive differences over sqrt 2 (step-to-step noise, blind to a trend
-                   such as a loss still falling early in training).
+                   such as a loss still falling early in training). ``min_history``: no
+                   verdict before the series has that many steps behind it (default 0).
 ``loss_jump``      ``spike`` for the loss, whose evidence also says what happened at that
                    sample: the learning rate changed, the gradient norm jumped.
 ``level_rise``     the series' level (the median of its last ``window`` steps) is ``factor`` x

@@ -39,6 +39,12 @@ def _center_and_scale(r: RuleSpec, vals: list[float]) -> tuple[float, float]:
 
 def spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
            cell: tuple[int | None, int | None]) -> Verdict | None:
+    """The value's robust z against its recent range (:func:`_center_and_scale`); no verdict
+    before the series has ``min_history`` steps behind it (its first sample included), as
+    :func:`~.detectors._departure`: a recent range of a few warm-up steps is no range."""
+    history = int(r.param("min_history"))
+    if history and (m.first_step is None or m.first_step > step - history):
+        return None
     past = window(m, step, 0, int(r.param("window")), int(r.param("min_samples")))
     if len(past) < int(r.param("min_samples")):
         return None
