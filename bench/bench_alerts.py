@@ -59,10 +59,10 @@ recorded before ``fresh33`` was read), and ``fresh35`` was replayed with the sam
 read35`` and replayed once on ``fresh36`` (fixed and recorded before ``fresh35`` was read),
 and ``fresh37`` and ``fresh38`` were replayed with the same defaults (each fixed before the
 set before it was read); round thirty was chosen on ``--split read38``
-and replayed once on ``fresh39`` (fixed and recorded before ``fresh38`` was read). The next
-change is chosen on ``--split read39`` and replayed once on ``fresh40`` (fixed before
-``fresh39`` was read, recorded after it); ``fresh41`` was fixed and recorded before
-``fresh40`` is read, for the change after it (``--split read40``).
+and replayed once on ``fresh39`` (fixed and recorded before ``fresh38`` was read); round
+thirty-one was chosen on ``--split read39`` and replayed once on ``fresh40`` (fixed before
+``fresh39`` was read, recorded after it). The next change is chosen on ``--split read40`` and
+replayed once on ``fresh41`` (fixed and recorded before ``fresh40`` was read).
 
 Usage::
 
