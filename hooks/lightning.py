@@ -102,7 +102,9 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         if (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == last:
             opt = self._lr_source
             if opt is not None and opt.param_groups:
-                mon.log(lr=float(opt.param_groups[0]["lr"]))
+                # as given: a tensor LR (capturable optimizers) stays on the device, where
+                # float() would read it back on every step, sampled or not
+                mon.log(lr=opt.param_groups[0]["lr"])
             mon.step()
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

@@ -90,10 +90,12 @@ def test_hf_trainer_last_step_is_a_full_sample(tmp_path) -> None:
     assert "final.logz" in frames[-1]["scalars"]
 
 
-def lightning_fit(callback, fail_at: int | None = None, hparams: dict | None = None) -> None:
+def lightning_fit(callback, fail_at: int | None = None, hparams: dict | None = None,
+                  lr: float | torch.Tensor = 0.1) -> None:
     """A tiny attention model under ``lightning.Trainer`` for 3 optimizer steps (two
     batches each); ``fail_at``: the training step raises at that batch; ``hparams``: the
-    module saves them (``save_hyperparameters``)."""
+    module saves them (``save_hyperparameters``); ``lr``: SGD's (a tensor: as capturable
+    optimizers keep it)."""
     pl = pytest.importorskip("lightning.pytorch")
 
     class Attn(nn.Module):
@@ -126,7 +128,7 @@ def lightning_fit(callback, fail_at: int | None = None, hparams: dict | None = N
             return F.cross_entropy(logits[:, :-1].reshape(-1, 32), ids[:, 1:].reshape(-1))
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+            return torch.optim.SGD(self.parameters(), lr=lr)
 
     torch.manual_seed(0)
     ids = torch.randint(0, 32, (24, 10))
@@ -156,6 +158,36 @@ def test_lightning_callback() -> None:
         assert s["lr"] == pytest.approx(0.1) and s["grad.clipped"] == 1.0
         assert len(frame["heads"]["attn.entropy_mean"]) == 1
         assert len(frame["heads"]["qk.k_weight_norm"][0]) == 2
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+def test_lightning_callback_reads_no_tensor_lr_back_between_samples() -> None:
+    """A tensor LR (capturable optimizers keep it on the device): the callback's batch end
+    reads nothing back to the host on a step that is not sampled, and the sampled frames
+    still carry the LR."""
+    pytest.importorskip("lightning.pytorch")
+    from logitwatch.hooks._probes import CountSyncs
+    from logitwatch.hooks.lightning import LogitwatchCallback
+
+    reads: list[list[str]] = []  # the read-backs of each unsampled batch end
+
+    class Counting(LogitwatchCallback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if self.monitor is not None and self.monitor.sampled:  # its capture mode is on
+                super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+                return
+            with CountSyncs() as probe:
+                super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+            reads.append(probe.calls)
+
+    client, frames = capturing_client()
+    callback = Counting(run="r", client=client, sample_every=2, overhead_budget=None)
+    lightning_fit(callback, lr=torch.tensor(0.1))
+    client.shutdown(5.0)
+    assert len(reads) >= 2 and not any(reads), reads
+    assert [f["step"] for f in frames] == [0, 2]
+    assert all(f["scalars"]["lr"] == pytest.approx(0.1) for f in frames)
 
 
 @pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
