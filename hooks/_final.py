@@ -21,6 +21,10 @@ __all__ = ["STEP_ROWS", "FinalStats", "find_output_head", "final_stats", "step_f
 
 #: Positions whose log Z an unsampled step estimates (evenly spaced over the batch).
 STEP_ROWS = 64
+#: Logits an unsampled step's log Z reduces at once (4 Mi values, 16 MiB in float32, with
+#: as much again for ``logsumexp``'s temporaries): at a 256k vocabulary 64 positions are 64
+#: MiB of float32, taken in chunks of 16; at 64k and below, one chunk.
+STEP_ELEMENTS = 1 << 22
 
 _HEAD_NAMES = ("lm_head", "head", "output", "embed_out", "out_head")
 
@@ -136,8 +140,10 @@ def step_final(hidden: torch.Tensor, logits: torch.Tensor,
     by 0.08-0.17 nat (standard deviation, no bias) against a rule judging a nat on the
     series' 100-step median: docs/ALERTS.md, *Every-step log Z*): ``rows x V``
     logits, a few MiB at a 50k vocabulary, where pooling them all would read the whole
-    ``(batch x seq) x V`` tensor every step. The hidden state is read whole (``d`` wide,
-    as cheap as one elementwise op).
+    ``(batch x seq) x V`` tensor every step, in chunks of at most :data:`STEP_ELEMENTS`
+    logits (a 256k vocabulary would otherwise make a 64 MiB float32 copy and as much in
+    temporaries on every step). The hidden state is read whole (``d`` wide, as cheap as one
+    elementwise op).
     """
     with torch.no_grad():
         lg = logits.detach()
@@ -146,7 +152,12 @@ def step_final(hidden: torch.Tensor, logits: torch.Tensor,
         if n > rows:  # an odd stride, off the first position: positions of every phase of
             stride = n // rows | 1  # a sequence, not the same ones of each (its first token's
             flat = flat[stride // 2::stride][:rows]  # log Z differs)
-        logz = torch.logsumexp(flat.float(), dim=-1).mean()
+        chunk = max(1, STEP_ELEMENTS // max(1, flat.shape[-1]))
+        if flat.shape[0] <= chunk:
+            logz = torch.logsumexp(flat.float(), dim=-1).mean()
+        else:  # a large vocabulary: bounded temporaries, a few more operations
+            logz = torch.cat([torch.logsumexp(flat[r:r + chunk].float(), dim=-1)
+                              for r in range(0, flat.shape[0], chunk)]).mean()
         h = hidden.detach()
         square = torch.linalg.vector_norm(h, dtype=torch.float32).square() / max(1, h.numel())
     return logz, square

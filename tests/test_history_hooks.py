@@ -246,6 +246,27 @@ def test_the_unsampled_log_z_reads_evenly_spaced_positions() -> None:
     assert abs(float(logz) - float(every.mean())) < 4 * float(every.std()) / 64 ** 0.5
 
 
+def test_the_unsampled_log_z_of_a_large_vocabulary_stays_in_bounded_memory() -> None:
+    """A 256k vocabulary in bf16: the 64 positions' log Z is taken in chunks, so the step
+    allocates a few tens of MiB at most, not a 64 MiB float32 copy plus as much again in
+    temporaries; the value is the same."""
+    import torch
+
+    from logitwatch.hooks._final import STEP_ELEMENTS, step_final
+    from logitwatch.hooks._probes import LiveBytes
+
+    vocab = 1 << 18
+    gen = torch.Generator().manual_seed(5)
+    logits = (torch.randn(1, 96, vocab, generator=gen) * 3).to(torch.bfloat16)
+    hidden = torch.randn(1, 96, 8, generator=gen)
+    with LiveBytes() as mem:
+        logz, _ = step_final(hidden, logits, rows=64)
+    assert mem.peak <= 3 * 4 * STEP_ELEMENTS, mem.peak  # 48 MiB; whole: 64 MiB copy + temps
+    stride = 96 // 64 | 1
+    rows = logits.reshape(-1, vocab)[stride // 2::stride][:64].double()
+    assert float(logz) == pytest.approx(float(torch.logsumexp(rows, -1).mean()), rel=1e-6)
+
+
 def test_a_full_ring_keeps_the_newest_steps_and_counts_the_rest(torch_one_thread: Any
                                                                 ) -> None:
     torch = torch_one_thread
