@@ -35,9 +35,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_hooks_qk import CausalSelfAttention  # nanoGPT's, fused c_attn
+from test_hooks_sampling import capturing_client
 from torch import nn
 
-from logitwatch.client import Client
 from logitwatch.hooks import attach
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -117,14 +118,6 @@ def reference(q: np.ndarray, k: np.ndarray, scale: float, real: np.ndarray, caus
         for name, value in zip(ATTN + CAPPED, values, strict=False):
             out.setdefault(name, []).append(value)
     return out
-
-
-def capturing_client() -> tuple[Client, list[dict]]:
-    frames: list[dict] = []
-    client = Client(None, run="r")
-    client.send = lambda step, scalars, heads, time=None, history=None: frames.append(  # type: ignore
-        {"step": step, "scalars": scalars, "heads": heads})
-    return client, frames
 
 
 def one_step(model: nn.Module, loss_fn: Callable[[nn.Module], torch.Tensor],
@@ -292,22 +285,6 @@ def test_vit_matches_float64(impl: str) -> None:
 
 
 # -- nanoGPT: fused c_attn, SDPA is_causal ---------------------------------------------------
-class CausalSelfAttention(nn.Module):
-    def __init__(self, n_embd: int, n_head: int) -> None:
-        super().__init__()
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.c_proj = nn.Linear(n_embd, n_embd)
-        self.n_head, self.n_embd = n_head, n_embd
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-                   for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-
 class Block(nn.Module):
     def __init__(self, n_embd: int, n_head: int) -> None:
         super().__init__()
