@@ -45,6 +45,7 @@ class SpoolSide:
     _segments: list[Segment]
     _spool_bytes: int
     _spool_frames: int
+    _aside_bytes: int
     _reserved: int
     _inflight: Batch | None
     _spilling: int | None
@@ -114,10 +115,11 @@ class SpoolSide:
         """
         if self.spool is None:
             return "failed", None
+        # the frames set aside (.rejected, .quarantine) are on the same disk budget
         size = sum(len(line) + 1 for line in lines) + 160
         evicted: list[Segment] = []
         with self._cond:
-            while self._spool_bytes + self._reserved + size > self._budget:
+            while self._spool_bytes + self._reserved + self._aside_bytes + size > self._budget:
                 victim = next((s for s in self._segments if not s.busy), None)
                 if victim is None:
                     break
@@ -125,7 +127,7 @@ class SpoolSide:
                 self._counts["dropped_spool_full"] += victim.frames
                 self._lost(victim.first)
                 evicted.append(victim)
-            if self._spool_bytes + self._reserved + size > self._budget:
+            if self._spool_bytes + self._reserved + self._aside_bytes + size > self._budget:
                 self._counts["dropped_spool_full"] += len(lines)
                 self._lost(seqs[0])
                 dropped = True

@@ -12,7 +12,8 @@ while the spool is off or failing (``dropped_queue_full``, oldest first), the sp
 budget (``dropped_spool_full``, oldest segment first), a damaged segment
 (``dropped_spool_corrupt``), or a frame the collector refused as invalid (``rejected``)
 or kept failing on while the rest of its batch went through (``quarantined``): the sender
-finds such frames by sending the batch in halves, and only they are set aside.
+finds such frames by sending the batch in halves, and only they are set aside, within
+their share of the spool's budget (``dropped_aside`` past it).
 
 ``seq`` is assigned here, under the lock, as ``max(previous + 1, now in µs)``: strictly
 increasing, in queue order whatever thread calls ``send``, and, because it follows the
@@ -64,10 +65,18 @@ COUNTERS = (
     # sending the batch in halves; kept aside in the spool (``.rejected``)
     "quarantined",  # frames the collector kept failing on (500) while the rest of their
     # batch went through; kept aside in the spool (``.quarantine``)
+    "dropped_aside",  # rejected or quarantined frames not kept aside: past their share of
+    # spool_max_bytes (ASIDE_SHARE), or the disk refused
     "dropped_after_shutdown",  # frames sent after shutdown()
     "undelivered_at_shutdown",  # frames neither delivered nor spooled at shutdown
     "discarded",  # frames given to a client without a URL
 )
+
+
+#: The share of ``spool_max_bytes`` that the frames set aside (``.rejected``,
+#: ``.quarantine``) may take: never deleted by the client, they must not grow for a whole
+#: run, nor crowd out the frames still to deliver.
+ASIDE_SHARE = 0.1
 
 
 _SEQ = re.compile(rb'"seq":(\d+)')
@@ -121,6 +130,7 @@ class Backlog(SpoolSide):
         self._segments: list[Segment] = []  # sorted by first seq
         self._spool_bytes = 0
         self._spool_frames = 0
+        self._aside_bytes = 0  # .rejected and .quarantine files written (see keep_aside)
         self._reserved = 0
         self._inflight: Batch | None = None
         self._spilling: int | None = None  # first seq of frames being written by spill()
@@ -245,18 +255,53 @@ class Backlog(SpoolSide):
     def keep_aside(self, rejected: list[bytes], quarantined: list[bytes]) -> list[str]:
         """Write frames (encoded lines) that will never be delivered to the spool
         directory, where nothing replays them (``.rejected``, ``.quarantine``), for a
-        person to look at; returns the files written."""
+        person to look at; returns the files written.
+
+        Nothing deletes these files, so they get their own share of the disk budget
+        (:data:`ASIDE_SHARE` of ``spool_max_bytes``, counted in it): the oldest frames
+        that fit are kept, the others dropped (``dropped_aside``, logged once). A collector
+        refusing every frame (a wrong URL, a client and collector of different versions)
+        used to fill the disk with them for the whole run.
+        """
         paths: list[str] = []
         for lines, suffix in ((rejected, ".rejected"), (quarantined, ".quarantine")):
-            if lines and self.spool is not None:
-                order = sorted(range(len(lines)), key=lambda i: _seq(lines[i]))
-                try:
-                    seg = write_segment(self.spool.ensure(), [_seq(lines[i]) for i in order],
-                                        [lines[i] for i in order], suffix=suffix)
-                    paths.append(str(seg.path))
-                except OSError as e:
-                    self._warn_once("aside", "logitwatch: cannot keep refused frames aside "
-                                    "under %s (%s); they are dropped", self.spool.base, e)
+            if not lines or self.spool is None:
+                continue
+            order = sorted(lines, key=_seq)
+            with self._cond:  # the oldest frames that fit the share and the whole budget
+                room = min(self._budget * ASIDE_SHARE - self._aside_bytes,
+                           self._budget - self._spool_bytes - self._reserved - self._aside_bytes)
+                size, n = 160, 0  # 160: an upper bound of the header
+                while n < len(order) and size + len(order[n]) + 1 <= room:
+                    size += len(order[n]) + 1
+                    n += 1
+                if n:
+                    self._aside_bytes += size
+                self._counts["dropped_aside"] += len(order) - n
+            if n < len(order):
+                self._warn_once(
+                    "aside-full", "logitwatch: frames the collector refused are no longer kept "
+                    "aside under %s: they would pass their share of the spool's disk budget "
+                    "(%d bytes of spool_max_bytes=%d); they are dropped, counted in "
+                    "stats['dropped_aside']. A collector that refuses many frames is usually "
+                    "the wrong URL, or runs another version than this client: check the URL "
+                    "and compare `logitwatch --version` on both sides",
+                    self.spool.base, int(self._budget * ASIDE_SHARE), self._budget)
+            if not n:
+                continue
+            try:
+                seg = write_segment(self.spool.ensure(), [_seq(line) for line in order[:n]],
+                                    order[:n], suffix=suffix)
+            except OSError as e:
+                with self._cond:
+                    self._aside_bytes -= size
+                    self._counts["dropped_aside"] += n
+                self._warn_once("aside", "logitwatch: cannot keep refused frames aside "
+                                "under %s (%s); they are dropped", self.spool.base, e)
+                continue
+            with self._cond:
+                self._aside_bytes += seg.size - size
+            paths.append(str(seg.path))
         return paths
 
     def settle_parts(self, batch: Batch, *, delivered: int, duplicates: int,

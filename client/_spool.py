@@ -57,6 +57,11 @@ SUFFIX = ".seg"
 META = "meta.json"
 LOCK = "LOCK"
 
+#: Seconds after a failure to make the spool directory (disk full, no flock, permissions)
+#: before it is tried again: until then :meth:`WriterDir.ensure` fails at once, touching
+#: nothing, so a spool that cannot work costs no disk operation per frame.
+RETRY_MAKE_AFTER = 5.0
+
 
 class SpoolCorrupt(Exception):
     """A segment file that cannot be trusted (bad header, CRC or frame count)."""
@@ -171,35 +176,62 @@ class WriterDir:
         self._meta = {"project": project, "run": run, "rank": rank, "url": url}
         self.path: Path | None = None
         self._lock_fd: int | None = None
+        self._failed: OSError | None = None  # why the last _make failed, and when to retry
+        self._retry_at = 0.0
         # The spooler thread (memory -> disk) and the sender (frames set aside) both call
         # ensure(): without the lock both could make a directory, and one of them would be
         # orphaned (its files invisible to spool_path).
         self._made = threading.Lock()
 
     def ensure(self) -> Path:
-        """Create (once) and lock this process's directory; return it."""
+        """Create (once) and lock this process's directory; return it.
+
+        Raises ``OSError`` if it cannot be made, and then for :data:`RETRY_MAKE_AFTER`
+        seconds without trying again.
+        """
         if self.path is not None:
             return self.path
         with self._made:
             if self.path is not None:
                 return self.path
-            return self._make()
+            failed = self._failed
+            if failed is not None and time.monotonic() < self._retry_at:
+                raise OSError(f"{failed} (making the spool directory is retried at most "
+                              f"every {RETRY_MAKE_AFTER:g} s)")
+            try:
+                return self._make()
+            except OSError as e:
+                self._failed, self._retry_at = e, time.monotonic() + RETRY_MAKE_AFTER
+                raise
 
     def _make(self) -> Path:
         pid = os.getpid()
         path = self.base / f"{pid}-{time.time_ns() // 1000}"
         path.mkdir(parents=True, exist_ok=False)
-        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        meta = {**self._meta, "pid": pid, "created": time.time()}
-        tmp = path / f".tmp-{META}"
-        tmp.write_text(json.dumps(meta, indent=1) + "\n")
-        os.replace(tmp, path / META)
+        fd: int | None = None
+        try:
+            fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            meta = {**self._meta, "pid": pid, "created": time.time()}
+            tmp = path / f".tmp-{META}"
+            tmp.write_text(json.dumps(meta, indent=1) + "\n")
+            os.replace(tmp, path / META)
+        except BaseException:
+            # A full disk (meta.json) or a filesystem without flock: undo it all. Left
+            # open, the descriptor leaked with every later attempt, one per spill, until
+            # the job's own open() failed with EMFILE; left on disk, the directories piled
+            # up (each attempt makes a new one).
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            remove_writer_dir(path)
+            raise
         _fsync_dir(path)
         _fsync_dir(path.parent)
         self._lock_fd = fd
         self.path = path
+        self._failed = None
         return path
 
     def release(self) -> None:
@@ -220,6 +252,7 @@ class WriterDir:
                 os.close(self._lock_fd)  # the parent's descriptor keeps its lock
         self._lock_fd = None
         self.path = None
+        self._failed = None
         self._made = threading.Lock()  # a parent's thread may have held it at the fork
 
 

@@ -47,8 +47,10 @@ class ClientConfig:
             process writes under ``<root>/<project>/<run>/rank-<rank>/<pid>-<start>``, and
             only when it must: the collector is unreachable or memory is half full.
         spool_max_bytes: Disk budget of one process's spool. Past it, the oldest spooled
-            frames are dropped, counted in ``stats["dropped_spool_full"]``. 0 turns the
-            spool off (frames then wait in memory only).
+            frames are dropped, counted in ``stats["dropped_spool_full"]``. The frames the
+            collector refused, kept aside for a person to look at, count in it and take at
+            most a tenth of it (then ``stats["dropped_aside"]``). 0 turns the spool off
+            (frames then wait in memory only).
         spool_interval: Frames not delivered within this many seconds (the collector is
             unreachable or slow, or ``interval`` is longer) are written to the spool, the
             batch in flight included: the most a crash of the training process itself can

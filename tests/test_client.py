@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ import pytest
 import logitwatch.client as lwc
 from logitwatch.client import Client, ClientConfig
 from logitwatch.client._http import backoff_delay, parse_retry_after
+from logitwatch.client._queue import ASIDE_SHARE
 from tests.client_collector import (
     Collector,
     body_of,
@@ -141,6 +143,30 @@ def test_400_is_not_retried_and_logged(make_client, caplog) -> None:
     send_n(client, 1, start=3)  # the client keeps working afterwards
     assert client.flush(5.0)
     assert sorted(f["step"] for f in collector.delivered) == [0, 2, 3]
+
+
+def test_a_collector_refusing_every_frame_does_not_fill_the_disk(make_client, caplog) -> None:
+    # A wrong URL, or a collector of another version, answers 400 to every frame: each is
+    # refused alone and set aside (.rejected), and those files grew for the whole run,
+    # outside spool_max_bytes (1.4 MB against 64 KiB in 3 s). They keep to their share.
+    budget = 64 * 1024
+    collector = Collector(lambda request, n: httpx.Response(
+        400, json={"code": "invalid-request", "message": "no"}))
+    client = make_client(collector, config=ClientConfig(
+        interval=0.02, max_backoff=0.02, timeout=5.0, spool_max_bytes=budget))
+    heads = {"attn.logit_max": [[1.0] * 32 for _ in range(32)]}  # ~2.3 kB a frame
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        for step in range(300):
+            client.send(step, {"loss": 1.0}, heads)
+        assert client.flush(30.0) is False
+    stats = client.stats
+    assert stats["rejected"] == 300 and stats["pending"] == 0
+    assert client.spool_path is not None
+    aside = list(Path(client.spool_path).glob("*.rejected"))
+    assert 0 < sum(p.stat().st_size for p in aside) <= budget * ASIDE_SHARE
+    assert 0 < stats["dropped_aside"] < 300
+    warned = [r.getMessage() for r in caplog.records if "no longer kept aside" in r.getMessage()]
+    assert len(warned) == 1 and "wrong URL" in warned[0]
 
 
 def test_alerts_once_per_id_and_severity_and_control(make_client, caplog) -> None:

@@ -6,17 +6,23 @@ two writers racing for one batch). The client against a scripted collector:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from logitwatch.client import _spool
 from logitwatch.client._codec import encode, pack
-from logitwatch.client._queue import Backlog
+from logitwatch.client._queue import ASIDE_SHARE, Backlog
 from logitwatch.client._spool import SpoolCorrupt, WriterDir, read_segment, write_segment
 
 
@@ -203,4 +209,139 @@ def test_the_spooler_does_not_unlink_the_copy_a_failure_spooled_meanwhile(tmp_pa
     assert backlog.counts()["dropped_spool_corrupt"] == 0
     backlog.settle(again, "delivered")
     assert list(spool.path.glob("*.seg")) == [] and backlog.spooled() == (0, 0)
+    spool.release()
+
+
+# -- a spool directory that cannot be made; frames set aside -----------------------------
+
+
+def _fds_under(path: Path) -> int:
+    """This process's open descriptors on files under ``path`` (Linux's /proc/self/fd)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed since
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith(str(path))
+    return n
+
+
+def _break_spool_dir(monkeypatch, how: str) -> dict[str, Any]:
+    """Make ``WriterDir._make`` fail after its ``mkdir`` (the LOCK file open by then), as a
+    full disk does (writing meta.json: ENOSPC) or a filesystem without flock (ENOLCK).
+    Returns a switch (``broken``) and the count of attempts."""
+    state: dict[str, Any] = {"broken": True, "attempts": 0}
+
+    def fail(code: int) -> None:
+        if state["broken"]:
+            state["attempts"] += 1
+            raise OSError(code, os.strerror(code))
+
+    if how == "disk full":
+        real = Path.write_text
+
+        def write_text(self: Path, *a: Any, **k: Any) -> int:
+            if self.name == ".tmp-meta.json":
+                fail(errno.ENOSPC)
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(Path, "write_text", write_text)
+    else:
+        real_fcntl = _spool.fcntl
+
+        def flock(fd: int, op: int) -> None:
+            fail(errno.ENOLCK)
+            real_fcntl.flock(fd, op)
+
+        monkeypatch.setattr(_spool, "fcntl", SimpleNamespace(
+            flock=flock, LOCK_EX=real_fcntl.LOCK_EX, LOCK_NB=real_fcntl.LOCK_NB))
+    return state
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd") or _spool.fcntl is None,
+                    reason="counts descriptors in /proc/self/fd; flock is POSIX")
+@pytest.mark.parametrize("how", ["disk full", "no flock"])
+def test_a_spool_directory_that_cannot_be_made_leaks_no_descriptor_nor_directory(
+        tmp_path, monkeypatch, caplog, how) -> None:
+    """The LOCK file was left open and the directory on disk at each failed attempt, one
+    per spill: 235 descriptors in 6 s on a full disk, until the job's own ``torch.save``
+    failed with EMFILE. Retried at every spill here (the worst case)."""
+    monkeypatch.setattr(_spool, "RETRY_MAKE_AFTER", 0.0)
+    state = _break_spool_dir(monkeypatch, how)
+    root = tmp_path.resolve()
+    spool = WriterDir(root, project="p", run="r1", rank=0, url="http://x")
+    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=1 << 20)
+    backlog.put(frame(0), 0)
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        for _ in range(30):
+            assert backlog.spill(0, 0) == 0
+    assert state["attempts"] == 30
+    assert _fds_under(root) == 0
+    assert list(root.rglob("*")) == []  # no half-made directory, nor its parents
+    assert spool.path is None and backlog.waiting() == 1  # the frame waits in memory
+    assert caplog.text.count("cannot write the spool") == 1  # said once
+    state["broken"] = False  # the disk has room again: the frame gets to disk
+    assert backlog.spill(0, 0) == 1 and spool.path is not None
+    assert [p.name for p in spool.base.iterdir()] == [spool.path.name]
+    assert _fds_under(root) == 1  # the LOCK, held while the process lives
+    spool.release()
+    assert _fds_under(root) == 0
+
+
+def test_a_failed_spool_directory_is_tried_again_only_after_a_while(tmp_path,
+                                                                   monkeypatch) -> None:
+    """Not at every spill: a spool that cannot work costs no disk operation per frame."""
+    now = [1000.0]
+    monkeypatch.setattr(_spool, "time", SimpleNamespace(
+        time=time.time, time_ns=time.time_ns, monotonic=lambda: now[0]))
+    state = _break_spool_dir(monkeypatch, "disk full")
+    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
+    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=1 << 20)
+    backlog.put(frame(0), 0)
+    for _ in range(20):
+        assert backlog.spill(0, 0) == 0
+    assert state["attempts"] == 1
+    with pytest.raises(OSError, match="No space left on device.*retried at most every"):
+        spool.ensure()
+    now[0] += _spool.RETRY_MAKE_AFTER + 0.01
+    assert backlog.spill(0, 0) == 0 and state["attempts"] == 2
+    state["broken"] = False
+    assert backlog.spill(0, 0) == 0 and state["attempts"] == 2  # not yet: still waiting
+    now[0] += _spool.RETRY_MAKE_AFTER + 0.01
+    assert backlog.spill(0, 0) == 1 and backlog.counts()["spilled"] == 1
+    assert len(list(spool.path.glob("*.seg"))) == 1
+    spool.release()
+
+
+def big_frame(step: int):
+    """A frame of about 2.3 kB encoded: one 32 x 32 matrix."""
+    return pack(step, {"loss": 1.0}, {"attn.logit_max": [[1.0] * 32] * 32}, 1.0)[0]
+
+
+def test_frames_set_aside_stay_within_their_share_of_the_spool_budget(tmp_path,
+                                                                      caplog) -> None:
+    """A collector refusing every frame (a wrong URL, another version) made the client
+    write ``.rejected`` files outside ``spool_max_bytes`` for the whole run: 1.4 MB
+    against a 64 KiB budget in 3 s. They now take at most their share of the budget."""
+    budget = 64 * 1024
+    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
+    backlog = memory_backlog(1000, spool=spool, spool_max_bytes=budget)
+    lines = []
+    for step in range(100):
+        f = big_frame(step)
+        f.seq = step + 1
+        lines.append(encode(f, "r1", "default", 0))
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        for i in range(0, 100, 2):  # a frame refused and one quarantined, batch after batch
+            backlog.keep_aside(lines[i:i + 1], lines[i + 1:i + 2])
+    aside = [p for p in spool.path.iterdir() if p.suffix in (".rejected", ".quarantine")]
+    kept = sum(len(read_segment(p)) for p in aside)
+    assert 0 < sum(p.stat().st_size for p in aside) <= budget * ASIDE_SHARE
+    assert kept + backlog.counts()["dropped_aside"] == 100 and kept > 0
+    warned = [r.getMessage() for r in caplog.records if "no longer kept aside" in r.getMessage()]
+    assert len(warned) == 1 and "check the URL" in warned[0]  # once, and what to do
+    # the files set aside count in the budget: the frames to deliver take the rest
+    for step in range(100, 160):
+        backlog.put(big_frame(step), 0)
+    backlog.spill(0, 0)
+    on_disk = sum(p.stat().st_size for p in spool.path.iterdir() if p.suffix != ".json")
+    assert on_disk <= budget and backlog.counts()["dropped_spool_full"] > 0
     spool.release()
