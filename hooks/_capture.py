@@ -4,6 +4,8 @@ mode, HF eager attention and ``record_attention`` calls, the LM head (see
 
 from __future__ import annotations
 
+import copy
+import sys
 from typing import Any
 
 import torch
@@ -20,6 +22,41 @@ __all__ = ["CaptureMixin", "attention_dtype_max"]
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
+
+
+def _handled_exception() -> int | None:
+    """The id of the exception being handled on this thread (None: none). Only its id is
+    kept: a reference would keep a failed forward's frames, and their tensors, alive."""
+    exc = sys.exc_info()[1]
+    return None if exc is None else id(exc)
+
+
+class _ForwardState:
+    """What one sampled (or max-only) forward adds to the step's statistics, as it was
+    before that forward: restored when the forward raises, so that a forward the job
+    catches and retries (a CUDA OOM on a smaller batch) leaves nothing in the frame, nor
+    in what a fuse acts on (QK-clip scales W_q/W_k on the step's max logits)."""
+
+    __slots__ = ("attn", "auto_loss", "buffer", "dtype_max", "final", "maxima")
+
+    def __init__(self, owner: Any) -> None:
+        b = self.buffer = owner._buffer
+        self.attn = dict(b.attn)  # entries are replaced on merge, never changed in place
+        self.final = copy.copy(b.final)  # FinalStats.merge rebinds its fields: a shallow copy
+        self.auto_loss = (b.auto_loss, b.auto_loss_count)
+        self.dtype_max = b.dtype_max
+        self.maxima = dict(owner.maxima)
+
+    def restore(self, owner: Any) -> None:
+        b = self.buffer
+        if owner._buffer is not b:  # the step ended inside the forward: nothing to undo
+            return
+        b.attn.clear()
+        b.attn.update(self.attn)
+        b.final = self.final
+        b.auto_loss, b.auto_loss_count = self.auto_loss
+        b.dtype_max = self.dtype_max
+        owner.maxima = self.maxima
 
 
 def _autocast_dtype(device: str) -> torch.dtype | None:
@@ -76,6 +113,7 @@ class CaptureMixin:
                     self._start_max(args, kwargs, measure=False)
                 return
             t0 = thread_clock()
+            self._begin_forward()
             self.capturing = True
             _adapter.push(self)
             self._calls = 0
@@ -89,6 +127,18 @@ class CaptureMixin:
             if self.capturing and t0:
                 self._cost.add_host(thread_clock() - t0)
 
+    def _begin_forward(self) -> None:
+        """At the start of a measured forward: what to restore if it raises."""
+        self._forward_state = _ForwardState(self)
+        self._forward_exc = _handled_exception()
+
+    def _forward_failed(self) -> bool:
+        """In the forward post-hook: whether the forward raised. torch calls an
+        ``always_call`` hook from its ``except`` block, so an exception other than the one
+        (if any) being handled when the forward started is the forward's own."""
+        exc = _handled_exception()
+        return exc is not None and exc != self._forward_exc
+
     def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if _compiling():
             return
@@ -99,6 +149,13 @@ class CaptureMixin:
             if not self.capturing:
                 if module.training and torch.is_grad_enabled() and self._keeps_history():
                     self._history_loss(output)
+                return
+            state, self._forward_state = self._forward_state, None
+            if state is not None and self._forward_failed():
+                # the forward raised: its partial statistics must not reach the frame (nor
+                # a fuse), the job may retry the step (see _ForwardState)
+                self._stop_capture()
+                state.restore(self)
                 return
             if self.max_only:  # a max-only forward: its loss goes to the history
                 self._stop_capture()
@@ -168,6 +225,7 @@ class CaptureMixin:
         :meth:`request_max`, outside the monitor's samples): the attention calls give their
         per-head max logit only (:mod:`~logitwatch.hooks._maxlogit`), nothing else.
         ``measure=False``: the calls are only rewritten by a fuse (nothing measured)."""
+        self._begin_forward()
         self.capturing = True
         self.max_only = True
         self._max_measure = measure
@@ -186,15 +244,15 @@ class CaptureMixin:
         mode, self._mode = self._mode, None
         if mode is None:
             return
-        if mode.is_top():
-            mode.__exit__(None, None, None)
-        else:  # someone left a mode of theirs on top: we cannot pop ours safely
-            mode.retire()
-            self._fail("attention", RuntimeError("the SDPA capture mode is not innermost"))
+        # Taken off the stack even under another mode (a second monitor's, or one someone
+        # left there): a mode left behind would slow every later torch call of the process
+        if not mode.remove():  # not on this thread's stack (closed from another thread)
+            self._fail("attention", RuntimeError("the SDPA capture mode is not on this "
+                                                 "thread's mode stack"))
 
     def _record_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Measure one SDPA/MHA call; returns a fuse's rewrite of it (or None)."""
-        if self.eager_depth:
+        if self.eager_depth or _compiling():  # compiled code is not measured (see SdpaCapture)
             return None
         got = None
         if self._rewriting():  # never raises: a failing rewrite leaves the call as is
@@ -267,6 +325,8 @@ class CaptureMixin:
         try:
             index = self._calls if layer is None else layer
             self._calls += 1
+            if _unmeasurable(query, key):  # counted: the later calls keep their rows
+                return
             dtype_max = attention_dtype_max(query, key)
             if dtype_max is not None:
                 self._buffer.add_dtype_max(dtype_max)
@@ -305,7 +365,7 @@ class CaptureMixin:
         try:
             index = self._calls if layer is None else layer
             self._calls += 1
-            if getattr(query, "is_nested", False):
+            if getattr(query, "is_nested", False) or _unmeasurable(query, key):
                 return
             if query.dim() in (3, 4) and (query_valid is None or key_valid is None):
                 rows, cols = self._padding.for_call(query.shape[0], query.shape[-2],
@@ -320,3 +380,10 @@ class CaptureMixin:
                 torch.maximum(old, m))
         except Exception:
             self._fail("attention")
+
+
+def _unmeasurable(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """A call with no logits to measure: on the meta device (a shape probe inside the
+    forward: its statistics would make the frame's one read-back fail, and the whole
+    ``step`` part with it) or with no elements (an empty sequence: no valid pair)."""
+    return query.is_meta or key.is_meta or query.numel() == 0 or key.numel() == 0

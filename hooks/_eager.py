@@ -80,6 +80,8 @@ def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         *args: Any,
         **kwargs: Any,
     ) -> Any:
+        if torch.compiler.is_compiling():  # a compiled block: not measured, not rewritten
+            return original(module, query, key, value, attention_mask, *args, **kwargs)
         for owner in _owners.get(id(module), ()):
             if owner.capturing:
                 scaling = kwargs["scaling"] if "scaling" in kwargs else (args[0] if args else None)

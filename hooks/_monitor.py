@@ -133,6 +133,8 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._buffer = StepBuffer()
         self._depth = 0
         self._mode: SdpaCapture | None = None
+        self._forward_state: Any = None  # restored if the measured forward raises
+        self._forward_exc: int | None = None
         self._calls = 0
         self._clip_seen = False
         self._clip_hits: torch.Tensor | None = None
@@ -189,7 +191,9 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
                         exc_info=True)
         self._handles = [
             model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
-            model.register_forward_hook(self._post_forward, always_call=True),
+            # prepend: post-hooks unwind in the reverse order of the pre-hooks, so that with
+            # two monitors on one model each finds its own mode on top when it pops it
+            model.register_forward_hook(self._post_forward, always_call=True, prepend=True),
         ]
         if head is not None:
             self._handles.append(head.register_forward_hook(self._head_forward))
@@ -417,6 +421,14 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
                 self._stop_capture()
             if scheduled:
                 self._last_sampled = step
+            # a forward that never reached its post-hook (torch runs always_call hooks for
+            # Exception only: a KeyboardInterrupt in a notebook) would leave the depth above
+            # 0 and every later forward would look nested, never measured. Steps end outside
+            # forwards, so the depth starts from 0 again here (any capture stopped above)
+            if self._depth:
+                self._stop_capture()
+                self._depth = 0
+                self._forward_state = None
         except Exception:
             self._fail("step")
         if scheduled and self._qk_find.pending:

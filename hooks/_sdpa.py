@@ -144,7 +144,8 @@ class SdpaCapture(TorchFunctionMode):
     runs it as is (or the call ``record`` returned: the QK-norm and soft-cap fuses).
 
     ``record`` must not raise (the monitor guards it). After :meth:`retire` the mode is a
-    pure pass-through, for the rare case it cannot be popped from the mode stack.
+    pure pass-through; :meth:`remove` takes it off the mode stack even when it is not on
+    top. Under ``torch.compile`` tracing every call passes through unmeasured.
     """
 
     def __init__(self, record: Recorder) -> None:
@@ -159,6 +160,23 @@ class SdpaCapture(TorchFunctionMode):
         n = torch._C._len_torch_function_stack()
         return n > 0 and torch._C._get_function_stack_at(n - 1) is self
 
+    def remove(self) -> bool:
+        """Take this mode off this thread's mode stack wherever it is: the modes above it
+        (another monitor's, or one someone left there) are popped and pushed back in
+        order. A mode left on the stack, even retired, would cost every torch call of the
+        rest of the process a Python dispatch. False (and retired): not on this stack."""
+        self.retire()
+        n = torch._C._len_torch_function_stack()
+        at = next((i for i in range(n - 1, -1, -1)
+                   if torch._C._get_function_stack_at(i) is self), None)
+        if at is None:
+            return False
+        above = [torch._C._pop_torch_function_stack() for _ in range(n - 1 - at)]
+        torch._C._pop_torch_function_stack()  # this mode
+        for mode in reversed(above):  # popped innermost first: push the outermost first
+            torch._C._push_on_torch_function_stack(mode)
+        return True
+
     def __torch_function__(
         self,
         func: Callable[..., Any],
@@ -167,6 +185,11 @@ class SdpaCapture(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        # Under torch.compile (a compiled block inside an eagerly captured forward) Dynamo
+        # would trace the statistics code into the graph and fail to compile it: compiled
+        # code is passed through unmeasured and unrewritten (docs/HOOKS.md, torch.compile).
+        if torch.compiler.is_compiling():
+            return func(*args, **kwargs)
         if self._record is not None and (func is _SDPA or func is _MHA):
             got = self._record(func, args, kwargs)
             if got is not None:  # a fuse rewrote the call (hooks/fuses/_rewrite.py)
