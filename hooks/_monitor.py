@@ -349,14 +349,33 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         """End what :meth:`begin_capture` started; ``loss`` is added like an HF loss."""
         self._post_forward(self.model, (), {"loss": loss} if loss is not None else None)
 
-    def step(self) -> None:
-        """End the current step; only for monitors attached without an optimizer."""
+    def step(self, *, skipped: bool = False) -> None:
+        """End the current step, for monitors attached without an optimizer.
+
+        With an optimizer its ``step()`` ends steps, and this is ignored unless
+        ``skipped=True``: the step's ``optimizer.step()`` did not run, as when a loss scaler
+        (``torch.amp.GradScaler``) skips a step on non-finite gradients. Such a step would
+        otherwise be pooled into the next one and the monitor's step index fall behind the
+        job's. The Hugging Face callback does this by itself; in a plain loop::
+
+            scale = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            if scaler.get_scale() < scale:  # the step was skipped
+                mon.step(skipped=True)
+        """
         if self._closed:
             return
         if self.optimizer is not None:
+            if skipped and self._step_optimizer is not None:
+                # what the optimizer's step hooks would have done (their own guards)
+                self._pre_optimizer_step(self._step_optimizer, (), {})
+                self._end_step()
+                return
             if not self._warned_step:
                 self._warned_step = True
-                log.warning("logitwatch: Monitor.step() ignored: the optimizer ends steps")
+                log.warning("logitwatch: Monitor.step() ignored: the optimizer ends steps "
+                            "(step(skipped=True) ends a step whose optimizer.step() did not run)")
             return
         if self._scheduled and "grad" not in self.disabled and not self._clip_seen:
             t0 = thread_clock()

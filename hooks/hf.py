@@ -10,7 +10,8 @@ Example::
 
 The callback attaches at ``on_train_begin`` (the Trainer has built its optimizer then;
 accelerate's wrapper is looked through), ends steps on the optimizer's ``step()`` like a
-plain loop, reads ``args.max_grad_norm`` as the clip threshold, the rank from
+plain loop (and at ``on_step_end`` a step whose ``step()`` a loss scaler skipped), reads
+``args.max_grad_norm`` as the clip threshold, the rank from
 ``args.process_index``, and closes at ``on_train_end``, which says the job ended (the run
 becomes ``finished`` on the collector). The loss comes from the model outputs' ``.loss``.
 The run's last step (``state.max_steps``) is sampled whatever the interval
@@ -65,6 +66,7 @@ class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
         self.url = url
         self.attach_kwargs = attach_kwargs
         self.monitor: Monitor | None = None
+        self._begun: int | None = None  # the monitor's step index at on_step_begin
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, **kwargs: Any) -> None:
@@ -84,6 +86,18 @@ class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
         if isinstance(max_steps, int) and max_steps > 0:
             self.monitor.request_sample_at(max_steps - int(state.global_step or 0) - 1)
             self.monitor.planned_steps = max_steps - int(state.global_step or 0)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.monitor is not None and self._begun is None:
+            self._begun = self.monitor.step_index
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A step whose optimizer ``step()`` never ran (fp16: the loss scaler skipped it on
+        non-finite gradients) is ended here, so that it is not pooled into the next one."""
+        begun, self._begun = self._begun, None
+        if self.monitor is not None and begun is not None \
+                and self.monitor.step_index == begun:
+            self.monitor.step(skipped=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None:

@@ -245,3 +245,76 @@ def test_lightning_on_fit_end_finishes_the_run(tmp_path, fail_at, status) -> Non
                 lightning_fit(callback, fail_at=fail_at)
         assert callback.monitor is None  # closed either way
         assert run_status(col.url, "pl") == status
+
+
+def _scaled_steps(model: nn.Module, opt: torch.optim.Optimizer, skip: set[int], mon,
+                  end_skipped, begin=None, end=None) -> list[float]:
+    """Six steps under a real ``torch.amp.GradScaler``; at the iterations in ``skip`` a
+    gradient is made non-finite (an fp16 overflow), so the scaler skips ``opt.step()`` and
+    ``end_skipped(i)`` is called; ``begin``/``end`` around each step (a Trainer's
+    callbacks); the loss goes to ``mon()`` (the model returns logits). Returns each
+    iteration's loss."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    gen = torch.Generator().manual_seed(1)
+    losses = []
+    for i in range(6):
+        if begin is not None:
+            begin()
+        ids = torch.randint(0, 32, (2, 8), generator=gen)
+        loss = F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1))
+        mon().log(loss=loss)
+        scaler.scale(loss).backward()
+        if i in skip:
+            next(model.parameters()).grad[0, 0] = math.inf
+        scale = scaler.get_scale()
+        scaler.step(opt)
+        scaler.update()
+        if scaler.get_scale() < scale:
+            end_skipped(i)
+        if end is not None:
+            end()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("how", ["plain", "hf"])
+def test_a_step_the_loss_scaler_skipped_is_a_step_of_its_own(tmp_path, how: str) -> None:
+    """fp16 AMP: a loss scaler skips ``optimizer.step()`` on non-finite gradients, so the
+    optimizer's step hooks never end the step. Ended by ``mon.step(skipped=True)`` (a plain
+    loop) or by the Hugging Face callback's ``on_step_end``, each iteration is a step: one
+    frame each, its own loss, the skipped ones with their non-finite gradient norm."""
+    from test_hooks_sampling import Tiny
+
+    from logitwatch.hooks import attach
+
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    client, frames = capturing_client()
+    skipped: list[int] = []
+    if how == "plain":
+        mon = attach(model, opt, run="r", client=client, sample_every=1, overhead_budget=None)
+        losses = _scaled_steps(model, opt, {2, 4}, lambda: mon,
+                               lambda i: (skipped.append(i), mon.step(skipped=True)))
+        mon.close()
+    else:
+        transformers = pytest.importorskip("transformers")
+        from logitwatch.hooks.hf import LogitwatchCallback
+
+        callback = LogitwatchCallback(run="r", client=client, sample_every=1,
+                                      overhead_budget=None)
+        args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                              report_to=[], max_grad_norm=0.0)
+        state, control = transformers.TrainerState(), transformers.TrainerControl()
+        callback.on_train_begin(args, state, control, model=model, optimizer=opt)
+        losses = _scaled_steps(model, opt, {2, 4}, lambda: callback.monitor, skipped.append,
+                               lambda: callback.on_step_begin(args, state, control),
+                               lambda: callback.on_step_end(args, state, control))
+        callback.on_train_end(args, state, control)
+    client.shutdown(5.0)
+    assert skipped == [2, 4]
+    assert [f["step"] for f in frames] == list(range(6))
+    for i, frame in enumerate(frames):
+        s = frame["scalars"]
+        assert s["loss"] == pytest.approx(losses[i], rel=1e-6), i
+        assert math.isfinite(s["grad.norm"]) == (i not in skipped), (i, s["grad.norm"])
