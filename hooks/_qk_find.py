@@ -15,7 +15,8 @@ Layouts, tried in this order on every module (the *owner*: the attention module)
   splits that way; otherwise it is read from the **first sampled forward**: the first
   attention call after the projection ran gives ``H``, ``H_kv`` and ``D`` (its ``q`` and
   ``k`` shapes), accepted when the output size is ``(H + 2·H_kv)·D`` (not under sharding,
-  whose layout is fixed at attach);
+  whose layout is fixed at attach). When no measured attention call follows it in
+  :data:`GIVE_UP_AFTER` sampled steps, discovery stops waiting and logs why;
 * separate projections: ``q_proj``/``k_proj``, ``query``/``key``, ``wq``/``wk``,
   ``to_q``/``to_k``, ``q``/``k`` (``nn.Linear``; the head size from the owner's attributes).
 
@@ -46,6 +47,11 @@ log = logging.getLogger("logitwatch.hooks")
 
 #: Names of fused q/k/v projections laid out [q | k | v].
 FUSED = ("c_attn", "qkv_proj", "qkv", "Wqkv", "to_qkv", "qkv_linear")
+#: Sampled steps whose forward ran a pending fused projection but measured no attention
+#: call, after which discovery gives up on it (its hooks removed, logged once): its
+#: attention is not one the capture sees (hand-written, a custom kernel), and a hook that
+#: waited for ever would run on every sampled forward of the run.
+GIVE_UP_AFTER = 3
 #: Names of separate q/k projection pairs.
 SEPARATE = (("q_proj", "k_proj"), ("query", "key"), ("wq", "wk"), ("to_q", "to_k"),
             ("q", "k"))
@@ -375,6 +381,8 @@ class QKDiscovery:
         self._capturing = capturing
         self._ran: list[Pending] = []  # pending projections run since the last attention
         self._saw_attention = False
+        self._ran_this_step = False  # a pending projection ran in a measured forward
+        self._waited = 0  # sampled steps that ran one and measured no attention call
         self._handles: list[Any] = [
             p.proj.register_forward_hook(lambda m, a, o, p=p: self._ran_once(p))
             for p in self.found.pending]
@@ -389,7 +397,12 @@ class QKDiscovery:
         return bool(self._handles)
 
     def _ran_once(self, pending: Pending) -> None:
-        if self._capturing() and pending.geometry is None:
+        if not self._capturing() or pending.geometry is not None:
+            return
+        self._ran_this_step = True
+        # once per projection: with no attention call to clear the list (one the capture
+        # does not see), it grew by every layer on every sampled forward, for ever
+        if not any(p is pending for p in self._ran):
             self._ran.append(pending)
 
     def on_attention(self, query: torch.Tensor, key: torch.Tensor) -> None:
@@ -406,8 +419,15 @@ class QKDiscovery:
         """At the end of a sampled step: once an attention call was seen, resolve the
         pending projections, remove the hooks and log what came of it. Returns whether the
         sources changed."""
-        if not self._handles or not self._saw_attention:
+        if not self._handles:
             return False
+        if not self._saw_attention:
+            if self._ran_this_step:
+                self._waited += 1
+                self._ran_this_step = False
+            if self._waited < GIVE_UP_AFTER:
+                return False
+            return self._give_up()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -420,6 +440,28 @@ class QKDiscovery:
         log.log(logging.WARNING if any(not has for _, _, has in entries) else logging.INFO,
                 "logitwatch: from the first sampled forward, %s", report(entries))
         return True
+
+    def _give_up(self) -> bool:
+        """No attention call was measured after the pending projections in
+        :data:`GIVE_UP_AFTER` sampled steps: stop waiting (remove the hooks), say once for
+        which projections q/k norms are not reported and why. Returns False: the sources
+        are unchanged."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._ran.clear()
+        entries = []
+        for p in self.found.pending:
+            entries.append((type(p.owner).__name__, (
+                f"fused '{p.name}' ({p.size} outputs): heads unknown at attach, and no "
+                f"attention call the monitor measures followed it in {GIVE_UP_AFTER} "
+                "sampled steps (attention computed by hand or by a custom kernel; give "
+                "attach(qk_layout=...) or record_attention)"), False))
+        self.found.entries.extend(entries)
+        self.found.pending.clear()
+        log.warning("logitwatch: gave up reading fused projections' heads from the sampled "
+                    "forwards: %s", report(entries))
+        return False
 
     def close(self) -> None:
         """Remove the hooks (detach)."""

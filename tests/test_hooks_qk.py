@@ -7,6 +7,7 @@ v]`` along the output rows, heads of ``head_dim`` consecutive rows), after the s
 from __future__ import annotations
 
 import logging
+import math
 import os
 
 import numpy as np
@@ -219,3 +220,63 @@ def test_phi3_qkv_proj_with_gqa() -> None:
     layers = [layer.self_attn.qkv_proj for layer in model.model.layers]
     assert_norms(heads, layers, 4, 2, 8, bias=False)
     assert np.array(heads["qk.k_weight_norm"]).shape == (2, 2)
+
+
+# -- a fused qkv whose attention the monitor never measures: discovery gives up ------------
+
+
+class HandAttention(nn.Module):
+    """A fused ``qkv`` with no head attributes, its attention computed by hand (no SDPA,
+    no HF eager function, no ``record_attention``): no measured call ever tells its
+    heads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.out = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        a = (q @ k.transpose(-1, -2) / 8**0.5).masked_fill(~causal, -math.inf).softmax(-1)
+        return self.out((a @ v).transpose(1, 2).reshape(b, t, 32))
+
+
+def test_a_pending_fused_qkv_without_a_measured_attention_call_is_given_up(caplog) -> None:
+    """Each sampled forward used to add every such layer to the pending list again, and
+    the hooks stayed for the run (4,000 entries after 1,000 sampled steps of 4 layers):
+    now the list holds each projection once, and after ``GIVE_UP_AFTER`` sampled steps the
+    hooks are removed and one line says which projection has no q/k norms and why."""
+    from logitwatch.hooks import _qk_find
+
+    GIVE_UP_AFTER = getattr(_qk_find, "GIVE_UP_AFTER", 3)  # (getattr: runs before the fix)
+    model = NanoGPT(HandAttention)
+    twin = NanoGPT(HandAttention)  # the same weights, trained without a monitor
+    client, frames = capturing_client()
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin)]
+    steps = GIVE_UP_AFTER + 4
+    with caplog.at_level(logging.INFO, logger="logitwatch.hooks"):
+        mon = attach(model, opts[0], run="r", client=client, sample_every=1,
+                     overhead_budget=None, lm_head=False)
+        for step in range(steps):
+            for m, opt in zip((model, twin), opts, strict=True):
+                m(IDS).backward()
+                opt.step()
+                opt.zero_grad()
+            waiting = step + 1 < GIVE_UP_AFTER
+            assert len(mon._qk_find._ran) <= (2 if waiting else 0)  # never one per forward
+            assert all(bool(blk.qkv._forward_hooks) == waiting for blk in model.h), step
+        mon.close()
+    assert [f["step"] for f in frames] == list(range(steps))
+    assert not any(name.startswith("qk.") for f in frames for name in f["heads"])
+    lines = [r for r in caplog.records if "q/k norms" in r.getMessage()]
+    assert len(lines) == 2  # at attach (pending), and once when given up
+    assert lines[1].levelno == logging.WARNING
+    given_up = lines[1].getMessage()
+    assert "q/k norms for 0 of 2 attention modules; none for 2 HandAttention (fused 'qkv' " \
+           "(96 outputs): heads unknown at attach" in given_up
+    assert f"no attention call the monitor measures followed it in {GIVE_UP_AFTER}" in given_up
+    assert "qk_layout" in given_up
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(a, b)  # training unchanged, bit for bit
