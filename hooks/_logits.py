@@ -159,21 +159,47 @@ def _top_heads(b: int, t: int, s: int, budget: int) -> int:
     return max(1, (budget // 4) // _top_bytes(b, t, s))
 
 
+def _merge_bytes(b: int, t: int, s: int) -> int:
+    """Bytes per head of the general path's merge of a block's top values into the kept
+    ones (:func:`_head_chunk`): the concatenation (2 kept-sized float32 rows), then its
+    ``topk``'s values (1) and int64 indices (2): 20 bytes a kept value where
+    :func:`_top_bytes` counts 12."""
+    per_head = b * t * s
+    return 4 * 5 * min(per_head, ((100 - PERCENT) * per_head + 99) // 100 + 2)
+
+
+def _rows(b: int, h: int, t: int, s: int, elements: int) -> tuple[int, int]:
+    """(heads, query rows) of a block of at most ``elements`` logits."""
+    per_head = b * t * s
+    if per_head * h <= elements:
+        return h, t
+    if per_head <= elements:
+        return max(1, elements // per_head), t
+    return 1, max(1, elements // max(1, b * s))
+
+
 def _plan(b: int, h: int, t: int, s: int, budget: int,
           block_elements: int | None = None) -> tuple[int, int, bool]:
-    """(heads per block, query rows per block, exact p99?) for ``budget`` bytes, blocks
-    of at most ``block_elements`` logits when given (see :data:`CPU_BLOCK_ELEMENTS`)."""
+    """(heads per block, query rows per block, exact p99?) of the general path for
+    ``budget`` bytes, blocks of at most ``block_elements`` logits when given (see
+    :data:`CPU_BLOCK_ELEMENTS`). ``exact`` also chooses the fused pass, which plans its
+    own blocks (:func:`~logitwatch.hooks._fused.plan_rows`)."""
     elements = _block_elements(budget, block_elements)
-    per_head = b * t * s
     exact = _top_bytes(b, t, s) <= budget // 4
-    if per_head * h <= elements:
-        hc, tq = h, t
-    elif per_head <= elements:
-        hc, tq = max(1, elements // per_head), t
-    else:
-        hc, tq = 1, max(1, elements // max(1, b * s))
+    hc, tq = _rows(b, h, t, s, elements)
     if exact:
         hc = max(1, min(hc, _top_heads(b, t, s, budget)))
+        # The merge of the kept top values holds 20 bytes a value where the quarter kept
+        # for them counts 12 (so up to 0.42 of the budget): with a mask's blocks beside it
+        # the call went 1 % over the budget (measured: a 4-D additive mask, causal +
+        # padding). The blocks get what the merge leaves. Shapes only; the fused pass
+        # plans its own blocks, unchanged.
+        merge = hc * _merge_bytes(b, t, s)
+        if merge > budget // 4:
+            fit = max(1, (budget - merge) // (4 * _TEMPS))
+            elements = fit if block_elements is None else min(fit, block_elements)
+            hc2, tq = _rows(b, h, t, s, elements)
+            hc = min(hc, hc2)
     return hc, tq, exact
 
 
@@ -375,9 +401,9 @@ def _head_chunk(q, k, valid, group, h0, h1, tq, scale, softcap, exact) -> HeadSt
         if exact:
             block_top = _block_top(masked, k_top, ws)
             top = block_top if top is None else torch.cat([top, block_top], dim=1)
+            del block_top  # before the topk: the merge holds the concatenation only
             if top.shape[1] > k_top:
                 top = top.topk(k_top, dim=1, sorted=False).values
-            del block_top
         del masked, raw, vf
     count_i = count.round().to(torch.int64)
     capped_max = capped_p99 = None
