@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -9,10 +10,56 @@ import torch
 
 from ._final import FinalStats
 from ._logits import HeadStats, merge_head_stats
+from ._shard import is_dtensor
 
-__all__ = ["StepBuffer", "to_host"]
+__all__ = ["StepBuffer", "logged_value", "to_host", "warn_skipped"]
+
+log = logging.getLogger("logitwatch.hooks")
 
 Scalar = torch.Tensor | float
+
+#: ``Monitor.log()`` names already warned about a skipped value (process-wide: a
+#: :class:`StepBuffer` lives one sampled step). Bounded: a job logging ever new names
+#: (``f"val_{step}"``) must not grow it without end; past the bound, skips are silent.
+_WARNED: set[str] = set()
+_WARNED_MAX = 256
+#: What :meth:`StepBuffer.log` accepts, for the warning.
+ACCEPTED = ("an int, float or bool, a NumPy scalar or one-element array, or a real "
+            "one-element tensor (0-d or 1 element, on any device)")
+
+
+def logged_value(value: Any) -> Scalar | None:
+    """``value`` as a frame scalar: a detached one-element tensor (left on its device: no
+    read-back before the step's one transfer) or a float; None when it is not a real
+    number. Decided from types and shapes only (no tensor value is read: no sync)."""
+    try:
+        return _scalar(value)
+    except Exception:  # never escapes into the job's log() call
+        return None
+
+
+def _scalar(value: Any) -> Scalar | None:
+    if isinstance(value, torch.Tensor):
+        if is_dtensor(value):  # replicated: this rank's copy (a collective is no option)
+            if not all(type(p).__name__ == "Replicate" for p in value.placements):
+                return None
+            value = value.to_local()
+        # metadata only; a tensor that the step's one transfer could not read (meta,
+        # sparse) or would misread (complex: ``.float()`` drops the imaginary part)
+        if (value.numel() != 1 or value.is_complex() or value.layout != torch.strided
+                or value.device.type == "meta"):
+            return None
+        return value.detach()
+    if value is None or isinstance(value, (str, bytes, bytearray, complex)):
+        return None  # float("1.5") would parse a string: not a number the job computed
+    if hasattr(value, "item") and hasattr(value, "size"):  # NumPy scalars and arrays
+        if value.size != 1:
+            return None
+        value = value.item()  # no DeprecationWarning, unlike float() of a 1-d array
+        if isinstance(value, complex):
+            return None
+    # int (one too large for a float: OverflowError), bool, Fraction, __float__
+    return float(value)
 
 
 def to_host(tensors: list[torch.Tensor]) -> list[list[float]]:
@@ -41,6 +88,32 @@ def to_host(tensors: list[torch.Tensor]) -> list[list[float]]:
     return out
 
 
+def warn_skipped(name: str, value: Any) -> None:
+    """Say once per ``name`` that a ``Monitor.log()`` value was skipped, what it was and
+    what is accepted."""
+    if name in _WARNED or len(_WARNED) >= _WARNED_MAX:
+        return
+    _WARNED.add(name)
+    log.warning("logitwatch: Monitor.log(%s=...) skipped a value of type %s (%s): not a "
+                "real number. Accepted: %s. The rest of the frame is sent; further skipped "
+                "values of %r are not logged", name, type(value).__name__, _describe(value),
+                ACCEPTED, name)
+
+
+def _describe(value: Any) -> str:
+    """A short description of a skipped value, reading no tensor value (no sync)."""
+    if isinstance(value, torch.Tensor):
+        return f"shape {tuple(value.shape)}, {value.dtype}, {value.device}"
+    if value is None or isinstance(value, (str, bytes, int, float, complex)):
+        try:  # only plain values: another object's repr may be costly (or read a device)
+            text = repr(value)
+        except Exception:  # an int past Python's digit limit
+            return "a very large int" if isinstance(value, int) else "unprintable"
+        return text if len(text) <= 60 else text[:57] + "..."
+    shape = getattr(value, "shape", None)
+    return f"shape {tuple(shape)}" if isinstance(shape, tuple) else "not a number"
+
+
 def _rectangular(rows: list[list[float]]) -> list[list[float]]:
     """Pad rows with NaN to the longest (a layer with fewer heads)."""
     width = max((len(r) for r in rows), default=0)
@@ -65,6 +138,9 @@ class StepBuffer:
         self.logged: dict[str, Scalar] = {}
         self.grad_norm: torch.Tensor | None = None
         self.max_norm: Any = None
+        #: Several clip calls this step: 1 where any of them clipped (int32, on the
+        #: device; ``_optimizer_step._StepClips``), else None (``grad_norm > max_norm``)
+        self.clipped: torch.Tensor | None = None
         self.dtype_max: float | None = None
 
     def add_dtype_max(self, value: float) -> None:
@@ -90,10 +166,16 @@ class StepBuffer:
         self.auto_loss_count += 1
 
     def log(self, name: str, value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            self.logged[name] = value.detach()
-        else:
-            self.logged[name] = float(value)
+        """Keep ``value`` as scalar ``name`` of this step's frame. A value that is not a
+        real number (None before a metric is first computed, a string, a complex or too
+        large int, a tensor of several elements) is skipped with one warning per name:
+        raising here would disable the whole frame (the monitor's 'step' part) for the
+        rest of the run, for one bad optional metric."""
+        got = logged_value(value)
+        if got is None:
+            warn_skipped(name, value)
+            return
+        self.logged[name] = got
 
     def scalars(
         self, *, lr: Any = None, default_max_norm: float | None = None,
@@ -106,7 +188,13 @@ class StepBuffer:
         if self.grad_norm is not None:
             scalars["grad.norm"] = self.grad_norm
             max_norm = self.max_norm if self.max_norm is not None else default_max_norm
-            if max_norm is not None:
+            if self.clipped is not None:  # the job's own calls: their flag, their threshold
+                scalars["grad.clipped"] = self.clipped.float()
+                if self.max_norm is not None:
+                    scalars["grad.max_norm"] = (
+                        self.max_norm.detach().float() if isinstance(self.max_norm, torch.Tensor)
+                        else float(self.max_norm))
+            elif max_norm is not None:
                 if isinstance(max_norm, torch.Tensor):
                     max_norm = max_norm.detach().to(self.grad_norm.device)
                 scalars["grad.clipped"] = (self.grad_norm > max_norm).float()

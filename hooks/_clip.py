@@ -31,22 +31,35 @@ __all__ = ["ClipListener", "add_listener", "remove_listener"]
 
 log = logging.getLogger("logitwatch.hooks")
 
-#: ``listener(total_norm, parameters, max_norm)``; must not raise.
-ClipListener = Callable[[torch.Tensor, list[torch.Tensor], Any], None]
+#: ``listener(total_norm, parameters, max_norm, norm_type)``, called twice per observed
+#: clip call: first with ``total_norm=None`` just **before** the call clips (the gradients
+#: are still the job's; a second call of a step may need the norm of parameters it has
+#: not counted yet, ``_optimizer_step``), then with the norm the call returned. Must not
+#: raise.
+ClipListener = Callable[[torch.Tensor | None, list[torch.Tensor], Any, Any], None]
 
 _FSDP1_MODULE = "torch.distributed.fsdp.fully_sharded_data_parallel"
 
 _lock = threading.Lock()
 _listeners: list[ClipListener] = []
 _inside = threading.local()  # depth of observed clip calls on this thread
+_failed: list[bool] = []  # a listener raised (logged once)
 #: ``(owner, attribute, original, wrapper)`` for every patch in place.
 _patches: list[tuple[Any, str, Any, Any]] = []
 
 
-def _notify(total: torch.Tensor, params: list[torch.Tensor], max_norm: Any) -> None:
-    total = plain(total)
+def _notify(total: torch.Tensor | None, params: list[torch.Tensor], max_norm: Any,
+            norm_type: Any) -> None:
+    if total is not None:
+        total = plain(total)
     for listener in list(_listeners):
-        listener(total, params, max_norm)
+        try:  # a listener must not raise; should one, the job's clip call still runs
+            listener(total, params, max_norm, norm_type)
+        except Exception:
+            if not _failed:
+                _failed.append(True)
+                log.warning("logitwatch: a clip_grad_norm_ listener failed",
+                            exc_info=True)
 
 
 def _enter() -> bool:
@@ -60,16 +73,34 @@ def _leave() -> None:
 
 
 def _observed(call: Callable[[], torch.Tensor], params: Callable[[], list[torch.Tensor]],
-              max_norm: Any) -> torch.Tensor:
-    """Run one clip call; the outermost observed one notifies the listeners."""
+              max_norm: Any, norm_type: Any) -> torch.Tensor:
+    """Run one clip call; the outermost observed one notifies the listeners, before and
+    after it clips."""
     outer = _enter()
+    plist: list[torch.Tensor] = []
     try:
+        if outer:
+            plist = params()
+            _notify(None, plist, max_norm, norm_type)
         total = call()
     finally:
         _leave()
     if outer:
-        _notify(total, params(), max_norm)
+        _notify(total, plist, max_norm, norm_type)
     return total
+
+
+def _norm_type(args: tuple, kwargs: dict) -> Any:
+    """The call's ``norm_type`` (the argument after ``max_norm``, in both signatures), as
+    a float where it is a number or a string such as ``"inf"`` (a tensor is left as it
+    is: reading it could be a sync)."""
+    value = args[0] if args else kwargs.get("norm_type", 2.0)
+    if isinstance(value, (int, float, str)):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
 def _make_wrapper(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -81,7 +112,7 @@ def _make_wrapper(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
             return original(parameters, max_norm, *args, **kwargs)
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         return _observed(lambda: original(params, max_norm, *args, **kwargs),
-                         lambda: params, max_norm)
+                         lambda: params, max_norm, _norm_type(args, kwargs))
 
     return clip_grad_norm_
 
@@ -93,7 +124,7 @@ def _make_method_wrapper(original: Callable[..., torch.Tensor]) -> Callable[...,
         if not _listeners:
             return original(self, max_norm, *args, **kwargs)
         return _observed(lambda: original(self, max_norm, *args, **kwargs),
-                         lambda: list(self.parameters()), max_norm)
+                         lambda: list(self.parameters()), max_norm, _norm_type(args, kwargs))
 
     return clip_grad_norm_
 

@@ -13,7 +13,7 @@ import torch
 from logitwatch.client import Client
 
 from . import _clip, _eager, _logits
-from ._buffer import StepBuffer
+from ._buffer import StepBuffer, logged_value, warn_skipped
 from ._capture import CaptureMixin, attention_dtype_max
 from ._cost import MAX_INTERVAL, CostMeter, thread_clock
 from ._final import find_output_head, vocab_size
@@ -301,7 +301,11 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         if not self.sampled:
             if "loss" in scalars and self._keeps_history():
                 try:
-                    self._history.log_loss(scalars["loss"])
+                    loss = logged_value(scalars["loss"])
+                    if loss is None:  # None before a first value, a string: skipped, as
+                        warn_skipped("loss", scalars["loss"])  # on a sampled step
+                    else:
+                        self._history.log_loss(loss)
                 except Exception:
                     self._fail("history")
             return

@@ -5,28 +5,115 @@ budget, the ranks' agreement)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from ._cost import thread_clock
+from ._shard import plain
 from ._stats import global_grad_norm
+
+#: ``_StepClips.max_norm`` when a step's clip calls gave different ``max_norm`` values.
+_MIXED = object()
+#: ``_StepClips.next``: the next call's own returned norm counts (its parameters are new).
+_OWN = object()
+
+
+class _StepClips:
+    """One step's ``clip_grad_norm_`` calls, kept from the first so that a second one (a
+    job clipping parameter groups apart) combines with it rather than replacing it.
+
+    ``grad.norm`` is the norm of the union of the calls' parameters, each counted once by
+    its gradient **before** its first clip: a call whose parameters are all new counts by
+    the norm it returned; one whose parameters were all counted before adds nothing (it
+    sees gradients an earlier call clipped); one in between (or with another
+    ``norm_type``) counts by the norm of its new parameters' gradients, taken on the
+    device just before it clips. The per-call norms combine as the calls' ``norm_type``
+    does (sum of squares for 2). ``grad.clipped`` is 1 when **any** call clipped (its norm
+    over its ``max_norm``): no single threshold applies to the combined norm, which two
+    groups each under their ``max_norm`` can take past either; ``grad.max_norm`` is the
+    calls' common ``max_norm`` (an infinite one, a call that only reads the norm, does not
+    count), left out when they differ. All on the device, no sync; the
+    first call costs what it did before (the parameter ids are read only at a second)."""
+
+    __slots__ = ("step", "params", "seen", "norm_type", "norms", "hits", "max_norm",
+                 "added", "next", "dirty")
+
+    def __init__(self, step: int, params: list[torch.Tensor], norm_type: Any,
+                 total: torch.Tensor, hit: torch.Tensor | None, max_norm: Any) -> None:
+        self.step = step
+        self.params: list[torch.Tensor] | None = params  # the first call's
+        self.seen: set[int] | None = None  # ids of the parameters counted (from a second)
+        self.norm_type = norm_type
+        self.norms = [total.detach()]  # the counted norms, each over parameters not counted before
+        self.hits = [] if hit is None else [hit]  # per call: norm > max_norm (int32)
+        self.max_norm = max_norm
+        self.added = hit  # the step's flag as added to the clip-rate count
+        self.next: Any = _OWN  # the coming call's share, decided just before it clips
+        self.dirty = False  # calls not combined yet
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two ``max_norm`` arguments are the same threshold."""
+    if a is b:
+        return True
+    num = (int, float)
+    return (isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool)
+            and not isinstance(b, bool) and a == b)
+
+
+def _unbounded(max_norm: Any) -> bool:
+    """Whether ``max_norm`` clips nothing (``inf``: a job reading the norm only)."""
+    return isinstance(max_norm, float) and max_norm == math.inf
+
+
+def _grads_norm(params: list[torch.Tensor], norm_type: Any) -> torch.Tensor | None:
+    """The ``norm_type`` norm of the gradients of ``params`` (on the device, no sync), as
+    ``clip_grad_norm_`` computes it, or None (no gradient). DTensor gradients reduce across
+    their mesh (a collective, reached by every rank at the job's own clip call); FSDP1's
+    flat shards would give this rank's share only (no job clips them in parts)."""
+    with torch.no_grad():
+        grads = [p.grad.detach() for p in params if p.grad is not None]
+        if not grads:
+            return None
+        get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
+        if get_total_norm is not None:  # torch >= 2.6
+            return plain(get_total_norm(grads, norm_type, False, None)).float()
+        device = grads[0].device
+        norms = [torch.linalg.vector_norm(g, norm_type).to(device) for g in grads]
+        return torch.linalg.vector_norm(torch.stack(norms).float(), norm_type)
 
 
 class OptimizerStepMixin:
     """The optimizer-step half of :class:`~logitwatch.hooks._monitor.Monitor` (its state
     lives there)."""
 
-    def _on_clip(self, total: torch.Tensor, params: list[torch.Tensor], max_norm: Any) -> None:
+    _clips: _StepClips | None = None  # the current step's clip calls
+    _pre_step_at = -1  # the step whose optimizer pre-step hook ran last
+
+    def _on_clip(self, total: torch.Tensor | None, params: list[torch.Tensor], max_norm: Any,
+                 norm_type: Any = 2.0) -> None:
         try:
             if "grad" in self.disabled or not params or id(params[0]) not in self._param_ids:
                 return
+            rec = self._clips
+            if rec is not None and rec.step != self._step:
+                rec = self._clips = None  # an earlier step's
+            if total is None:  # just before a call clips: only a second call needs this
+                if rec is not None:
+                    self._before_next_clip(rec, params, norm_type)
+                return
+            if rec is not None:
+                self._next_clip(rec, total, max_norm)
+                return
             hit = None
-            if isinstance(max_norm, (int, float, torch.Tensor)) and not self._clip_seen:
+            if isinstance(max_norm, (int, float, torch.Tensor)):
                 # every step, sampled or not: one on-device comparison, never read here
                 hit = (total.detach() > max_norm).to(torch.int32)
                 self._clip_hits = hit if self._clip_hits is None else self._clip_hits + hit
                 self._clip_steps += 1
+            self._clips = _StepClips(self._step, params, norm_type, total, hit, max_norm)
             if not self._scheduled:
                 if self._keeps_history():
                     try:  # the norm and flag of this step, for the next frame's history
@@ -40,7 +127,86 @@ class OptimizerStepMixin:
         except Exception:
             self._fail("grad")
 
+    def _before_next_clip(self, rec: _StepClips, params: list[torch.Tensor],
+                          norm_type: Any) -> None:
+        """Decide, before a step's second (or later) clip call changes its gradients,
+        what it adds to the step's norm (see :class:`_StepClips`)."""
+        if rec.seen is None:
+            rec.seen = {id(p) for p in rec.params or ()}
+            rec.params = None
+        ids = {id(p) for p in params}
+        new = ids - rec.seen
+        if not new:
+            rec.next = None  # all counted before, by their norm before the first clip
+        elif len(new) == len(ids) and norm_type == rec.norm_type:
+            rec.next = _OWN  # a group of its own: the norm it returns
+        else:  # partly counted, or another norm type: its new parameters, before clipping
+            fresh = list({id(p): p for p in params if id(p) in new}.values())
+            rec.next = _grads_norm(fresh, rec.norm_type)
+        rec.seen |= new
+
+    def _next_clip(self, rec: _StepClips, total: torch.Tensor, max_norm: Any) -> None:
+        """A step's second (or later) clip call has returned ``total``."""
+        share, rec.next = rec.next, _OWN
+        if share is _OWN:
+            rec.norms.append(total.detach())
+        elif share is not None:
+            rec.norms.append(share)
+        if isinstance(max_norm, (int, float, torch.Tensor)):
+            rec.hits.append((total.detach() > max_norm).to(torch.int32))
+        if rec.max_norm is not _MIXED and not _unbounded(max_norm):
+            if _unbounded(rec.max_norm):  # ``clip_grad_norm_(params, inf)``: a norm read
+                rec.max_norm = max_norm
+            elif not _same(rec.max_norm, max_norm):
+                rec.max_norm = _MIXED
+        rec.dirty = True
+        # combined once, at the optimizer's pre-step hook (a job clipping each parameter
+        # apart makes many calls); at once where no such hook comes after the calls
+        if self._step_optimizer is None or self._pre_step_at == self._step:
+            self._combine_clips(rec)
+
+    def _combine_clips(self, rec: _StepClips) -> None:
+        """The step's norm, clip flag and threshold from all its clip calls, where one call
+        alone put them (the history's row on an unsampled step, else the frame's buffer)."""
+        rec.dirty = False
+        device = rec.norms[0].device
+        if len(rec.norms) == 1:
+            norm = rec.norms[0].float()  # later calls added nothing: the first call's value
+        else:
+            norm = torch.linalg.vector_norm(
+                torch.stack([n.float().reshape(()).to(device) for n in rec.norms]),
+                rec.norm_type)
+        hit = None
+        if rec.hits:
+            hit = rec.hits[0] if len(rec.hits) == 1 else torch.stack(
+                [h.reshape(()).to(device) for h in rec.hits]).amax()
+            if rec.added is None or self._clip_hits is None:
+                self._clip_hits = hit if self._clip_hits is None else self._clip_hits + hit
+                self._clip_steps += 1
+            elif hit is not rec.added:  # the step counts once: as clipped if any call was
+                self._clip_hits = self._clip_hits + (hit - rec.added.to(hit.device))
+            rec.added = hit
+        max_norm = None if rec.max_norm is _MIXED else rec.max_norm
+        if not self._scheduled:
+            if self._keeps_history():
+                try:  # the flag as on a sampled step: any call clipped (written on the device)
+                    self._history.put_norm(norm, None, hit)
+                except Exception:
+                    self._fail("history")
+            return
+        self._clip_seen = True
+        self._buffer.grad_norm = norm
+        self._buffer.max_norm = max_norm
+        self._buffer.clipped = hit
+
     def _pre_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._pre_step_at = self._step
+        rec = self._clips
+        if rec is not None and rec.dirty and rec.step == self._step:
+            try:
+                self._combine_clips(rec)
+            except Exception:
+                self._fail("grad")
         try:
             if not self._scheduled or "grad" in self.disabled or self._clip_seen:
                 return
