@@ -294,7 +294,9 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
 
         ``loss=`` replaces the automatically captured loss. Tensors stay on the device
         until the step's single transfer. On non-sampled steps only ``loss=`` is kept (on
-        the device, for the next frame's history); the rest is ignored.
+        the device, for the next frame's history); the rest is ignored. A value that is not
+        one real number (None, a string, a tensor of several elements) is skipped, with one
+        warning per name.
         """
         if self._closed:
             return
