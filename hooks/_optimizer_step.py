@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ._cost import thread_clock
-from ._shard import plain
+from ._shard import is_dtensor, plain
 from ._stats import global_grad_norm
 
 #: ``_StepClips.max_norm`` when a step's clip calls gave different ``max_norm`` values.
@@ -37,12 +37,13 @@ class _StepClips:
     count), left out when they differ. All on the device, no sync; the
     first call costs what it did before (the parameter ids are read only at a second)."""
 
-    __slots__ = ("step", "params", "seen", "norm_type", "norms", "hits", "max_norm",
-                 "added", "next", "dirty")
+    __slots__ = ("step", "forwards", "params", "seen", "norm_type", "norms", "hits",
+                 "max_norm", "added", "next", "dirty")
 
-    def __init__(self, step: int, params: list[torch.Tensor], norm_type: Any,
+    def __init__(self, step: int, forwards: int, params: list[torch.Tensor], norm_type: Any,
                  total: torch.Tensor, hit: torch.Tensor | None, max_norm: Any) -> None:
         self.step = step
+        self.forwards = forwards  # the monitor's forward count at the first call
         self.params: list[torch.Tensor] | None = params  # the first call's
         self.seen: set[int] | None = None  # ids of the parameters counted (from a second)
         self.norm_type = norm_type
@@ -100,6 +101,13 @@ class OptimizerStepMixin:
             rec = self._clips
             if rec is not None and rec.step != self._step:
                 rec = self._clips = None  # an earlier step's
+            elif rec is not None and rec.forwards != getattr(self, "_forwards", 0):
+                # a forward since the step's first call: these are new gradients (a clip
+                # after each micro-batch, an iteration a loss scaler skipped, a clip before
+                # the first step), so the step starts over from this call, as it did before
+                # calls were combined; the earlier call's flag leaves the clip rate
+                self._restart_clips(rec)
+                rec = None
             if total is None:  # just before a call clips: only a second call needs this
                 if rec is not None:
                     self._before_next_clip(rec, params, norm_type)
@@ -113,7 +121,8 @@ class OptimizerStepMixin:
                 hit = (total.detach() > max_norm).to(torch.int32)
                 self._clip_hits = hit if self._clip_hits is None else self._clip_hits + hit
                 self._clip_steps += 1
-            self._clips = _StepClips(self._step, params, norm_type, total, hit, max_norm)
+            self._clips = _StepClips(self._step, getattr(self, "_forwards", 0), params,
+                                     norm_type, total, hit, max_norm)
             if not self._scheduled:
                 if self._keeps_history():
                     try:  # the norm and flag of this step, for the next frame's history
@@ -126,6 +135,13 @@ class OptimizerStepMixin:
             self._buffer.max_norm = max_norm
         except Exception:
             self._fail("grad")
+
+    def _restart_clips(self, rec: _StepClips) -> None:
+        """Forget this step's clip calls so far (their norm and their clip-rate count)."""
+        if rec.added is not None and self._clip_hits is not None:
+            self._clip_hits = self._clip_hits - rec.added.to(self._clip_hits.device)
+            self._clip_steps -= 1
+        self._clips = None
 
     def _before_next_clip(self, rec: _StepClips, params: list[torch.Tensor],
                           norm_type: Any) -> None:
@@ -140,6 +156,12 @@ class OptimizerStepMixin:
             rec.next = None  # all counted before, by their norm before the first clip
         elif len(new) == len(ids) and norm_type == rec.norm_type:
             rec.next = _OWN  # a group of its own: the norm it returns
+        elif self._shard is not None or self._ranks is not None or any(
+                is_dtensor(p.grad) for p in params if id(p) in new):
+            # the norm of the new parameters would be a collective (DTensor), entered only by
+            # the ranks whose monitor got here (a rank-local failure must never make a rank
+            # skip or add one): not counted, an underestimate of a rare case
+            rec.next = None
         else:  # partly counted, or another norm type: its new parameters, before clipping
             fresh = list({id(p): p for p in params if id(p) in new}.values())
             rec.next = _grads_norm(fresh, rec.norm_type)
@@ -160,9 +182,11 @@ class OptimizerStepMixin:
             elif not _same(rec.max_norm, max_norm):
                 rec.max_norm = _MIXED
         rec.dirty = True
-        # combined once, at the optimizer's pre-step hook (a job clipping each parameter
-        # apart makes many calls); at once where no such hook comes after the calls
-        if self._step_optimizer is None or self._pre_step_at == self._step:
+        # combined once per step (a job clipping each parameter apart makes many calls:
+        # combining at each call cost the square of their number): at the optimizer's
+        # pre-step hook, or without an optimizer in Monitor.step(); at once only for a call
+        # after the pre-step hook
+        if self._step_optimizer is not None and self._pre_step_at == self._step:
             self._combine_clips(rec)
 
     def _combine_clips(self, rec: _StepClips) -> None:

@@ -84,8 +84,10 @@ WORKER = MODEL + textwrap.dedent('''
                 setattr(_shard.Sharding, name, broken)
         elif kind == "emit":
             mon._emit = broken
+        elif kind == "grad":  # the grad part failed on this rank alone (disabled)
+            mon.disabled.add("grad")
 
-    def run(clip, steps, control_at=None, fail=None):
+    def run(clip, steps, control_at=None, fail=None, overlap=False):
         saved = {n: getattr(_shard.Sharding, n) for n in ("local_grad_sums", "_local_sums")}
         warnings_seen.messages.clear()
         model = wrap(make_model())
@@ -104,7 +106,12 @@ WORKER = MODEL + textwrap.dedent('''
             if fail and step == 1 and rank == 1:
                 inject(mon, fail)
             model(ids, labels=ids).loss.backward()
-            if clip:
+            if overlap:  # two clip calls whose parameter groups overlap (fsdp2)
+                params = list(model.parameters())
+                third = len(params) // 3
+                torch.nn.utils.clip_grad_norm_(params[:2 * third], MAX_NORM)
+                torch.nn.utils.clip_grad_norm_(params[third:], MAX_NORM)
+            elif clip:
                 if MODE == "fsdp2":
                     torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
                 else:
@@ -122,6 +129,8 @@ WORKER = MODEL + textwrap.dedent('''
               "control": run(False, 8, control_at=1),
               "fail-local": run(False, STEPS, fail="local"),
               "fail-emit": run(False, STEPS, fail="emit")}
+    if MODE == "fsdp2":
+        result["overlap-fail-grad"] = run(True, STEPS, fail="grad", overlap=True)
     with open(OUT, "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
@@ -248,6 +257,15 @@ def test_fsdp_two_process_gloo_whole_catalog(tmp_path, gloo_pair, mode: str) -> 
             for name in ("loss", "final.logz", "final.hidden_rms"):
                 assert all(math.isfinite(v) for v in f["history"]["scalars"][name]), name
     check_rank_local_failures(results, refs[False])
+    if mode == "fsdp2":
+        # two overlapping clip calls a step, and from step 1 rank 1's grad part is off: the
+        # second call's new parameters were measured by a collective on rank 0 alone, which
+        # hung both ranks; now no rank enters a collective the other may skip
+        for rank, result in enumerate(results):
+            run = result["overlap-fail-grad"]
+            assert run["steps"] == STEPS
+            assert ("grad" in run["disabled"]) == (rank == 1), run["disabled"]
+            assert [f["step"] for f in run["frames"]] == list(range(STEPS))
 
 
 def check_rank_local_failures(results: list[dict], expected: list[dict]) -> None:
