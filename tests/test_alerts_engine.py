@@ -349,6 +349,35 @@ def test_a_rule_that_raises_is_skipped_and_ingest_goes_on(
     assert engine._broken == set()
 
 
+def test_one_runs_values_never_switch_a_rule_off_for_the_others(
+        sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture) -> None:
+    """A run whose LR was negative, then positive at a loss jump: ``loss_jump`` took the log
+    of their ratio and raised, and the rule was skipped for every run of the collector, so
+    the next run's divergence paged nothing. Now the LR change is judged on positive values
+    only, and a rule that raises is skipped for that run and rank alone."""
+    engine = AlertEngine(DEFAULT_RULES)
+
+    def job(run: str, lr_before: float) -> list[dict]:
+        return [{"run": run, "rank": 0, "seq": s + 1, "step": s, "time": 1000.0 + s,
+                 "scalars": {"loss": (2.0 if s < 80 else 10.0) + 0.01 * (s % 3),
+                             "lr": lr_before if s < 80 else 0.001, "grad.norm": 1.0},
+                 "heads": {}} for s in range(200)]
+
+    with caplog.at_level(logging.ERROR, logger="logitwatch.alerts"):
+        feed(sessions, engine, job("evil", -0.001))
+        feed(sessions, engine, job("victim", 0.001))
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+    by_run = {(a.rule, a.run_id) for a in alerts(sessions)}
+    assert {r for r, _ in by_run if r == "loss_jump"} and len(
+        {run for rule, run in by_run if rule == "loss_jump"}) == 2, by_run
+    # a rule that raises on one run's data is skipped there only
+    bad = RuleSpec("bad", "threshold", "loss", params={"value": 5.0})
+    object.__setattr__(bad, "params", {"value": "not a number"})
+    engine.set_rules([bad])
+    engine._advance(1, 0, 500, {"loss": 9.0}, {})
+    assert engine._broken == {("bad", 1, 0)}
+
+
 def test_a_stored_rule_this_version_refuses_is_left_out(
         sqlite_url: str, caplog: pytest.LogCaptureFixture) -> None:
     # a rule stored by an older collector, before params were checked

@@ -85,7 +85,8 @@ class AlertEngine(EvaluationMixin, NoDataMixin):
         self._rules: list[RuleSpec] = list(DEFAULT_RULES if rules is None else rules)
         self._screen = screen
         self._head_every = max(1, int(head_every))
-        self._broken: set[str] = set()  # rules that raised: skipped until the rules change
+        # (rule, run, rank) that raised: skipped there until the rules change
+        self._broken: set[tuple[str, int, int]] = set()
         self._lock = threading.RLock()
 
     @property

@@ -61,7 +61,7 @@ class EvaluationMixin(LifecycleMixin):
 
     _screen: bool
     _head_every: int
-    _broken: set[str]
+    _broken: set[tuple[str, int, int]]
 
     def _track_loss(self, run_id: int, rank: int, step: int,
                     scalars: dict[str, float]) -> None:
@@ -165,15 +165,19 @@ class EvaluationMixin(LifecycleMixin):
         arrays: dict[str, np.ndarray] = {}
         out: list[_Pending] = []
         for rule in self._rules:
-            if not rule.enabled or rule.kind == "no_data" or rule.name in self._broken:
+            if (not rule.enabled or rule.kind == "no_data"
+                    or (rule.name, run_id, rank) in self._broken):
                 continue
             try:
                 out.extend(self._advance_rule(rule, run_id, rank, step, scalars, heads,
                                               arrays, fv))
             except Exception:  # one rule must never stop ingest
-                self._broken.add(rule.name)
+                # skipped for this run and rank only: one run's values (a negative LR) must
+                # not switch a rule off for every run of the collector
+                self._broken.add((rule.name, run_id, rank))
                 log.exception("alert rule %r failed on run %s rank %s step %s; it is skipped "
-                              "from now on (fix or replace it: PUT /api/v1/alerts/rules/%s)",
+                              "for that run and rank from now on (if it fails on every run, "
+                              "fix or replace it: PUT /api/v1/alerts/rules/%s)",
                               rule.name, run_id, rank, step, rule.name)
         for p in out:
             p.severity = p.rule.severity

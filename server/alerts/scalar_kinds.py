@@ -176,7 +176,9 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     if g is not None and math.isfinite(g):
         ev["unclipped"] = not _clip_bounded(fv, g)  # this step's update went in unbounded
     causes: list[str] = []
-    if lr is not None and prev_lr and lr > 0 and abs(math.log(lr / prev_lr)) > math.log(1.5):
+    # logs of each (a negative LR, or a ratio that underflows to 0, made log() raise)
+    if (lr is not None and prev_lr is not None and lr > 0 and prev_lr > 0
+            and abs(math.log(lr) - math.log(prev_lr)) > math.log(1.5)):
         causes.append(f"the learning rate changed from {prev_lr:.3g} to {lr:.3g}")
     if g is not None and gmed and (not math.isfinite(g) or g > 5 * gmed):
         causes.append(f"the gradient norm jumped to {g:.3g} (median {gmed:.3g})")
