@@ -233,13 +233,13 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
     import json
 
     from logitwatch.server.alerts.config import configured_rules
-    from logitwatch.server.alerts.replay import read_frames, replay_rules
+    from logitwatch.server.alerts.replay import read_frame_lines, replay_rules
     from logitwatch.server.alerts.replay import replay as run_replay
     from logitwatch.server.alerts.rules import RuleError
     from logitwatch.server.settings import Settings
 
     try:
-        header, frames = read_frames(file)
+        header, frames, lines = read_frame_lines(file)
         settings = Settings()
         configured_rules(settings, rules_file)  # a bad rules file: say so before replaying
     except (ValueError, RuleError, OSError) as e:
@@ -260,7 +260,7 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
     click.echo(f"replaying {len(frames)} frames of {file}", err=True)
     try:
         result = run_replay(frames, db_url=db_url, settings=settings, rules_file=rules_file,
-                            rules=rules,
+                            rules=rules, lines=lines,
                             progress=lambda n: click.echo(f"  {n}/{len(frames)} frames",
                                                           err=True) if n % 256 == 0 else None)
     except Exception as e:  # a frame the collector refuses: say which

@@ -12,6 +12,8 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    StrictFloat,
+    StrictInt,
     field_validator,
     model_validator,
 )
@@ -36,10 +38,13 @@ __all__ = [
     "HistoryIn",
     "IngestIn",
     "IngestOut",
+    "MAX_REQUEST_HISTORY_STEPS",
+    "MAX_REQUEST_RUNS",
     "MetricOut",
     "RunOut",
     "SeriesOut",
     "WireFloat",
+    "request_limits_problem",
 ]
 
 #: A float that travels as a JSON number or as "NaN" / "Infinity" / "-Infinity".
@@ -52,6 +57,13 @@ MAX_STEP = 2**62
 MAX_RANK = 1_000_000
 #: How far a frame's ``time`` may be ahead of the collector's clock (seconds).
 MAX_AHEAD = 86_400.0
+#: Most history steps (summed over its frames) and most distinct runs one ingest request may
+#: carry: what one request makes the store do under the ingest lock stays a few seconds.
+#: The client never comes near them: a batch is at most 256 frames (``max_batch``) of one
+#: run, and with the default hooks a frame's history is at most ~50 steps (a frame at least
+#: every 50 steps, a flush every 10), so a full batch carries at most ~13,000.
+MAX_REQUEST_HISTORY_STEPS = 20_000
+MAX_REQUEST_RUNS = 1_000
 
 
 #: A history value: a wire float, or null where the step did not measure the series.
@@ -66,12 +78,7 @@ MAX_PROBLEMS = 3
 def _history_value(v: Any) -> float | None:
     if v is None:
         return None
-    t = type(v)
-    if t is float or t is int:
-        return float(v)
-    if t is str and v in NONFINITE:
-        return NONFINITE[v]
-    raise ValueError
+    return _wire_value(v)  # an int too large for a float is a ValueError, not a 500
 
 
 def check_history(data: Any) -> dict[str, Any]:
@@ -265,10 +272,11 @@ class FrameIn(BaseModel):
 
     run: Name
     project: Name = "default"
-    rank: int = Field(0, ge=0, le=MAX_RANK)
-    seq: int = Field(ge=0, le=MAX_STEP)
-    step: int = Field(ge=0, le=MAX_STEP)
-    time: float = Field(allow_inf_nan=False, ge=0, description="Unix seconds; at most "
+    # Strict: a JSON integer (not true/false, not "7"); time a JSON number (not a string).
+    rank: StrictInt = Field(0, ge=0, le=MAX_RANK)
+    seq: StrictInt = Field(ge=0, le=MAX_STEP)
+    step: StrictInt = Field(ge=0, le=MAX_STEP)
+    time: StrictFloat = Field(allow_inf_nan=False, ge=0, description="Unix seconds; at most "
                         "MAX_AHEAD (a day) ahead of the collector's clock.")
     scalars: dict[Name, WireFloat] = Field(default_factory=dict, max_length=MAX_SCALARS)
     heads: dict[Name, list[list[WireFloat]]] = Field(default_factory=dict,
@@ -342,6 +350,27 @@ class IngestIn(BaseModel):
         return data
 
     frames: list[FrameIn] = Field(min_length=1, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _request_limits(self) -> IngestIn:
+        problem = request_limits_problem(self.frames)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def request_limits_problem(frames: list[FrameIn]) -> str | None:
+    """What makes a batch of valid ``frames`` more than one request may carry
+    (:data:`MAX_REQUEST_HISTORY_STEPS`, :data:`MAX_REQUEST_RUNS`), or None."""
+    steps = sum(len(f.history.steps) for f in frames if f.history is not None)
+    if steps > MAX_REQUEST_HISTORY_STEPS:
+        return (f"frames: {steps} history steps in all, at most {MAX_REQUEST_HISTORY_STEPS} "
+                "a request; send the frames in smaller batches")
+    runs = len({(f.project, f.run) for f in frames})
+    if runs > MAX_REQUEST_RUNS:
+        return (f"frames: {runs} distinct runs, at most {MAX_REQUEST_RUNS} a request; send "
+                "the frames in smaller batches")
+    return None
 
 
 class AlertOut(BaseModel):

@@ -186,7 +186,8 @@ def test_alert_state_is_bounded(sqlite_url: str) -> None:
 def test_runs_come_in_pages(sqlite_url: str) -> None:
     with TestClient(create_app(settings(sqlite_url))) as c:
         frames = [{**frame(0, run=f"run-{i:04d}"), "time": 1000.0 + i} for i in range(1200)]
-        assert c.post("/api/v1/ingest", json={"frames": frames}).status_code == 200
+        for part in (frames[:600], frames[600:]):  # at most MAX_REQUEST_RUNS a request
+            assert c.post("/api/v1/ingest", json={"frames": part}).status_code == 200
         seen: list[str] = []
         url = "/api/v1/runs"
         while url:

@@ -15,11 +15,13 @@ from __future__ import annotations
 import gzip
 import json
 import tempfile
-from collections.abc import Callable, Iterable
+import zlib
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.server.alerts.config import api_rules, configured_rules, rules_file
@@ -32,7 +34,8 @@ from logitwatch.server.schemas import AlertOut, IngestIn
 from logitwatch.server.store import lifecycle
 from logitwatch.server.store.alerts import alert_out, list_alerts
 
-__all__ = ["ReplayResult", "read_frames", "replay", "replay_rules"]
+__all__ = ["ReplayError", "ReplayResult", "read_frame_lines", "read_frames", "replay",
+           "replay_rules"]
 
 
 @dataclass
@@ -82,23 +85,74 @@ def read_frames(path: str | Path) -> tuple[dict[str, Any] | None, list[dict[str,
     """Read a JSON-lines file (gzip'd if its name ends in ``.gz``): an optional header object
     (no ``seq``), then one frame a line.
 
-    Raises ``ValueError`` naming the line that is not JSON.
+    Raises ``ValueError`` naming the file and line that cannot be read (not JSON, nested too
+    deeply, not UTF-8, a truncated or corrupt gzip file, a read error).
     """
+    header, frames, _ = read_frame_lines(path)
+    return header, frames
+
+
+def read_frame_lines(
+    path: str | Path,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[int]]:
+    """:func:`read_frames`, with the line number of each frame (for :func:`replay`'s
+    ``lines``)."""
     header: dict[str, Any] | None = None
     frames: list[dict[str, Any]] = []
-    with (gzip.open(path, "rt") if str(path).endswith(".gz") else open(path)) as fh:
-        for i, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from e
-            if i == 1 and isinstance(obj, dict) and "seq" not in obj:
-                header = obj
-                continue
-            frames.append(obj)
-    return header, frames
+    lines: list[int] = []
+    i = 0
+    try:
+        with gzip.open(path) if str(path).endswith(".gz") else open(path, "rb") as fh:
+            for i, raw in enumerate(fh, 1):
+                line = raw.decode("utf-8")  # per line: an error names its line
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None
+                except RecursionError:
+                    raise ValueError(f"{path}:{i}: JSON nested too deeply (a frame is at "
+                                     "most 4 levels deep)") from None
+                if i == 1 and isinstance(obj, dict) and "seq" not in obj:
+                    header = obj
+                    continue
+                frames.append(obj)
+                lines.append(i)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start + 1} of "
+                         "the line); a frames file is JSON lines") from None
+    except EOFError:
+        raise ValueError(f"{path}:{i + 1}: the gzip file ends early (truncated: was it "
+                         f"still being written or cut off in a copy?); {len(frames)} frames "
+                         "were read before it") from None
+    except OSError as e:  # gzip.BadGzipFile, zlib errors are OSError / zlib.error
+        where = f"{path}:{i + 1}" if i else str(path)
+        raise ValueError(f"{where}: cannot be read ({e.strerror or e})") from None
+    except zlib.error as e:
+        raise ValueError(f"{path}:{i + 1}: corrupt gzip data ({e})") from None
+    return header, frames, lines
+
+
+class ReplayError(ValueError):
+    """A frame the collector refuses (or fails on), with where it is in the input."""
+
+
+def _where(lines: Sequence[int] | None, k: int) -> str:
+    return f"line {lines[k]}" if lines is not None and k < len(lines) else f"frame {k + 1}"
+
+
+def _refusal(e: ValidationError, start: int, lines: Sequence[int] | None) -> ReplayError:
+    """The first error of a batch's validation, as ``line N: field: message``."""
+    err = e.errors(include_url=False, include_input=False)[0]
+    loc = list(err["loc"])
+    if len(loc) >= 2 and loc[0] == "frames" and isinstance(loc[1], int):
+        where, field = _where(lines, start + loc[1]), ".".join(str(p) for p in loc[2:])
+    else:
+        where, field = "batch", ".".join(str(p) for p in loc)
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    more = f" ({e.error_count()} errors in this batch)" if e.error_count() > 1 else ""
+    return ReplayError(f"{where}: {field or 'frame'}: {msg}{more}")
 
 
 def replay(
@@ -110,6 +164,7 @@ def replay(
     rules_file: str | None = None,
     batch: int = 16,
     progress: Callable[[int], None] | None = None,
+    lines: Sequence[int] | None = None,
 ) -> ReplayResult:
     """Feed ``frames`` (wire-format dicts, in order) through ingest and the engine.
 
@@ -123,6 +178,12 @@ def replay(
             ``$LOGITWATCH_ALERT_RULES``).
         batch: Frames per ingest transaction (the client sends up to 256).
         progress: Called with the number of frames replayed so far, after each batch.
+        lines: The line number of each frame in its file (:func:`read_frame_lines`), to
+            name in errors.
+
+    Raises:
+        ReplayError: a frame the collector refuses (``line N: field: message``), or one
+            the store or the engine fails on (the lines of its batch named).
     """
     items = list(frames)
     with tempfile.TemporaryDirectory(prefix="logitwatch-replay-") as tmp:
@@ -141,17 +202,26 @@ def replay(
             alerts = AlertEngine(rules)
             run_ids: set[int] = set()
             for i in range(0, len(items), batch):
-                body = IngestIn.model_validate({"frames": items[i:i + batch]})
-                with session_scope(sessions) as s:
-                    stored, finished = lifecycle.ingest(s, body.frames)
-                    run_ids |= stored.run_ids
-                    fired = alerts.process(s, stored.new_frames)
-                    if finished:
-                        fired += alerts.check_stale(s, runs=finished)
-                    for a in fired:
-                        run = s.get(Run, a.run_id)
-                        assert run is not None
-                        result.notified.append(alert_out(a, run))
+                try:
+                    body = IngestIn.model_validate({"frames": items[i:i + batch]})
+                except ValidationError as e:
+                    raise _refusal(e, i, lines) from None
+                try:
+                    with session_scope(sessions) as s:
+                        stored, finished = lifecycle.ingest(s, body.frames)
+                        run_ids |= stored.run_ids
+                        fired = alerts.process(s, stored.new_frames)
+                        if finished:
+                            fired += alerts.check_stale(s, runs=finished)
+                        for a in fired:
+                            run = s.get(Run, a.run_id)
+                            assert run is not None
+                            result.notified.append(alert_out(a, run))
+                except Exception as e:  # refused by the store (or failing): name the batch
+                    last = min(len(items), i + batch) - 1
+                    span = _where(lines, i) + (f" to {_where(lines, last)}" if last > i
+                                               else "")
+                    raise ReplayError(f"{span}: {getattr(e, 'message', e)}") from e
                 result.frames = min(len(items), i + batch)
                 if progress is not None:
                     progress(result.frames)

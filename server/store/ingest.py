@@ -103,8 +103,11 @@ def _metric_ids(
             if (r.layers, r.heads) != shapes[r.name]:
                 raise BadRequest(
                     "shape-mismatch",
-                    f"metric {r.name!r} of this run has shape {r.layers}x{r.heads}, "
-                    f"this batch sends {shapes[r.name][0]}x{shapes[r.name][1]}",
+                    f"metric {r.name!r} of this run is {_kind((r.layers, r.heads))} since "
+                    f"the run's first frame of it, this batch sends "
+                    f"{_kind(shapes[r.name])}: the model's shape changed. Nothing of this "
+                    "batch was stored. A new model needs a new run: use a new run name "
+                    "(a different run= in the client)",
                 )
         return {r.name: r.id for r in rows}
 
@@ -140,13 +143,14 @@ def _want(shapes: dict[str, tuple[int, int]], name: str, shape: tuple[int, int])
     """Note that the batch stores ``name`` with ``shape``; one name, one shape."""
     have = shapes.setdefault(name, shape)
     if have != shape:
-        def kind(s: tuple[int, int]) -> str:
-            return f"a {s[0]}x{s[1]} matrix" if s[0] else "a scalar"
-
         raise BadRequest(
             "shape-mismatch",
-            f"metric {name!r} is sent as {kind(have)} and as {kind(shape)} in this batch",
+            f"metric {name!r} is sent as {_kind(have)} and as {_kind(shape)} in this batch",
         )
+
+
+def _kind(s: tuple[int, int]) -> str:
+    return f"a {s[0]}x{s[1]} (layers x heads) matrix" if s[0] else "a scalar"
 
 
 def _shape(m: Any) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from logitwatch.server.schemas import (
     FrameIn,
     HistoryIn,
     IngestIn,
+    request_limits_problem,
 )
 from logitwatch.wire import MAX_HISTORY_SERIES, MAX_HISTORY_STEPS, NONFINITE
 
@@ -128,7 +129,7 @@ def _slow(body: bytes) -> IngestIn:
                            for err in e.errors(include_url=False, include_input=False)]
     if errors:
         raise TooManyErrors(errors[:MAX_ERRORS], count)
-    return IngestIn.model_validate({"frames": good})
+    return _validate(IngestIn, {"frames": good}, ())  # the per-request limits
 
 
 #: Errors one refusal lists at most (the answer says how many there were in all).
@@ -271,7 +272,10 @@ def _fast(data: Any) -> IngestIn:
     frames = data["frames"]
     if type(frames) is not list or not 1 <= len(frames) <= _MAX_FRAMES:
         raise _Slow
-    return IngestIn.model_construct(frames=[_frame(f) for f in frames])
+    good = [_frame(f) for f in frames]
+    if request_limits_problem(good):
+        raise _Slow  # the model's 422 names the limit
+    return IngestIn.model_construct(frames=good)
 
 
 def ingest_openapi_body() -> dict[str, Any]:
