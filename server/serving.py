@@ -6,9 +6,11 @@ keep-alive timeout only starts after a response), so a few hundred such connecti
 each connection must complete a request's headers within ``header_timeout`` seconds of
 opening (or of its previous response), or it is closed; and past ``max_connections`` open
 connections (bounded below the open-file limit) a new connection closes the oldest one
-that has no request in progress, so slow or idle connections can never lock real clients
-out. ``limit_concurrency`` (uvicorn's) answers 503 past that many requests in progress; a
-request body must arrive within ``body_timeout`` (``limits.BodyLimit``, 408).
+that has no request in progress (else the oldest whose request body is still arriving: a
+trickled body cannot hold a connection for ever either), so slow or idle connections can
+never lock real clients out. ``limit_concurrency`` (uvicorn's) answers 503 past that many
+requests in progress; a request body must arrive within ``body_timeout`` (``limits.BodyLimit``,
+408).
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ def _idle(protocol: Any) -> bool:
     return cycle is None or bool(getattr(cycle, "response_complete", True))
 
 
+def _receiving(protocol: Any) -> bool:
+    """A request whose body is still arriving, not yet answered (a slow upload)."""
+    cycle = getattr(protocol, "cycle", None)
+    return (cycle is not None and bool(getattr(cycle, "more_body", False))
+            and not getattr(cycle, "response_started", True))
+
+
 def guarded_protocol(base: type[Any], *, header_timeout: float,
                      max_connections: int) -> type[Any]:
     """A subclass of uvicorn's HTTP protocol ``base`` with the header timeout and the
@@ -90,11 +99,12 @@ def guarded_protocol(base: type[Any], *, header_timeout: float,
             super().connection_made(transport)
             self._arm()
             if len(self.connections) > max_connections:
-                idle = [c for c in self.connections if c is not self and _idle(c)]
+                others = [c for c in self.connections if c is not self]
+                idle = [c for c in others if _idle(c)] or [c for c in others if _receiving(c)]
                 victim = min(idle, key=lambda c: getattr(c, "_since", 0.0)) if idle else self
                 log.warning("%d connections open (max_connections %d): closing the oldest "
-                            "with no request in progress", len(self.connections),
-                            max_connections)
+                            "with no request in progress, else the oldest still sending its "
+                            "body", len(self.connections), max_connections)
                 victim.transport.close()
 
         def on_response_complete(self) -> None:
