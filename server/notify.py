@@ -6,11 +6,19 @@ The payload is JSON: ``{"kind": "logitwatch.alert", "text": ..., "alert": {...}}
 With a database (``sessions=``), every notification is first written to the
 ``alert_outbox`` table and deleted once delivered: retries with exponential backoff
 survive a collector restart (the next collector on the same database delivers what is left).
-Without one, notifications wait in a bounded in-memory queue.
+Without one, notifications wait in a bounded in-memory queue. The outbox is bounded too
+(``max_queue`` per URL): past it the oldest notification is dropped, logged.
+
+A receiver that throttles (HTTP 429, or 503 with ``Retry-After``: Slack takes about one
+message a second) is waited for, as long as ``Retry-After`` says (capped at 10 minutes), and
+nothing else is sent to it meanwhile; such answers are not failures and do not count toward
+``retries``. A throttled notification is given up only once it is ``give_up_after`` old
+(an hour by default), logged with the number of attempts.
 """
 
 from __future__ import annotations
 
+import email.utils
 import logging
 import queue
 import random
@@ -25,9 +33,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from logitwatch.server.db.models import OutboxItem
 from logitwatch.server.schemas import AlertOut
 
-__all__ = ["WebhookNotifier", "backoff", "payload"]
+__all__ = ["WebhookNotifier", "backoff", "payload", "retry_after"]
 
 log = logging.getLogger("logitwatch.notify")
+
+#: The longest wait a ``Retry-After`` can impose on one attempt.
+MAX_RETRY_AFTER = 600.0
 
 
 def payload(alert: AlertOut) -> dict[str, Any]:
@@ -50,24 +61,63 @@ def backoff(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
     return min(cap, base * 2**attempt) * random.uniform(0.8, 1.2)
 
 
+def retry_after(value: str | None, now: float | None = None,
+                cap: float = MAX_RETRY_AFTER) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date),
+    clamped to ``[0, cap]``; None when absent or unreadable."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        secs = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when is None or when.tzinfo is None:
+            return None
+        secs = when.timestamp() - (time.time() if now is None else now)
+    if secs != secs:  # NaN
+        return None
+    return max(0.0, min(cap, secs))
+
+
+class _Outcome:
+    """One attempt's outcome: ``why`` is None on success; ``fatal`` gives up at once;
+    ``wait`` (seconds, throttled) retries after it without counting an attempt."""
+
+    __slots__ = ("fatal", "wait", "why")
+
+    def __init__(self, why: str | None, *, fatal: bool = False,
+                 wait: float | None = None) -> None:
+        self.why, self.fatal, self.wait = why, fatal, wait
+
+
 class WebhookNotifier:
     """POSTs alerts to one URL with retries and exponential backoff.
 
     Args:
         url: The webhook URL.
         timeout: Seconds per HTTP request.
-        retries: Retries after the first attempt before a notification is given up.
-        max_queue: Bound of the in-memory queue (without ``sessions``).
+        retries: Retries after failed attempts (errors, 5xx) before a notification is given
+            up; throttled answers (429, 503 with ``Retry-After``) do not count.
+        max_queue: Bound of the queue: in memory, or of the outbox for this URL (the oldest
+            is dropped past it).
         sessions: A session factory: use the persistent outbox.
         base_delay: First retry delay in seconds (doubles each retry, capped at 30 s).
+        give_up_after: Seconds after which a notification still throttled is given up.
     """
 
     def __init__(self, url: str, *, timeout: float = 5.0, retries: int = 5,
                  max_queue: int = 1000, sessions: sessionmaker[Session] | None = None,
-                 base_delay: float = 0.5) -> None:
+                 base_delay: float = 0.5, give_up_after: float = 3600.0) -> None:
         self.url = url
         self.retries = retries
         self.base_delay = base_delay
+        self.max_queue = max_queue
+        self.give_up_after = give_up_after
+        self._hold_until = 0.0  # the receiver throttles: nothing is sent to it before this
         self._sessions = sessions
         self._q: queue.Queue[AlertOut | None] = queue.Queue(maxsize=max_queue)
         self._stop = threading.Event()
@@ -87,6 +137,7 @@ class WebhookNotifier:
                     now = time.time()
                     s.add(OutboxItem(url=self.url, body=payload(alert), attempts=0,
                                      next_at=now, created_at=now))
+                    self._bound_outbox(s)
                 self._wake.set()
             except Exception:
                 self.failed += 1
@@ -115,31 +166,61 @@ class WebhookNotifier:
             self._deliver(payload(alert), alert.id)
             self._q.task_done()
 
-    def _post(self, body: dict[str, Any]) -> str | None:
-        """One attempt: None on success, "fatal: ..." for a 4xx, else the reason to retry."""
+    def _post(self, body: dict[str, Any]) -> _Outcome:
+        """One attempt, once any ``Retry-After`` of the receiver has passed."""
         try:
             r = self._http.post(self.url, json=body)
         except httpx.HTTPError as e:
-            return repr(e)
+            return _Outcome(repr(e))
         if r.status_code < 300:
-            return None
-        if r.status_code < 500 and r.status_code != 429:
-            return f"fatal: HTTP {r.status_code}"
-        return f"HTTP {r.status_code}"
+            return _Outcome(None)
+        why = f"HTTP {r.status_code}"
+        after = retry_after(r.headers.get("retry-after"))
+        if r.status_code == 429 or (r.status_code == 503 and after is not None):
+            wait = after if after is not None else backoff(3, self.base_delay)
+            self._hold_until = time.time() + wait
+            return _Outcome(f"{why} (throttled, retry after {wait:.3g} s)", wait=wait)
+        if r.status_code < 500:
+            return _Outcome(f"fatal: {why}", fatal=True)
+        return _Outcome(why)
 
     def _deliver(self, body: dict[str, Any], alert_id: object) -> None:
-        for attempt in range(self.retries + 1):
-            why = self._post(body)
-            if why is None:
+        created, attempt, failures = time.time(), 0, 0
+        while True:
+            attempt += 1
+            out = self._post(body)
+            if out.why is None:
                 self.sent += 1
                 return
-            if why.startswith("fatal") or self._stop.wait(backoff(attempt, self.base_delay)):
+            if out.fatal:
                 break
-            log.warning("webhook attempt %d failed (%s); retrying", attempt + 1, why)
+            if out.wait is None:
+                failures += 1
+                if failures > self.retries:
+                    break
+                delay = backoff(failures - 1, self.base_delay)
+            else:
+                delay = out.wait
+                if time.time() + delay - created > self.give_up_after:
+                    break
+            log.warning("webhook attempt %d failed (%s); retrying", attempt, out.why)
+            if self._stop.wait(delay):
+                break
         self.failed += 1
-        log.error("webhook delivery of alert %s to %s failed", alert_id, self.url)
+        log.error("webhook delivery of alert %s to %s failed after %d attempts (%s)",
+                  alert_id, self.url, attempt, out.why)
 
     # -- outbox mode -----------------------------------------------------------------------
+
+    def _bound_outbox(self, s: Session) -> None:
+        """Drop the oldest items of this URL past ``max_queue`` (in the open transaction)."""
+        over = s.scalars(select(OutboxItem.id).where(OutboxItem.url == self.url)
+                         .order_by(OutboxItem.id.desc()).offset(self.max_queue)).all()
+        if over:
+            s.execute(delete(OutboxItem).where(OutboxItem.id.in_(over)))
+            self.failed += len(over)
+            log.error("webhook outbox for %s full (%d); dropped the %d oldest notifications",
+                      self.url, self.max_queue, len(over))
 
     def _run_outbox(self) -> None:
         assert self._sessions is not None
@@ -153,9 +234,12 @@ class WebhookNotifier:
             self._wake.clear()
 
     def _drain(self) -> float:
-        """Try every due item once; return seconds until the next one is due (max 1 s)."""
+        """Try every due item once, in order, until the receiver throttles; return seconds
+        until the next one is due (max 1 s)."""
         assert self._sessions is not None
         now = time.time()
+        if now < self._hold_until:
+            return max(0.01, min(1.0, self._hold_until - now))
         with self._sessions() as s:
             due = s.scalars(select(OutboxItem).where(OutboxItem.url == self.url,
                                                      OutboxItem.next_at <= now)
@@ -164,26 +248,35 @@ class WebhookNotifier:
         for item in due:
             if self._stop.is_set():
                 break
-            why = self._post(item.body)
+            out = self._post(item.body)
             with self._sessions.begin() as s:
-                if why is None:
+                if out.why is None:
                     self.sent += 1
                     s.execute(delete(OutboxItem).where(OutboxItem.id == item.id))
-                elif why.startswith("fatal") or item.attempts >= self.retries:
+                    continue
+                attempts = item.attempts + (0 if out.wait is not None else 1)
+                old = time.time() - item.created_at
+                if out.fatal or attempts > self.retries or (
+                        out.wait is not None and old + out.wait > self.give_up_after):
                     self.failed += 1
-                    log.error("webhook delivery to %s failed for good (%s)", self.url, why)
+                    log.error("webhook delivery to %s failed for good after %d failed "
+                              "attempts, %.0f s queued (%s)", self.url, attempts, old, out.why)
                     s.execute(delete(OutboxItem).where(OutboxItem.id == item.id))
                 else:
                     row = s.get(OutboxItem, item.id)
                     if row is not None:
-                        row.attempts = item.attempts + 1
-                        row.next_at = time.time() + backoff(item.attempts, self.base_delay)
-                        row.last_error = why
-                    log.warning("webhook attempt %d failed (%s); retrying",
-                                item.attempts + 1, why)
+                        row.attempts = attempts
+                        row.next_at = time.time() + (
+                            out.wait if out.wait is not None
+                            else backoff(item.attempts, self.base_delay))
+                        row.last_error = out.why
+                    log.warning("webhook attempt failed (%s); retrying", out.why)
+            if out.wait is not None:
+                break  # throttled: nothing more to this receiver before Retry-After
         with self._sessions() as s:
             nxt = s.scalar(select(OutboxItem.next_at).where(OutboxItem.url == self.url)
                            .order_by(OutboxItem.next_at).limit(1))
+        nxt = None if nxt is None else max(nxt, self._hold_until)
         return 1.0 if nxt is None else max(0.01, min(1.0, nxt - time.time()))
 
     def close(self, timeout: float = 5.0) -> None:
