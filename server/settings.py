@@ -86,6 +86,14 @@ class Settings(BaseSettings):
     stream_interval: float = Field(
         1.0, gt=0, description="Seconds between polls of the store by each live stream."
     )
+    stream_max_per_principal: int = Field(
+        32, ge=1, description="Live streams one token (or, without auth, one client address) "
+        "may hold open at once; past it a new stream is answered 429 streams-busy.",
+    )
+    stream_max_total: int = Field(
+        256, ge=1, description="Live streams this process serves at once, all callers "
+        "together; past it a new stream is answered 429 streams-busy.",
+    )
     # --- limits: each is answered with a 4xx that names it, and nothing is stored ---------
     max_request_bytes: int = Field(
         32 * 1024 * 1024, ge=1024,

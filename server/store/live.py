@@ -36,27 +36,36 @@ def frames_since(
     ids = [f.id for f in frames]
     metrics = {m.id: m for m in session.scalars(select(Metric).where(Metric.run_id == run_id))
                if "#" not in m.name}  # hidden rollups (store/ingest.py ENVELOPE)
+    scalar_ids = [i for i, m in metrics.items() if not m.layers]
+    matrix_ids = [i for i, m in metrics.items() if m.layers]
+    attn_ids = [i for i in matrix_ids if metrics[i].name.startswith("attn.")]
     out: dict[int, dict[str, Any]] = {f.id: {"step": f.step, "scalars": {}} for f in frames}
-    rows = session.execute(
-        select(Point.frame_id, Point.metric_id, Point.data).where(Point.frame_id.in_(ids))
-    ).all()
+    # the page's scalars only: a page of 1,000 sampled frames holds 1,000 frames' matrices,
+    # of which only the newest frame's are sent
+    if scalar_ids:
+        for fid, mid, data in session.execute(
+            select(Point.frame_id, Point.metric_id, Point.data)
+            .where(Point.metric_id.in_(scalar_ids), Point.frame_id.in_(ids))
+        ):
+            arr = np.frombuffer(data, dtype="<f4")
+            out[fid]["scalars"][metrics[mid].name] = encode_float(float(arr[0]))
     # the newest frame with per-head matrices: a history flush or a closing frame after a
     # sampled one in the same page carries scalars (or q/k norms) only
-    with_heads = {fid for fid, mid, _ in rows
-                  if (m := metrics.get(mid)) is not None and m.layers
-                  and m.name.startswith("attn.")}
+    with_heads = set(session.scalars(
+        select(Point.frame_id).where(Point.metric_id.in_(attn_ids), Point.frame_id.in_(ids))
+        .distinct()
+    )) if attn_ids else set()
     sampled = [f for f in frames if f.seq >= 0]
     newest = next((f for f in reversed(frames) if f.id in with_heads),
                   sampled[-1] if sampled else frames[-1])
     latest: dict[str, Any] = {"step": newest.step}
-    for fid, mid, data in rows:
-        m = metrics.get(mid)
-        if m is None:
-            continue
-        arr = np.frombuffer(data, dtype="<f4").astype(np.float64)
-        if not m.layers:
-            out[fid]["scalars"][m.name] = encode_float(float(arr[0]))
-        elif fid == newest.id:
+    if matrix_ids:
+        for mid, data in session.execute(
+            select(Point.metric_id, Point.data)
+            .where(Point.metric_id.in_(matrix_ids), Point.frame_id == newest.id)
+        ):
+            m = metrics[mid]
+            arr = np.frombuffer(data, dtype="<f4").astype(np.float64)
             latest[m.name] = [
                 [encode_float(x) for x in row] for row in arr.reshape(m.layers, m.heads).tolist()
             ]

@@ -2,11 +2,18 @@
 
 The stream polls the store (every ``stream_interval`` seconds) rather than an in-process
 bus, so it sees frames written by any collector process sharing the database.
+
+Each stream holds a thread-pool slot every poll and a connection open for as long as the
+dashboard stays, so a process serves at most ``stream_max_total`` streams at once, and one
+token (without auth: one client address) at most ``stream_max_per_principal``; past either a
+new stream is answered 429 ``streams-busy`` with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -14,15 +21,75 @@ import anyio
 from fastapi import APIRouter, Query, Request
 from sse_starlette import EventSourceResponse
 
-from logitwatch.server.api.deps import RunIdDep, credentials
+from logitwatch.server.api.deps import RunIdDep, client_address, credentials
 from logitwatch.server.db.session import session_scope
-from logitwatch.server.errors import ApiError
+from logitwatch.server.errors import ApiError, RateLimited
 from logitwatch.server.schemas import MAX_RANK, MAX_STEP
 from logitwatch.server.store import queries
 from logitwatch.server.store.alerts import list_alerts
 from logitwatch.server.store.live import frames_since
 
 router = APIRouter(tags=["stream"])
+
+
+class StreamSlots:
+    """The live streams open in this process, per caller and in all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: Counter[str] = Counter()
+        self.total = 0
+
+    def take(self, who: str, *, per_caller: int, total: int) -> None:
+        """Count one more stream of ``who``, or raise 429 past a bound."""
+        with self._lock:
+            if self.total >= total:
+                raise RateLimited(
+                    "streams-busy",
+                    f"this collector already serves {self.total} live streams "
+                    f"(stream_max_total = {total}); close some dashboards or retry later",
+                    retry_after=30)
+            if self._open[who] >= per_caller:
+                raise RateLimited(
+                    "streams-busy",
+                    f"{who} already holds {self._open[who]} live streams "
+                    f"(stream_max_per_principal = {per_caller}); close some dashboard tabs "
+                    "or retry later",
+                    retry_after=30)
+            self._open[who] += 1
+            self.total += 1
+
+    def give(self, who: str) -> None:
+        with self._lock:
+            self._open[who] -= 1
+            if self._open[who] <= 0:
+                del self._open[who]
+            self.total -= 1
+
+    def held(self, who: str) -> int:
+        with self._lock:
+            return self._open[who]
+
+
+def _slots(app: Any) -> StreamSlots:
+    slots: StreamSlots | None = getattr(app.state, "stream_slots", None)
+    if slots is None:  # one event loop: no race between the check and the set
+        slots = app.state.stream_slots = StreamSlots()
+    return slots
+
+
+class _SlotResponse(EventSourceResponse):
+    """An event stream that gives its slot back however it ends (even never started)."""
+
+    def __init__(self, *args: Any, release: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 @router.get("/runs/{run_id}/stream")
@@ -39,6 +106,10 @@ async def stream(
     """
     state = request.app.state
     secret = credentials(request)
+    principal = state.auth.authorize(secret, scope="read", charge=False,
+                                     client=client_address(request))
+    who = (f"client {client_address(request) or 'unknown'}" if principal.open
+           else f"token {principal.token_id} ({principal.name})")
 
     def poll(after_id: int, alerts_seen: dict[int, str]) -> tuple[int, list[Any], Any, list[Any]]:
         state.auth.authorize(secret, scope="read", charge=False)
@@ -54,6 +125,17 @@ async def stream(
 
     # Fail fast with a 404 before the stream starts.
     await anyio.to_thread.run_sync(lambda: poll(2**62, {}))
+
+    slots = _slots(request.app)
+    slots.take(who, per_caller=state.settings.stream_max_per_principal,
+               total=state.settings.stream_max_total)
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            slots.give(who)
 
     async def events() -> AsyncIterator[dict[str, str]]:
         after_id = after
@@ -74,4 +156,4 @@ async def stream(
                 yield {"event": "alert", "data": json.dumps(a)}
             await anyio.sleep(state.settings.stream_interval)
 
-    return EventSourceResponse(events(), ping=15)
+    return _SlotResponse(events(), ping=15, release=release)
