@@ -19,17 +19,16 @@ compressed with gzip from 1 KiB on when ``gzip_level`` > 0.
 
 from __future__ import annotations
 
-import email.utils
 import gzip
-import math
 import random
 import ssl
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
+
+from logitwatch.wire import parse_retry_after
 
 __all__ = [
     "INGEST_PATH", "KEEP_4XX", "IngestTransport", "Outcome", "backoff_delay", "failure_hint",
@@ -73,26 +72,6 @@ def failure_hint(outcome: Outcome) -> str:
         return ("the collector does not answer to that host name: use its own name, or add "
                 "this one to the collector's LOGITWATCH_ALLOWED_HOSTS")
     return ""
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when is None:
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
 
 
 def backoff_delay(

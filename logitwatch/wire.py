@@ -54,8 +54,10 @@ and :func:`decode_float` are the only two places that know this.
 
 from __future__ import annotations
 
+import email.utils
 import math
 import re
+import time
 from typing import Any, Final
 
 __all__ = [
@@ -73,6 +75,7 @@ __all__ = [
     "NONFINITE",
     "WIRE_VERSION",
     "decode_float",
+    "parse_retry_after",
     "encode_float",
     "encode_matrix",
 ]
@@ -149,3 +152,25 @@ def decode_float(v: Any) -> float:
 def encode_matrix(rows: list[list[float]]) -> list[list[float | str]]:
     """Encode a layer x head matrix of floats for the wire."""
     return [[encode_float(x) for x in row] for row in rows]
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date), at
+    least 0; None when absent or unreadable. The collector sends it with 429 and 503, the
+    client honours it, and the collector's webhooks honour a receiver's."""
+    if not value or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)

@@ -18,7 +18,6 @@ nothing else is sent to it meanwhile; such answers are not failures and do not c
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import queue
 import random
@@ -32,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.server.db.models import OutboxItem
 from logitwatch.server.schemas import AlertOut
+from logitwatch.wire import parse_retry_after
 
 __all__ = ["WebhookNotifier", "backoff", "payload", "retry_after"]
 
@@ -63,24 +63,10 @@ def backoff(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
 
 def retry_after(value: str | None, now: float | None = None,
                 cap: float = MAX_RETRY_AFTER) -> float | None:
-    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP date),
-    clamped to ``[0, cap]``; None when absent or unreadable."""
-    if value is None or not value.strip():
-        return None
-    value = value.strip()
-    try:
-        secs = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when is None or when.tzinfo is None:
-            return None
-        secs = when.timestamp() - (time.time() if now is None else now)
-    if secs != secs:  # NaN
-        return None
-    return max(0.0, min(cap, secs))
+    """Seconds a receiver's ``Retry-After`` asks to wait, at most ``cap``; None when
+    absent or unreadable."""
+    seconds = parse_retry_after(value, now)
+    return None if seconds is None else min(cap, seconds)
 
 
 class _Outcome:
