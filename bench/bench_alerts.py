@@ -62,7 +62,9 @@ set before it was read); round thirty was chosen on ``--split read38``
 and replayed once on ``fresh39`` (fixed and recorded before ``fresh38`` was read); round
 thirty-one was chosen on ``--split read39`` and replayed once on ``fresh40`` (fixed before
 ``fresh39`` was read, recorded after it). The next change is chosen on ``--split read40`` and
-replayed once on ``fresh41`` (fixed and recorded before ``fresh40`` was read).
+replayed once on ``fresh41`` (fixed and recorded before ``fresh40`` was read); ``fresh42``
+was fixed and recorded before ``fresh41`` is read, for the change after it (``--split
+read41``).
 
 Usage::
 
@@ -399,7 +401,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 41
+NEWEST = 42
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
