@@ -100,7 +100,7 @@ class CaptureMixin:
         try:
             self._depth += 1
             if self._depth == 1:  # new gradients may follow (_optimizer_step: clip calls)
-                self._forwards = getattr(self, "_forwards", 0) + 1
+                self._forwards += 1
             if self._depth > 1 or not self.sampled:
                 if self.capturing:  # a nested call of the model (Lightning's training_step)
                     self._padding.capture(args, kwargs)

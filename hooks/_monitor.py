@@ -132,6 +132,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._effective_every = sample_every
         self._buffer = StepBuffer()
         self._depth = 0
+        self._forwards = 0  # outermost forwards seen: new gradients may follow each
         self._mode: SdpaCapture | None = None
         self._forward_state: Any = None  # restored if the measured forward raises
         self._forward_exc: int | None = None

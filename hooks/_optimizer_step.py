@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ._cost import thread_clock
-from ._shard import is_dtensor, plain
+from ._shard import is_dtensor
 from ._stats import global_grad_norm
 
 #: ``_StepClips.max_norm`` when a step's clip calls gave different ``max_norm`` values.
@@ -69,23 +69,6 @@ def _unbounded(max_norm: Any) -> bool:
     return isinstance(max_norm, float) and max_norm == math.inf
 
 
-def _grads_norm(params: list[torch.Tensor], norm_type: Any) -> torch.Tensor | None:
-    """The ``norm_type`` norm of the gradients of ``params`` (on the device, no sync), as
-    ``clip_grad_norm_`` computes it, or None (no gradient). DTensor gradients reduce across
-    their mesh (a collective, reached by every rank at the job's own clip call); FSDP1's
-    flat shards would give this rank's share only (no job clips them in parts)."""
-    with torch.no_grad():
-        grads = [p.grad.detach() for p in params if p.grad is not None]
-        if not grads:
-            return None
-        get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
-        if get_total_norm is not None:  # torch >= 2.6
-            return plain(get_total_norm(grads, norm_type, False, None)).float()
-        device = grads[0].device
-        norms = [torch.linalg.vector_norm(g, norm_type).to(device) for g in grads]
-        return torch.linalg.vector_norm(torch.stack(norms).float(), norm_type)
-
-
 class OptimizerStepMixin:
     """The optimizer-step half of :class:`~logitwatch.hooks._monitor.Monitor` (its state
     lives there)."""
@@ -101,7 +84,7 @@ class OptimizerStepMixin:
             rec = self._clips
             if rec is not None and rec.step != self._step:
                 rec = self._clips = None  # an earlier step's
-            elif rec is not None and rec.forwards != getattr(self, "_forwards", 0):
+            elif rec is not None and rec.forwards != self._forwards:
                 # a forward since the step's first call: these are new gradients (a clip
                 # after each micro-batch, an iteration a loss scaler skipped, a clip before
                 # the first step), so the step starts over from this call, as it did before
@@ -121,7 +104,7 @@ class OptimizerStepMixin:
                 hit = (total.detach() > max_norm).to(torch.int32)
                 self._clip_hits = hit if self._clip_hits is None else self._clip_hits + hit
                 self._clip_steps += 1
-            self._clips = _StepClips(self._step, getattr(self, "_forwards", 0), params,
+            self._clips = _StepClips(self._step, self._forwards, params,
                                      norm_type, total, hit, max_norm)
             if not self._scheduled:
                 if self._keeps_history():
@@ -163,8 +146,9 @@ class OptimizerStepMixin:
             # skip or add one): not counted, an underestimate of a rare case
             rec.next = None
         else:  # partly counted, or another norm type: its new parameters, before clipping
+            # (FSDP1's flat shards would give this rank's share: no job clips them in parts)
             fresh = list({id(p): p for p in params if id(p) in new}.values())
-            rec.next = _grads_norm(fresh, rec.norm_type)
+            rec.next = global_grad_norm(fresh, rec.norm_type)
         rec.seen |= new
 
     def _next_clip(self, rec: _StepClips, total: torch.Tensor, max_norm: Any) -> None:

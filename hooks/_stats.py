@@ -105,8 +105,10 @@ def top_quantile(values: torch.Tensor, n_valid: torch.Tensor, percent: int = 99)
     return quantile_from_top(top, n_valid, percent)
 
 
-def global_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor | None:
-    """Global L2 norm of the ``.grad`` of ``parameters`` (float32, on the device), or None.
+def global_grad_norm(parameters: Iterable[torch.Tensor],
+                     norm_type: float = 2.0) -> torch.Tensor | None:
+    """Global ``norm_type`` (default L2) norm of the ``.grad`` of ``parameters`` (float32,
+    on the device), or None.
 
     Same value as ``torch.nn.utils.clip_grad_norm_`` returns (grouped ``_foreach_norm``),
     without clipping and without a host sync. DTensor gradients (FSDP2, tensor parallel)
@@ -121,10 +123,10 @@ def global_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor | None:
             return None
         get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
         if get_total_norm is not None:  # torch >= 2.6
-            return plain(get_total_norm(grads, 2.0, False, None)).float()
+            return plain(get_total_norm(grads, norm_type, False, None)).float()
         device = grads[0].device
-        norms = [n.to(device) for n in torch._foreach_norm(grads, 2.0)]
-        return torch.linalg.vector_norm(torch.stack(norms).float(), 2.0)
+        norms = [n.to(device) for n in torch._foreach_norm(grads, norm_type)]
+        return torch.linalg.vector_norm(torch.stack(norms).float(), norm_type)
 
 
 def causal_pairs(t0: int, t1: int, s: int) -> int:
