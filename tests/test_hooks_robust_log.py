@@ -6,6 +6,7 @@ the rest of the run."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import pytest
@@ -46,15 +47,21 @@ GOOD = {
 }
 
 
-def test_a_non_numeric_logged_value_is_skipped_and_the_frames_go_on(
-        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    # warnings are once per name, process-wide (raising=False: the test runs before the fix)
-    monkeypatch.setattr(_buffer, "_WARNED", set(), raising=False)
+def monitored() -> tuple[Any, torch.optim.Optimizer, Sink, Any]:
+    """The tiny LM, its SGD, the sink and a monitor sampling one step in 5."""
     model = tiny_lm()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sink = Sink()
     mon = attach(model, opt, run="h", client=sink.client, sample_every=5,
                  overhead_budget=None, history_every=None)
+    return model, opt, sink, mon
+
+
+def test_a_non_numeric_logged_value_is_skipped_and_the_frames_go_on(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # warnings are once per name, process-wide (raising=False: the test runs before the fix)
+    monkeypatch.setattr(_buffer, "_WARNED", set(), raising=False)
+    model, opt, sink, mon = monitored()
     gen = torch.Generator().manual_seed(0)
     syncs_in_log: list[list[str]] = []
     with caplog.at_level(logging.WARNING, logger="logitwatch.hooks"):
@@ -110,11 +117,7 @@ def test_a_loss_that_is_not_a_number_between_samples_keeps_the_history(
     before it has one): skipped, as on a sampled step, and the history of every step's
     scalars goes on. Before, it disabled the 'history' part for the rest of the run."""
     monkeypatch.setattr(_buffer, "_WARNED", set(), raising=False)
-    model = tiny_lm()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sink = Sink()
-    mon = attach(model, opt, run="h", client=sink.client, sample_every=5,
-                 overhead_budget=None, history_every=None)
+    model, opt, sink, mon = monitored()
     gen = torch.Generator().manual_seed(0)
     losses = {}
     for step in range(12):
