@@ -1,8 +1,11 @@
 """Models and the training loop of the recorded alert scenarios (``record_scenarios.py``).
 
 One job: build a model and its optimizer for a :class:`RunSpec` and train it step by step
-on the demo's byte data (:class:`logitwatch.demo.data.ByteData`, vocabulary 256), with an
-optional monitor attached (the real hooks) and the scenario's injections applied. Families:
+on the demo's corpus, with an optional monitor attached (the real hooks) and the scenario's
+injections applied. Tokens are the corpus's bytes (:class:`logitwatch.demo.data.ByteData`,
+vocabulary 256) or, with ``vocab`` above 256, a byte-level BPE of that size trained on the
+same corpus (:class:`BPEData`): a larger vocabulary moves every loss, log Z and gradient
+scale the rules read, so a set recorded with it tests that they do not lean on bytes. Families:
 
 * ``demo``: the demo's own SDPA model (:class:`logitwatch.demo.model.TinyGPT`): pre-LN,
   optional QK-norm, attention scores in float16 (``attn_dtype="float16"``, the overflow
@@ -30,6 +33,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -89,6 +93,8 @@ class RunSpec:
     # QK-clip (MuonClip): after every step, heads whose max logit in that step's forward
     # exceeded tau get W_q and W_k scaled by sqrt(tau / max); biases NOT (gpt2 only)
     qk_clip: float | None = None
+    # tokens: 256 = the corpus's bytes; more = a byte-level BPE of that many tokens
+    vocab: int = VOCAB
 
     def lr_at(self, step: int) -> float:
         """Learning rate of ``step`` (0-based): warm-up, cosine decay, then injections."""
@@ -117,13 +123,13 @@ class PostLN(nn.Module):
     def __init__(self, spec: RunSpec) -> None:
         super().__init__()
         d = spec.d_model
-        self.tok_emb = nn.Embedding(VOCAB, d)
+        self.tok_emb = nn.Embedding(spec.vocab, d)
         self.pos_emb = nn.Embedding(spec.seq_len, d)
         layer = nn.TransformerEncoderLayer(d, spec.n_head, dim_feedforward=4 * d, dropout=0.0,
                                            activation="gelu", batch_first=True,
                                            norm_first=False)
         self.encoder = nn.TransformerEncoder(layer, spec.n_layer, enable_nested_tensor=False)
-        self.head = nn.Linear(d, VOCAB, bias=False)
+        self.head = nn.Linear(d, spec.vocab, bias=False)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=spec.init_std)
@@ -145,7 +151,7 @@ def build_model(spec: RunSpec) -> nn.Module:
     if spec.family == "demo":
         from logitwatch.demo.model import GPTConfig, TinyGPT
 
-        return TinyGPT(GPTConfig(vocab_size=VOCAB, d_model=spec.d_model, n_layer=spec.n_layer,
+        return TinyGPT(GPTConfig(vocab_size=spec.vocab, d_model=spec.d_model, n_layer=spec.n_layer,
                                  n_head=spec.n_head, seq_len=spec.seq_len, qk_norm=spec.qk_norm,
                                  attn_dtype=spec.attn_dtype,  # type: ignore[arg-type]
                                  init_std=spec.init_std))
@@ -155,7 +161,7 @@ def build_model(spec: RunSpec) -> nn.Module:
         from transformers import GPT2Config, GPT2LMHeadModel
 
         return GPT2LMHeadModel(GPT2Config(
-            vocab_size=VOCAB, n_positions=spec.seq_len, n_embd=spec.d_model,
+            vocab_size=spec.vocab, n_positions=spec.seq_len, n_embd=spec.d_model,
             n_layer=spec.n_layer, n_head=spec.n_head, initializer_range=spec.init_std,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
             tie_word_embeddings=False, attn_implementation="eager"))
@@ -163,7 +169,8 @@ def build_model(spec: RunSpec) -> nn.Module:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         return LlamaForCausalLM(LlamaConfig(
-            vocab_size=VOCAB, hidden_size=spec.d_model, intermediate_size=8 * spec.d_model // 3,
+            vocab_size=spec.vocab, hidden_size=spec.d_model,
+            intermediate_size=8 * spec.d_model // 3,
             num_hidden_layers=spec.n_layer, num_attention_heads=spec.n_head,
             num_key_value_heads=kv, max_position_embeddings=spec.seq_len,
             initializer_range=spec.init_std, bos_token_id=0, eos_token_id=0, pad_token_id=0,
@@ -172,7 +179,8 @@ def build_model(spec: RunSpec) -> nn.Module:
         from transformers import Gemma2Config, Gemma2ForCausalLM
 
         return Gemma2ForCausalLM(Gemma2Config(
-            vocab_size=VOCAB, hidden_size=spec.d_model, intermediate_size=8 * spec.d_model // 3,
+            vocab_size=spec.vocab, hidden_size=spec.d_model,
+            intermediate_size=8 * spec.d_model // 3,
             num_hidden_layers=spec.n_layer, num_attention_heads=spec.n_head,
             num_key_value_heads=kv, head_dim=spec.d_model // spec.n_head,
             max_position_embeddings=spec.seq_len, initializer_range=spec.init_std,
@@ -192,7 +200,7 @@ def logits_and_loss(model: nn.Module, spec: RunSpec, x: torch.Tensor, y: torch.T
         logits = model(x)
     else:
         logits = model(input_ids=x).logits
-    return F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
+    return F.cross_entropy(logits.float().reshape(-1, spec.vocab), y.reshape(-1))
 
 
 def output_head(model: nn.Module) -> nn.Module:
@@ -226,23 +234,87 @@ def build_optimizer(model: nn.Module, spec: RunSpec) -> torch.optim.Optimizer:
 # -- data and injections ----------------------------------------------------------------
 
 
-def bad_batch(kind: str, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A corrupted batch of ``x``'s shape (see :attr:`RunSpec.bad_data`)."""
+def bad_batch(kind: str, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator,
+              data: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A corrupted batch of ``x``'s shape (see :attr:`RunSpec.bad_data`); ``data`` is the
+    run's :class:`BPEData` when its tokens are not bytes."""
+    vocab = data.vocab if isinstance(data, BPEData) else VOCAB
+    full = torch.cat([x, y[:, -1:]], dim=1)
     if kind == "random":
-        chunk = torch.randint(0, VOCAB, (x.shape[0], x.shape[1] + 1), generator=gen)
+        chunk = torch.randint(0, vocab, full.shape, generator=gen)
     elif kind == "shuffle":
-        full = torch.cat([x, y[:, -1:]], dim=1)
         perm = torch.argsort(torch.rand(full.shape, generator=gen), dim=1)
         chunk = torch.gather(full, 1, perm)
-    elif kind == "zeros":
-        chunk = torch.zeros(x.shape[0], x.shape[1] + 1, dtype=torch.long)
+    elif kind == "zeros":  # byte 0 is never in the corpus; BPE token 0 is a rare one
+        chunk = torch.zeros_like(full)
     elif kind == "upper":
-        full = torch.cat([x, y[:, -1:]], dim=1)
-        chunk = torch.where((full >= 97) & (full <= 122), full - 32, full)
+        if isinstance(data, BPEData):
+            chunk = data.upper(full)
+        else:
+            chunk = torch.where((full >= 97) & (full <= 122), full - 32, full)
     else:
         raise ValueError(f"unknown bad-data kind {kind!r}")
     return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+
+@lru_cache(maxsize=4)
+def bpe_tokenizer(vocab: int) -> Any:
+    """A byte-level BPE of ``vocab`` tokens trained on the demo corpus with HF ``tokenizers``
+    (deterministic for a given corpus and size: the same ids in every process; about a
+    second)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from logitwatch.demo.data import load_corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False, special_tokens=[],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(load_corpus().split("\n\n"), trainer=trainer)
+    if tok.get_vocab_size() != vocab:
+        raise ValueError(f"the corpus yields a BPE of {tok.get_vocab_size()} tokens, not "
+                         f"{vocab}")
+    return tok
+
+
+class BPEData:
+    """:class:`logitwatch.demo.data.ByteData`'s sampler over BPE tokens of the corpus
+    (:func:`bpe_tokenizer`): the same split, window and seeded-offset rules."""
+
+    def __init__(self, seq_len: int, batch_size: int, *, vocab: int, seed: int = 0,
+                 val_fraction: float = 0.05) -> None:
+        from logitwatch.demo.data import ByteData, load_corpus
+
+        self.vocab = vocab
+        self.tokenizer = bpe_tokenizer(vocab)
+        ids = torch.tensor(self.tokenizer.encode(load_corpus()).ids, dtype=torch.long)
+        self._inner = ByteData(seq_len, batch_size, seed=seed, val_fraction=val_fraction)
+        n_val = int(len(ids) * val_fraction)
+        self._inner.train_tokens = ids[: len(ids) - n_val]
+        self._inner.val_tokens = ids[len(ids) - n_val:]
+
+    def batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next random training batch ``(x, y)``."""
+        return self._inner.batch()
+
+    def upper(self, chunk: torch.Tensor) -> torch.Tensor:
+        """Each row's text upper-cased and re-encoded, cut (or repeated) to its length."""
+        out = []
+        n = chunk.shape[1]
+        for row in chunk.tolist():
+            ids = self.tokenizer.encode(self.tokenizer.decode(row).upper()).ids or [0]
+            out.append((ids * (n // len(ids) + 1))[:n])
+        return torch.tensor(out, dtype=torch.long)
+
+
+def make_data(spec: RunSpec) -> Any:
+    """The batch sampler of ``spec``: the corpus's bytes, or its BPE tokens."""
+    from logitwatch.demo.data import ByteData
+
+    if spec.vocab == VOCAB:
+        return ByteData(spec.seq_len, spec.batch_size, seed=spec.seed)
+    return BPEData(spec.seq_len, spec.batch_size, vocab=spec.vocab, seed=spec.seed)
 
 
 class QKClip:
@@ -316,14 +388,12 @@ def train(spec: RunSpec, *, attach: Callable[[nn.Module, torch.optim.Optimizer],
     """Train ``spec`` for ``spec.steps`` steps (or until ``should_stop(losses)`` returns a
     reason). ``attach(model, optimizer)`` returns the monitor (``None``: no monitor); the
     loss reaches it with ``mon.log(loss=loss)`` before backward, as a job does."""
-    from logitwatch.demo.data import ByteData
-
     torch.manual_seed(spec.seed)
     model = build_model(spec)
     opt = build_optimizer(model, spec)
     clip = QKClip(model, spec, spec.qk_clip) if spec.qk_clip is not None else None
     mon = attach(model, opt) if attach is not None else None
-    data = ByteData(spec.seq_len, spec.batch_size, seed=spec.seed)
+    data = make_data(spec)
     gen = torch.Generator().manual_seed(10_000 + spec.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     spikes, blips = dict(spec.grad_spikes), dict(spec.grad_blips)
@@ -339,7 +409,7 @@ def train(spec: RunSpec, *, attach: Callable[[nn.Module, torch.optim.Optimizer],
         x, y = data.batch()
         for start, end, kind in spec.bad_data:
             if start <= step < end:
-                x, y = bad_batch(kind, x, y, gen)
+                x, y = bad_batch(kind, x, y, gen, data)
         if cast is not None:
             with torch.autocast("cpu", dtype=cast):
                 loss = logits_and_loss(model, spec, x, y)
