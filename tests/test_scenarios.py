@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 
 from tests.scenario_tools import FILES, load
 
@@ -131,6 +132,30 @@ def test_training_stops_when_the_run_is_gone(lab: ModuleType) -> None:
     assert lab.stop_reason(up + [4.0] * 10) == "diverged"
     # a bump that recovered does not stop training
     assert lab.stop_reason([2.0] * 200 + [4.0] * 30 + [2.0] * 90) is None
+
+
+def test_a_bpe_vocabulary_is_fixed_and_its_bad_batches_are_its_tokens() -> None:
+    models = load("scenario_models")
+    spec = models.RunSpec(vocab=2048, seq_len=32, batch_size=4, seed=7)
+    a, b = models.make_data(spec), models.make_data(spec)
+    xa, ya = a.batch()
+    xb, yb = b.batch()
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)  # same seed, same tokens
+    assert torch.equal(xa[:, 1:], ya[:, :-1]) and int(xa.max()) < 2048
+    assert int(xa.max()) >= 256  # merged tokens, not bytes
+    text = a.tokenizer.decode(xa[0].tolist())
+    assert text.isascii() and len(text) > 32  # about 3 bytes a token
+    gen = torch.Generator().manual_seed(0)
+    for kind in ("random", "shuffle", "zeros", "upper"):
+        x, y = models.bad_batch(kind, xa, ya, gen, a)
+        assert x.shape == xa.shape and torch.equal(x[:, 1:], y[:, :-1]), kind
+        assert int(x.min()) >= 0 and int(x.max()) < 2048, kind
+    up, _ = models.bad_batch("upper", xa, ya, gen, a)
+    assert a.tokenizer.decode(up[0].tolist()) == a.tokenizer.decode(up[0].tolist()).upper()
+    assert not torch.equal(up, xa)
+    # bytes are untouched by the option: the default sampler is the demo's
+    byte = models.make_data(models.RunSpec(seq_len=32, batch_size=4, seed=7))
+    assert int(byte.batch()[0].max()) < 256
 
 
 def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
