@@ -95,11 +95,19 @@ def test_loss_ramp_pages_a_warm_up_whose_loss_climbs_not_a_step_or_a_flat_lr() -
     def climb(step: int) -> float:
         return 3.0 + (0.02 * (step - 200) if step > 200 else 0.0)  # +0.6 nat by step 230
 
-    def fired(lr_at) -> list[int]:  # type: ignore[no-untyped-def]
+    def ramps(lr_at) -> list[AlertOut]:  # type: ignore[no-untyped-def]
         frames = frames_at(10, 300, _warmup_run(lr_at, climb), history=True)
-        return [a.fired_step for a in by_rule(alerts_of(frames), "loss_ramp")]
+        return by_rule(alerts_of(frames), "loss_ramp")
+
+    def fired(lr_at) -> list[int]:  # type: ignore[no-untyped-def]
+        return [a.fired_step for a in ramps(lr_at)]
 
     got = fired(lambda s: 1e-3 * (s + 1) / 1000)  # still warming up
     assert got and 220 <= got[0] <= 250, got
+    # the message gives the rise in the rule's own unit, nats above the lowest level
+    first = ramps(lambda s: 1e-3 * (s + 1) / 1000)[0]
+    above = first.evidence["above_lowest"]
+    assert 0.5 <= above < 1.0 and f"{above:.4g} above the lowest" in first.message, first.message
+    assert "x the lowest" not in first.message
     assert fired(lambda s: 1e-3) == []  # flat LR
     assert fired(lambda s: 1e-4 if s < 200 else 1e-3) == []  # stepped x10 at 200

@@ -135,6 +135,11 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
         what += f" vs a recent median of {_fmt(ev['median'])}"
         if ev.get("robust_z") is not None:
             what += f" (robust z {_fmt(ev['robust_z'])})"
+    elif rule.kind == "level_rise" and ev.get("above_lowest") is not None:
+        # a margin rule (the loss's level in nats above its lowest): said in its own unit
+        what = (f"{rule.metric} level (median of {ev.get('window')} steps) = "
+                f"{_fmt(ev.get('level'))}, {_fmt(ev['above_lowest'])} above the lowest it "
+                f"settled to ({_fmt(ev.get('lowest_level'))})")
     elif rule.kind == "level_rise" and ev.get("lowest_level"):
         what = (f"{rule.metric} level (median of {ev.get('window')} steps) = "
                 f"{_fmt(ev.get('level'))}, {_fmt(ev.get('level') / ev['lowest_level'])}x "
