@@ -137,12 +137,15 @@ def test_a_warm_up_whose_gradient_level_climbs_sixfold_pages_when_it_has(
     10-step hold the rule had through round twenty-seven, at intervals 1 and 50, ninety
     steps or more before their divergence."""
     ba = load("bench_alerts")
-    round27 = over_defaults(tmp_path, dict(default_entry("grad_norm_ramp"), for_steps=10))
+    # the rule as it paged from round twenty-eight to thirty-one (info since thirty-two)
+    paging = dict(default_entry("grad_norm_ramp"), severity="warning")
+    round31 = over_defaults(tmp_path, paging)
+    round27 = over_defaults(tmp_path, dict(paging, for_steps=10))
     for name, now, before in (("f21_qknorm_high_lr", 405, 415),
                               ("f16_qknorm_high_lr", 542, 556)):
         path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
         for k in (1, 50):
-            row = ba.bench_one(path, k)
+            row = ba.bench_one(path, k, rules=round31)
             assert row["logitwatch"]["from50"] == now, (name, k, row)
             assert row["logitwatch_rules"] == ["grad_norm_ramp"], (name, k, row)
             assert row["divergence_step"] - now >= 90, (name, row)
@@ -265,3 +268,29 @@ def test_an_unclipped_gradient_in_its_first_50_steps_is_no_blowup(tmp_path: Path
         path = str(BENCH / "scenarios" / "f3_postln_sgd_blowup.jsonl.gz")
         assert ba.bench_one(path, k)["logitwatch"]["from50"] == 51, k
         assert ba.bench_one(path, k, rules=round30)["logitwatch"]["from50"] == 50, k
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_gradient_level_rise_alone_is_shown_not_paged(tmp_path: Path) -> None:
+    """Round thirty-two, chosen on ``--split read41`` and ``fresh43`` (a BPE of 2,048
+    tokens), at intervals 1 and 50: two healthy QK-norm warm-ups on that vocabulary raise
+    the gradient norm's level 6x while the loss stays flat, and ``grad_norm_ramp`` /
+    ``grad_norm_rising`` paged them; shown (info), they page nothing. A byte-level QK-norm
+    run at too high an LR, which ``grad_norm_ramp`` paged first, is paged by
+    ``loss_clip_ramp`` (with ``loss_grad_ramp``) 59 steps before its divergence (607)."""
+    ba = load("bench_alerts")
+    round31 = over_defaults(tmp_path, *(dict(default_entry(n), severity="warning")
+                                        for n in ("grad_norm_rising", "grad_norm_ramp")))
+    for k in (1, 50):
+        for name, step in (("f43_demo_plain", 704), ("f43_qknorm_lr24_s430", 711)):
+            path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+            now = ba.bench_one(path, k)
+            assert now["logitwatch"]["from50"] is None, (name, k, now["rules_paged"])
+            assert {"grad_norm_ramp", "grad_norm_rising"} <= set(now["rules_fired"]), name
+            assert ba.bench_one(path, k, rules=round31)["logitwatch"]["from50"] == step, \
+                (name, k)
+    path = str(BENCH / "scenarios" / "f41_qknorm_high_lr.jsonl.gz")
+    row = ba.bench_one(path, 1)
+    assert "loss_clip_ramp" in row["logitwatch_rules"], row["logitwatch_rules"]
+    assert row["logitwatch"]["from50"] == 548 <= row["divergence_step"] - 50, row
+    assert ba.bench_one(path, 1, rules=round31)["logitwatch"]["from50"] == 463

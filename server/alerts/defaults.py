@@ -170,8 +170,14 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
              summary="the gradient norm stayed far above its recent median"),
     # the level (100-step median) against the lowest it settled to from step 100 on: a
     # warm-up ramping the LR too far raises it 5x while the loss still looks flat (the
-    # suite's healthy runs stay under 5x, QK-norm at a high LR reaching 4.7x)
-    RuleSpec("grad_norm_rising", "level_rise", "grad.norm", severity="warning", for_steps=20,
+    # suite's healthy byte-level runs stay under 5x, QK-norm at a high LR reaching 4.7x).
+    # Round thirty-two (--split read41 and fresh43, the first set on another vocabulary, a
+    # BPE of 2,048 tokens): shown, not paged (info), as grad_norm_ramp below. On that
+    # vocabulary healthy QK-norm warm-ups to LR 0.2-0.24 raise the level 6.7-8.5x (9.6x
+    # over 50 steps) with the loss flat, as the byte runs that diverge do: the level alone
+    # cannot tell them apart. The warm-ups it led are paged by the loss rules below
+    # (loss_clip_ramp, loss_grad_ramp, loss_ramp) before they diverge
+    RuleSpec("grad_norm_rising", "level_rise", "grad.norm", severity="info", for_steps=20,
              params={"window": 100, "factor": 5.0, "min_history": 100},
              summary="the gradient norm's level rose fivefold above the lowest it had settled "
              "to"),
@@ -187,8 +193,8 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # runs where it comes before the first page of their set's last replay and the 66
     # healthy or degraded runs whose level reaches 3x, at intervals 1, 10 and 50: 32 runs
     # paged earlier (median 10 steps, 1-18), none later; caught 36/36, no healthy run paged,
-    # the 12 degraded warned as before
-    RuleSpec("grad_norm_ramp", "level_rise", "grad.norm", severity="warning",
+    # the 12 degraded warned as before. Round thirty-two: info (see grad_norm_rising)
+    RuleSpec("grad_norm_ramp", "level_rise", "grad.norm", severity="info",
              params={"window": 50, "factor": 6.0, "min_history": 100, "while_rising": "lr",
                      "rising_span": 50, "rising_factor": 1.05},
              summary="the gradient norm's level rose sixfold while the learning rate is still "
