@@ -61,10 +61,12 @@ and ``fresh37`` and ``fresh38`` were replayed with the same defaults (each fixed
 set before it was read); round thirty was chosen on ``--split read38``
 and replayed once on ``fresh39`` (fixed and recorded before ``fresh38`` was read); round
 thirty-one was chosen on ``--split read39`` and replayed once on ``fresh40`` (fixed before
-``fresh39`` was read, recorded after it). The next change is chosen on ``--split read40`` and
-replayed once on ``fresh41`` (fixed and recorded before ``fresh40`` was read); ``fresh42``
-was fixed and recorded before ``fresh41`` is read, for the change after it (``--split
-read41``).
+``fresh39`` was read, recorded after it), and ``fresh41`` and ``fresh43`` (the first set on
+a BPE vocabulary, 2,048 tokens; ``RunSpec.vocab``) once each with the same rules; round
+thirty-two was chosen on ``--split read41`` and ``fresh43`` and replayed once on ``fresh42``
+(bytes) and ``fresh44`` (4,096 tokens), each fixed and recorded before the sets before it
+were read. The next change is chosen on ``--split read44`` and replayed once on ``fresh45``
+(3,072 tokens, fixed after those replays).
 
 Usage::
 
