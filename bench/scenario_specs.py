@@ -16,6 +16,7 @@ plain runs of every family and optimizer.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -64,6 +65,21 @@ def hf(family: str, **kw: Any) -> RunSpec:
     if family == "gemma2":
         base["softcap"] = 50.0
     return RunSpec(**{**base, **kw})
+
+
+def on_vocabulary(runs: list[Scenario], old: int, new: int, vocab: int,
+                  seed_add: int) -> list[Scenario]:
+    """``runs`` (the set ``fresh{old}``) as the set ``fresh{new}``: the same shapes, each seed
+    plus ``seed_add``, trained on a byte-level BPE of ``vocab`` tokens (``RunSpec.vocab``);
+    names ``f{old}_...`` become ``f{new}_...`` and a trailing seed tag ``_s{old}N`` becomes
+    ``_s{new}N``."""
+    out = []
+    for s in runs:
+        name = re.sub(rf"_s{old}(\d)$", rf"_s{new}\1", s.name.replace(f"f{old}_", f"f{new}_", 1))
+        out.append(replace(s, name=name, spec=replace(s.spec, vocab=vocab,
+                                                      seed=s.spec.seed + seed_add),
+                           mechanism=f"{s.mechanism}; BPE vocabulary {vocab}"))
+    return out
 
 
 S = Scenario

@@ -13,17 +13,10 @@ runs may be used to choose a rule, a threshold or a default.
 
 from __future__ import annotations
 
-import re
-from dataclasses import replace
-
-from scenario_specs import Scenario
+from scenario_specs import Scenario, on_vocabulary
 from scenario_specs_fresh42 import FRESH42
 
 #: tokens of every run of the set
 VOCAB = 2048
 
-FRESH43: list[Scenario] = [
-    replace(s, name=re.sub(r"_s42(\d)$", r"_s43\1", s.name.replace("f42_", "f43_", 1)),
-            spec=replace(s.spec, vocab=VOCAB, seed=s.spec.seed + 10),
-            mechanism=f"{s.mechanism}; BPE vocabulary {VOCAB}")
-    for s in FRESH42]
+FRESH43: list[Scenario] = on_vocabulary(FRESH42, 42, 43, VOCAB, seed_add=10)

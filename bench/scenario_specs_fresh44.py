@@ -12,17 +12,10 @@ threshold or a default.
 
 from __future__ import annotations
 
-import re
-from dataclasses import replace
-
-from scenario_specs import Scenario
+from scenario_specs import Scenario, on_vocabulary
 from scenario_specs_fresh41 import FRESH41
 
 #: tokens of every run of the set
 VOCAB = 4096
 
-FRESH44: list[Scenario] = [
-    replace(s, name=re.sub(r"_s41(\d)$", r"_s44\1", s.name.replace("f41_", "f44_", 1)),
-            spec=replace(s.spec, vocab=VOCAB, seed=s.spec.seed + 30),
-            mechanism=f"{s.mechanism}; BPE vocabulary {VOCAB}")
-    for s in FRESH41]
+FRESH44: list[Scenario] = on_vocabulary(FRESH41, 41, 44, VOCAB, seed_add=30)

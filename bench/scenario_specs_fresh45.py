@@ -13,17 +13,10 @@ a default.
 
 from __future__ import annotations
 
-import re
-from dataclasses import replace
-
-from scenario_specs import Scenario
+from scenario_specs import Scenario, on_vocabulary
 from scenario_specs_fresh42 import FRESH42
 
 #: tokens of every run of the set
 VOCAB = 3072
 
-FRESH45: list[Scenario] = [
-    replace(s, name=re.sub(r"_s42(\d)$", r"_s45\1", s.name.replace("f42_", "f45_", 1)),
-            spec=replace(s.spec, vocab=VOCAB, seed=s.spec.seed + 30),
-            mechanism=f"{s.mechanism}; BPE vocabulary {VOCAB}")
-    for s in FRESH42]
+FRESH45: list[Scenario] = on_vocabulary(FRESH42, 42, 45, VOCAB, seed_add=30)
