@@ -176,7 +176,9 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # vocabulary healthy QK-norm warm-ups to LR 0.2-0.24 raise the level 6.7-8.5x (9.6x
     # over 50 steps) with the loss flat, as the byte runs that diverge do: the level alone
     # cannot tell them apart. The warm-ups it led are paged by the loss rules below
-    # (loss_clip_ramp, loss_grad_ramp, loss_ramp) before they diverge
+    # (loss_clip_ramp, loss_grad_ramp, loss_ramp) before they diverge, the output drift by
+    # final_logz_departure (one tuning run, postln_head_drift_s0, is then paged only after
+    # it diverged)
     RuleSpec("grad_norm_rising", "level_rise", "grad.norm", severity="info", for_steps=20,
              params={"window": 100, "factor": 5.0, "min_history": 100},
              summary="the gradient norm's level rose fivefold above the lowest it had settled "
