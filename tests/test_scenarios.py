@@ -135,9 +135,14 @@ def test_training_stops_when_the_run_is_gone(lab: ModuleType) -> None:
 
 
 def test_a_bpe_vocabulary_is_fixed_and_its_bad_batches_are_its_tokens() -> None:
+    pytest.importorskip("tokenizers")
     models = load("scenario_models")
     spec = models.RunSpec(vocab=2048, seq_len=32, batch_size=4, seed=7)
-    a, b = models.make_data(spec), models.make_data(spec)
+    a = models.make_data(spec)
+    models.bpe_tokenizer.cache_clear()  # a tokenizer trained again: the same ids
+    b = models.make_data(spec)
+    assert a.tokenizer is not b.tokenizer
+    assert a.tokenizer.get_vocab() == b.tokenizer.get_vocab()
     xa, ya = a.batch()
     xb, yb = b.batch()
     assert torch.equal(xa, xb) and torch.equal(ya, yb)  # same seed, same tokens
@@ -153,9 +158,19 @@ def test_a_bpe_vocabulary_is_fixed_and_its_bad_batches_are_its_tokens() -> None:
     up, _ = models.bad_batch("upper", xa, ya, gen, a)
     assert a.tokenizer.decode(up[0].tolist()) == a.tokenizer.decode(up[0].tolist()).upper()
     assert not torch.equal(up, xa)
-    # bytes are untouched by the option: the default sampler is the demo's
+    # bytes are untouched by the option: the default sampler is the demo's, and a bad batch
+    # of bytes is the same with or without the data handed in
+    from logitwatch.demo.data import ByteData
+
     byte = models.make_data(models.RunSpec(seq_len=32, batch_size=4, seed=7))
-    assert int(byte.batch()[0].max()) < 256
+    assert type(byte) is ByteData
+    x, y = byte.batch()
+    assert torch.equal(x, ByteData(32, 4, seed=7).batch()[0])
+    for kind in ("random", "shuffle", "zeros", "upper"):
+        one = models.bad_batch(kind, x, y, torch.Generator().manual_seed(3), byte)
+        two = models.bad_batch(kind, x, y, torch.Generator().manual_seed(3))
+        assert all(torch.equal(p, q) for p, q in zip(one, two, strict=True)), kind
+        assert int(one[0].max()) < 256, kind
 
 
 def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
