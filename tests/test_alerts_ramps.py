@@ -111,3 +111,33 @@ def test_loss_ramp_pages_a_warm_up_whose_loss_climbs_not_a_step_or_a_flat_lr() -
     assert "x the lowest" not in first.message
     assert fired(lambda s: 1e-3) == []  # flat LR
     assert fired(lambda s: 1e-4 if s < 200 else 1e-3) == []  # stepped x10 at 200
+
+
+def test_an_lr_backoff_coming_back_to_its_schedule_is_no_warm_up() -> None:
+    """A flat-schedule run whose loss sits 0.8 nat up for 75 steps (a bad data shard, shown
+    as an `info` loss jump) while the job's LR backoff fuse (x0.5 at step 400, back to the
+    schedule over 200 steps, ``fuse.lr_backoff.multiplier`` in its frames) brings the LR
+    back: the LR climbs, but it is the fuse's climb, not a warm-up, and no ramp rule pages
+    (a page would trigger the backoff again). The same LR and loss from a job that does not
+    say it is backing off read as a warm-up ramping too far, at intervals 1 and 10."""
+    import math
+
+    def mult(step: int) -> float:
+        k = step - 400
+        return 1.0 if not 0 <= k < 200 else 0.5 + 0.25 * (1 - math.cos(math.pi * k / 200))
+
+    def scalars(step: int, said: bool = True) -> dict[str, float]:
+        noise = 0.03 * ((step * 7) % 5 - 2)
+        out = {"loss": 3.0 + noise + (0.8 if 395 <= step < 470 else 0.0),
+               "grad.norm": 0.5 + 0.02 * ((step * 3) % 5), "lr": 1e-3 * mult(step)}
+        if said:
+            out["fuse.lr_backoff.multiplier"] = mult(step)
+        return out
+
+    ramps = ("loss_ramp", "loss_grad_ramp", "loss_clip_ramp")
+    for k in (1, 10):
+        alerts = alerts_of(frames_at(k, 700, scalars, history=k > 1))
+        assert not [a for a in alerts if a.rule in ramps], (k, alerts)
+        assert [a.severity for a in by_rule(alerts, "loss_jump")] == ["info"], k
+        blind = alerts_of(frames_at(k, 700, lambda s: scalars(s, said=False), history=k > 1))
+        assert [a.paged_step for a in by_rule(blind, "loss_ramp")] == [460], k

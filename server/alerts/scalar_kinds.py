@@ -273,10 +273,31 @@ def _still_rising(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | N
         return None
     seen = _other_series(m, "rising", fv, str(name), step)
     span = int(r.param("rising_span"))
+    if name == "lr" and _backing_off(m, fv, step, span):
+        return 0.0
+
     before = [val for s_, val in seen if s_ <= step - span]
     if not before or not seen or seen[-1][0] != step or before[-1] <= 0:
         return 0.0
     return seen[-1][1] / before[-1]
+
+
+#: the scalar a job's LR backoff fuse sends: the multiplier on the schedule's LR (1: none)
+BACKOFF = "fuse.lr_backoff.multiplier"
+
+
+def _backing_off(m: Memory, fv: FrameView, step: int, span: int) -> bool:
+    """Whether the LR's climb over the last ``span`` steps may be the job's LR backoff fuse
+    bringing the LR back to its schedule, not the schedule climbing: a frame said the
+    multiplier was below 1 within ``span`` steps. Such a climb is no warm-up, and a loss
+    still up from whatever triggered the backoff would read as one ramping too far (and
+    page, and trigger the backoff again). Steps between sampled frames (every step's
+    scalars) carry no multiplier: the last sampled frame's word holds."""
+    x = fv.get(BACKOFF)
+    if x is not None and math.isfinite(x) and x < 1.0:
+        m.extra["backoff_step"] = step
+    last = m.extra.get("backoff_step")
+    return last is not None and 0 <= step - last <= span
 
 
 def above_peak(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
