@@ -58,7 +58,9 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    (lowest since ``min_history`` steps into the series), and above ``floor``:
                    a gradient norm whose level keeps growing. ``while_rising: lr``: only
                    while that scalar is more than ``rising_factor`` x its value
-                   ``rising_span`` steps before (a warm-up still climbing), and with
+                   ``rising_span`` steps before (a warm-up still climbing; not within
+                   ``rising_span`` steps of a frame whose ``fuse.lr_backoff.multiplier``
+                   is below 1: the job's LR backoff coming back to its schedule), and with
                    ``rising_max`` at most that many times (a climb, not a step).
                    ``also_metric: grad.norm``: only while that series' level (median of
                    its last ``also_window`` steps) is ``also_factor`` x the lowest it
