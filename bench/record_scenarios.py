@@ -287,6 +287,8 @@ def record(name: str, out: Path = OUT) -> dict[str, Any]:
         qk_clips=res.qk_clips, losses=losses,
         grad_norms=[_wire(x) for x in res.grad_norms], clipped=res.clipped,
         lrs=[_wire(x) for x in res.lrs])
+    if sc.spec.vocab != 256:
+        header["tokenizer"] = tokenizer_id(sc.spec.vocab)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{name}{SUFFIX}.tmp"
     with gzip.open(tmp, "wt", compresslevel=9) as fh:
@@ -295,6 +297,18 @@ def record(name: str, out: Path = OUT) -> dict[str, Any]:
             fh.write(json.dumps(_compact(f), separators=(",", ":")) + "\n")
     tmp.replace(out / f"{name}{SUFFIX}")
     return header
+
+
+def tokenizer_id(vocab: int) -> dict[str, Any]:
+    """What made a BPE run's tokens (``scenario_models.bpe_tokenizer``): the library and
+    its version, and the SHA-256 of the trained tokenizer's JSON. Another ``tokenizers``
+    version may train other merges from the same corpus; a re-recording whose hash differs
+    trained on other ids."""
+    import tokenizers
+    from scenario_models import bpe_tokenizer
+
+    return {"library": "tokenizers", "version": tokenizers.__version__, "vocab": vocab,
+            "sha256": hashlib.sha256(bpe_tokenizer(vocab).to_str().encode()).hexdigest()}
 
 
 def _losses(h: dict[str, Any]) -> list[float]:
