@@ -22,12 +22,13 @@ class Served:
 
     ``port``: a given port (a collector restarted where its clients post), else a free one;
     ``nofile``: the open-file limit of the process (a collector out of descriptors).
-    It is up once ``GET /api/v1/session`` answers 200."""
+    It is up once ``GET /api/v1/session`` answers ``up_status`` (200; 401 when its store
+    holds tokens and the request carries none)."""
 
     def __init__(self, tmp: Path, *args: str, command: list[str] | None = None,
                  cwd: Path | None = None, env: dict[str, str] | None = None,
                  timeout: float = 60, port: int | None = None,
-                 nofile: int | None = None) -> None:
+                 nofile: int | None = None, up_status: int = 200) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"serve-{self.port}.log"
@@ -47,7 +48,8 @@ class Served:
             if self.proc.poll() is not None:
                 raise AssertionError(f"serve exited ({self.proc.returncode}): {self.output}")
             try:
-                if httpx.get(self.url + "/api/v1/session", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/api/v1/session",
+                             timeout=2).status_code == up_status:
                     break
             except httpx.TransportError:
                 pass

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -23,14 +20,14 @@ import httpx
 import pytest
 from sqlalchemy.orm import sessionmaker
 
-from logitwatch.demo.runner import free_port
 from logitwatch.server import limits
 from logitwatch.server.db.session import make_engine, migrate, session_scope
 from logitwatch.server.store.tokens import create_token
 from tests.hostile import frame
+from tests.served import Served
 
 
-class TokenCollector:
+class TokenCollector(Served):
     """``logitwatch serve`` on a SQLite database holding an ingest token (token mode)."""
 
     def __init__(self, tmp: Path, nofile: int | None = None, **env: str) -> None:
@@ -40,43 +37,11 @@ class TokenCollector:
         with session_scope(sessionmaker(engine)) as s:
             self.token = create_token(s, project="p", scope="ingest").secret
         engine.dispose()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / "serve.log"
-
-        def limit_files() -> None:
-            assert nofile is not None
-            import resource
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "logitwatch.cli", "serve", "--db", db, "--port",
-                 str(self.port), "--log-level", "warning"], stdout=out,
-                stderr=subprocess.STDOUT, env={**os.environ, **env},
-                preexec_fn=limit_files if nofile is not None else None)
-        deadline = time.monotonic() + 60
-        while True:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(self.url + "/api/v1/session", timeout=2).status_code == 401:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, self.log.read_text()[-3000:]
-            time.sleep(0.05)
+        super().__init__(tmp, "--db", db, env=env, nofile=nofile, up_status=401)
 
     @property
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(15)
 
 
 @pytest.fixture
