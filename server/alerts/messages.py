@@ -135,15 +135,14 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
         what += f" vs a recent median of {_fmt(ev['median'])}"
         if ev.get("robust_z") is not None:
             what += f" (robust z {_fmt(ev['robust_z'])})"
-    elif rule.kind == "level_rise" and ev.get("above_lowest") is not None:
-        # a margin rule (the loss's level in nats above its lowest): said in its own unit
+    elif rule.kind == "level_rise" and (ev.get("above_lowest") is not None
+                                        or ev.get("lowest_level")):
+        # a margin rule (the loss's level in nats above its lowest) in its own unit
+        rise = (f"{_fmt(ev['above_lowest'])} above" if ev.get("above_lowest") is not None
+                else f"{_fmt(ev.get('level') / ev['lowest_level'])}x")
         what = (f"{rule.metric} level (median of {ev.get('window')} steps) = "
-                f"{_fmt(ev.get('level'))}, {_fmt(ev['above_lowest'])} above the lowest it "
-                f"settled to ({_fmt(ev.get('lowest_level'))})")
-    elif rule.kind == "level_rise" and ev.get("lowest_level"):
-        what = (f"{rule.metric} level (median of {ev.get('window')} steps) = "
-                f"{_fmt(ev.get('level'))}, {_fmt(ev.get('level') / ev['lowest_level'])}x "
-                f"the lowest it settled to ({_fmt(ev['lowest_level'])})")
+                f"{_fmt(ev.get('level'))}, {rise} the lowest it settled to "
+                f"({_fmt(ev.get('lowest_level'))})")
     elif rule.kind == "above_peak" and ev.get("settled_peak"):
         what += (f", {_fmt(ev.get('ratio'))}x the peak of {_fmt(ev['settled_peak'])} it had "
                  f"settled at (step {ev.get('settled_at_step')})")
