@@ -376,6 +376,10 @@ def test_one_runs_values_never_switch_a_rule_off_for_the_others(
     engine.set_rules([bad])
     engine._advance(1, 0, 500, {"loss": 9.0}, {})
     assert engine._broken == {("bad", 1, 0)}
+    # kept per (run, rank) like the rest of its state: forgotten when that rank is evicted
+    engine._evict([(1, 0)], now=0.0)
+    engine._evict([], now=1e9)  # idle for longer than idle_seconds
+    assert engine._broken == set()
 
 
 def test_a_stored_rule_this_version_refuses_is_left_out(

@@ -85,8 +85,6 @@ class AlertEngine(EvaluationMixin, NoDataMixin):
         self._rules: list[RuleSpec] = list(DEFAULT_RULES if rules is None else rules)
         self._screen = screen
         self._head_every = max(1, int(head_every))
-        # (rule, run, rank) that raised: skipped there until the rules change
-        self._broken: set[tuple[str, int, int]] = set()
         self._lock = threading.RLock()
 
     @property
@@ -99,7 +97,6 @@ class AlertEngine(EvaluationMixin, NoDataMixin):
         with self._lock:
             self._rules = list(rules)
             self._clear_state()
-            self._broken.clear()
 
     # -- ingest ------------------------------------------------------------------------------
 

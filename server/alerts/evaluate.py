@@ -56,12 +56,11 @@ class EvaluationMixin(LifecycleMixin):
     frames (see the module's docstring).
 
     The engine sets ``_screen`` (judge screened per-head rules with their whole-matrix
-    screen), ``_head_every`` and ``_broken`` (the rules that raised).
+    screen) and ``_head_every``; the state keeps ``_broken`` (the rules that raised).
     """
 
     _screen: bool
     _head_every: int
-    _broken: set[tuple[str, int, int]]
 
     def _track_loss(self, run_id: int, rank: int, step: int,
                     scalars: dict[str, float]) -> None:

@@ -239,6 +239,8 @@ class RankState:
         self._tracks: dict[Key, Track] = {}
         self._cells_of: dict[tuple[str, int, int], _Cells] = {}  # rule, run_id, rank
         self._per_cell: set[tuple[str, int, int]] = set()  # screened rules gone per cell
+        # (rule, run, rank) whose rule raised there: skipped until the rules change
+        self._broken: set[tuple[str, int, int]] = set()
         self._loaded: set[tuple[int, int]] = set()
 
     def _clear_state(self) -> None:
@@ -252,6 +254,7 @@ class RankState:
         self._tracks.clear()
         self._cells_of.clear()
         self._per_cell.clear()
+        self._broken.clear()
         self._loaded.clear()
         self._seen.clear()
 
@@ -284,6 +287,7 @@ class RankState:
         self._tracks = {k: v for k, v in self._tracks.items() if k[1:3] not in gone}
         self._cells_of = {k: v for k, v in self._cells_of.items() if k[1:] not in gone}
         self._per_cell = {k for k in self._per_cell if k[1:] not in gone}
+        self._broken = {k for k in self._broken if k[1:] not in gone}
 
     def _stored_frames(self, session: Session, run_id: int, rank: int, before_step: int
                        ) -> list[tuple[int, dict[str, float], dict[str, list[list[float]]]]]:
