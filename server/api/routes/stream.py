@@ -66,10 +66,6 @@ class StreamSlots:
                 del self._open[who]
             self.total -= 1
 
-    def held(self, who: str) -> int:
-        with self._lock:
-            return self._open[who]
-
 
 def _slots(app: Any) -> StreamSlots:
     slots: StreamSlots | None = getattr(app.state, "stream_slots", None)
@@ -129,13 +125,6 @@ async def stream(
     slots = _slots(request.app)
     slots.take(who, per_caller=state.settings.stream_max_per_principal,
                total=state.settings.stream_max_total)
-    released = False
-
-    def release() -> None:
-        nonlocal released
-        if not released:
-            released = True
-            slots.give(who)
 
     async def events() -> AsyncIterator[dict[str, str]]:
         after_id = after
@@ -156,4 +145,5 @@ async def stream(
                 yield {"event": "alert", "data": json.dumps(a)}
             await anyio.sleep(state.settings.stream_interval)
 
-    return _SlotResponse(events(), ping=15, release=release)
+    # the response gives the slot back once, when it ends
+    return _SlotResponse(events(), ping=15, release=lambda: slots.give(who))
