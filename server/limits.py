@@ -100,7 +100,7 @@ class BodyLimit:
             return
         held = _Held(self)
         try:
-            if not held.grow(max(declared, 0)):
+            if not held.cover(declared):
                 await self._busy(send)
                 return
             await self._read(scope, receive, send, max_bytes, held)
@@ -138,7 +138,7 @@ class BodyLimit:
                 if size > max_bytes:
                     await self._too_large(send, limit=max_bytes)
                     return
-                if size > held.n and not held.grow(size - held.n):
+                if not held.cover(size):
                     await self._busy(send)
                     return
                 chunks.append(chunk)
@@ -175,7 +175,7 @@ class BodyLimit:
                 await _refuse(send, 400, "bad-gzip",
                               f"request body: not a valid gzip stream ({e}); nothing was stored")
                 return
-            if len(body) > held.n and not held.grow(len(body) - held.n):
+            if not held.cover(len(body)):
                 await self._busy(send)
                 return
             headers.pop(b"content-encoding", None)
@@ -219,11 +219,16 @@ class _Held:
     def __init__(self, limit: BodyLimit) -> None:
         self.limit, self.n = limit, 0
 
-    def grow(self, n: int) -> bool:
-        if n > 0 and self.limit.buffered + n > self.limit.max_buffered:
+    def cover(self, total: int) -> bool:
+        """Hold at least ``total`` bytes (more of the budget when it holds fewer); False,
+        holding what it did, when the budget has not that much left."""
+        more = total - self.n
+        if more <= 0:
+            return True
+        if self.limit.buffered + more > self.limit.max_buffered:
             return False
-        self.limit.buffered += n
-        self.n += n
+        self.limit.buffered += more
+        self.n = total
         return True
 
     def release(self) -> None:
