@@ -17,10 +17,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import sessionmaker
 
 from logitwatch.server.app import create_app
-from logitwatch.server.db.session import make_engine, migrate
+from logitwatch.server.db.models import OutboxItem
+from logitwatch.server.db.session import make_engine, migrate, session_scope
 from logitwatch.server.notify import WebhookNotifier, retry_after
 from logitwatch.server.schemas import AlertOut
 from logitwatch.server.settings import Settings
+from tests.client_collector import wait_until
 
 
 class Sink:
@@ -74,15 +76,6 @@ def _nan_frames(n: int) -> list[dict[str, Any]]:
              "scalars": {"loss": "NaN"}} for i in range(n)]
 
 
-def _wait(cond: Any, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
-
-
 @pytest.fixture
 def sink() -> Iterator[Sink]:
     s = Sink(throttle=3)
@@ -100,7 +93,8 @@ def test_throttled_alerts_are_all_delivered_after_retry_after(sqlite_url: str,
         assert r.status_code == 200, r.text
         fired = {(a["run"], a["rule"]) for a in r.json()["alerts"]}
         assert len(fired) >= 4
-        assert _wait(lambda: len(sink.accepted) >= len(fired)), (sink.accepted, sink.throttled)
+        assert wait_until(lambda: len(sink.accepted) >= len(fired), 30), \
+            (sink.accepted, sink.throttled)
         assert c.app.state.notifier.failed == 0
     got = {(b["alert"]["run"], b["alert"]["rule"]) for b in sink.accepted}
     assert got == fired
@@ -115,7 +109,7 @@ def test_503_with_http_date_retry_after_is_not_a_failed_attempt(sqlite_url: str)
         with TestClient(create_app(settings)) as c:
             n = len(c.post("/api/v1/ingest", json={"frames": _nan_frames(1)}).json()["alerts"])
             assert n >= 1
-            assert _wait(lambda: len(sink.accepted) >= n), (sink.accepted, sink.throttled)
+            assert wait_until(lambda: len(sink.accepted) >= n, 30), (sink.accepted, sink.throttled)
         assert sink.throttled == 2 and sink.early == 0
     finally:
         sink.close()
@@ -149,7 +143,7 @@ def test_throttled_forever_is_given_up_after_the_time_budget(
     try:
         with caplog.at_level(logging.ERROR, logger="logitwatch.notify"):
             n.notify(alert)
-            assert _wait(lambda: n.failed == 1 and n.pending() == 0)
+            assert wait_until(lambda: n.failed == 1 and n.pending() == 0, 30)
         assert sink.throttled > 1  # retried past retries=0 while within the budget
         assert any("failed for good after" in r.getMessage() for r in caplog.records)
     finally:
@@ -169,6 +163,9 @@ def test_outbox_is_bounded_and_keeps_the_newest(sqlite_url: str) -> None:
         for a in alerts:
             n.notify(a)
         assert n.pending() == 3 and n.failed == len(alerts) - 3
+        with session_scope(sessionmaker(engine)) as s:
+            kept = [i.body["alert"]["id"] for i in s.query(OutboxItem).order_by(OutboxItem.id)]
+        assert kept == [a.id for a in alerts[2:]]  # the two oldest made room
     finally:
         n.close()
         sink.close()
