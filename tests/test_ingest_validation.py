@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 
 from logitwatch.cli import main
 from logitwatch.server.schemas import MAX_REQUEST_HISTORY_STEPS, MAX_REQUEST_RUNS
+from tests.hostile import runs
 
 
 def _frame(**kw: Any) -> dict[str, Any]:
@@ -30,14 +31,6 @@ def _post(c: TestClient, frames: list[dict[str, Any]]) -> Any:
     return c.post("/api/v1/ingest", json={"frames": frames})
 
 
-def _stored_runs(c: TestClient) -> list[str]:
-    r = c.get("/api/v1/runs")
-    assert r.status_code == 200, r.text
-    body = r.json()
-    items = body if isinstance(body, list) else body.get("runs", body.get("items", []))
-    return [x["name"] for x in items]
-
-
 # --- 1. a huge integer in a history: 422, as under scalars ----------------------------------
 
 
@@ -47,7 +40,7 @@ def test_a_huge_int_in_a_history_is_a_422_naming_it(app_client: TestClient) -> N
     assert r.status_code == 422, r.text
     assert r.json()["code"] == "invalid-request"
     assert "scalars.loss.0" in r.json()["message"]
-    assert _stored_runs(app_client) == []
+    assert runs(app_client) == []
 
 
 # --- 2. what one request may make the store do ----------------------------------------------
@@ -64,7 +57,7 @@ def test_too_many_history_steps_in_one_request_are_refused(app_client: TestClien
     msg = r.json()["message"]
     assert f"{n * per} history steps" in msg and str(MAX_REQUEST_HISTORY_STEPS) in msg
     assert "smaller batches" in msg and "nothing was stored" in msg
-    assert _stored_runs(app_client) == []
+    assert runs(app_client) == []
     # Just under the limit: stored.
     ok = frames[: MAX_REQUEST_HISTORY_STEPS // per]
     assert _post(app_client, ok).status_code == 200
@@ -77,7 +70,7 @@ def test_too_many_runs_in_one_request_are_refused(app_client: TestClient) -> Non
     msg = r.json()["message"]
     assert f"{MAX_REQUEST_RUNS + 1} distinct runs" in msg and str(MAX_REQUEST_RUNS) in msg
     assert "smaller batches" in msg
-    assert _stored_runs(app_client) == []
+    assert runs(app_client) == []
 
 
 def test_the_limits_hold_on_the_slow_path_too(app_client: TestClient) -> None:
@@ -111,7 +104,7 @@ def test_wrong_types_are_refused_not_coerced(app_client: TestClient,
     r = _post(app_client, [_frame(**bad)])
     assert r.status_code == 422, r.text
     assert next(iter(bad)) in r.json()["message"]
-    assert _stored_runs(app_client) == []
+    assert runs(app_client) == []
 
 
 def test_an_int_time_is_still_a_number(app_client: TestClient) -> None:
