@@ -170,6 +170,17 @@ class WebhookNotifier:
             return _Outcome(f"fatal: {why}", fatal=True)
         return _Outcome(why)
 
+    def _next_delay(self, out: _Outcome, failures: int, created: float) -> float | None:
+        """Seconds before the next attempt at a notification queued at ``created`` whose
+        attempt answered ``out``, after ``failures`` failed attempts (throttled answers do
+        not count); None to give it up: a fatal answer, retries spent, or throttled past
+        ``give_up_after``. The one retry policy of both modes."""
+        if out.fatal or failures > self.retries:
+            return None
+        if out.wait is not None:
+            return None if time.time() + out.wait - created > self.give_up_after else out.wait
+        return backoff(failures - 1, self.base_delay)
+
     def _deliver(self, body: dict[str, Any], alert_id: object) -> None:
         created, attempt, failures = time.time(), 0, 0
         while True:
@@ -178,18 +189,12 @@ class WebhookNotifier:
             if out.why is None:
                 self.sent += 1
                 return
-            if out.fatal:
+            failures += out.wait is None
+            delay = self._next_delay(out, failures, created)
+            if delay is None:
                 break
-            if out.wait is None:
-                failures += 1
-                if failures > self.retries:
-                    break
-                delay = backoff(failures - 1, self.base_delay)
-            else:
-                delay = out.wait
-                if time.time() + delay - created > self.give_up_after:
-                    break
-            log.warning("webhook attempt %d failed (%s); retrying", attempt, out.why)
+            log.warning("webhook attempt %d failed (%s); retrying in %.3g s", attempt, out.why,
+                        delay)
             if self._stop.wait(delay):
                 break
         self.failed += 1
@@ -240,23 +245,22 @@ class WebhookNotifier:
                     self.sent += 1
                     s.execute(delete(OutboxItem).where(OutboxItem.id == item.id))
                     continue
-                attempts = item.attempts + (0 if out.wait is not None else 1)
-                old = time.time() - item.created_at
-                if out.fatal or attempts > self.retries or (
-                        out.wait is not None and old + out.wait > self.give_up_after):
+                attempts = item.attempts + (out.wait is None)
+                delay = self._next_delay(out, attempts, item.created_at)
+                if delay is None:
                     self.failed += 1
                     log.error("webhook delivery to %s failed for good after %d failed "
-                              "attempts, %.0f s queued (%s)", self.url, attempts, old, out.why)
+                              "attempts, %.0f s queued (%s)", self.url, attempts,
+                              time.time() - item.created_at, out.why)
                     s.execute(delete(OutboxItem).where(OutboxItem.id == item.id))
                 else:
                     row = s.get(OutboxItem, item.id)
                     if row is not None:
                         row.attempts = attempts
-                        row.next_at = time.time() + (
-                            out.wait if out.wait is not None
-                            else backoff(item.attempts, self.base_delay))
+                        row.next_at = time.time() + delay
                         row.last_error = out.why
-                    log.warning("webhook attempt failed (%s); retrying", out.why)
+                    log.warning("webhook attempt %d failed (%s); retrying in %.3g s",
+                                attempts, out.why, delay)
             if out.wait is not None:
                 break  # throttled: nothing more to this receiver before Retry-After
         with self._sessions() as s:

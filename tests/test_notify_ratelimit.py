@@ -170,3 +170,30 @@ def test_outbox_is_bounded_and_keeps_the_newest(sqlite_url: str) -> None:
         n.close()
         sink.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("outbox", [False, True], ids=["in-memory", "outbox"])
+def test_failing_receiver_gets_the_same_retries_in_both_modes(
+        sqlite_url: str, outbox: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A receiver answering 500 to everything: ``retries=2`` means three attempts in either
+    mode, each retry logged with its attempt number, then one give-up."""
+    sink = Sink(throttle=10**9, status=500, after="0")
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    alert = _alerts(sqlite_url, 1)[0]
+    n = WebhookNotifier(sink.url, retries=2, base_delay=0.01,
+                        sessions=sessionmaker(engine, expire_on_commit=False) if outbox else None)
+    try:
+        with caplog.at_level(logging.WARNING, logger="logitwatch.notify"):
+            n.notify(alert)
+            assert wait_until(lambda: n.failed == 1 and n.pending() == 0, 30)
+        assert sink.throttled == 3 and n.sent == 0  # the first attempt and two retries
+        mine = [r for r in caplog.records if r.name == "logitwatch.notify"]
+        retried = [r.getMessage() for r in mine if r.levelno == logging.WARNING]
+        assert [m.split(" failed")[0] for m in retried] == ["webhook attempt 1",
+                                                           "webhook attempt 2"]
+        assert sum(r.levelno == logging.ERROR for r in mine) == 1
+    finally:
+        n.close()
+        sink.close()
+        engine.dispose()
