@@ -102,10 +102,7 @@ async def stream(
     """
     state = request.app.state
     secret = credentials(request)
-    principal = state.auth.authorize(secret, scope="read", charge=False,
-                                     client=client_address(request))
-    who = (f"client {client_address(request) or 'unknown'}" if principal.open
-           else f"token {principal.token_id} ({principal.name})")
+    address = client_address(request)
 
     def poll(after_id: int, alerts_seen: dict[int, str]) -> tuple[int, list[Any], Any, list[Any]]:
         state.auth.authorize(secret, scope="read", charge=False)
@@ -119,8 +116,17 @@ async def stream(
             ]
         return last, frames, latest, alerts
 
-    # Fail fast with a 404 before the stream starts.
-    await anyio.to_thread.run_sync(lambda: poll(2**62, {}))
+    def admit() -> Any:
+        """The caller, authorized, for a run that exists (401/403/404 before the stream
+        starts); off the event loop, as every poll, since both read the database."""
+        principal = state.auth.authorize(secret, scope="read", charge=False, client=address)
+        with session_scope(state.sessions) as s:
+            queries.get_run(s, run_id)
+        return principal
+
+    principal = await anyio.to_thread.run_sync(admit)
+    who = (f"client {address or 'unknown'}" if principal.open
+           else f"token {principal.token_id} ({principal.name})")
 
     slots = _slots(request.app)
     slots.take(who, per_caller=state.settings.stream_max_per_principal,
