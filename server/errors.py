@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from starlette.types import Send
 
 __all__ = [
     "ApiError",
@@ -14,6 +18,7 @@ __all__ = [
     "RateLimited",
     "ServiceUnavailable",
     "Unauthorized",
+    "refuse",
 ]
 
 
@@ -78,3 +83,17 @@ class RateLimited(ApiError):
     def __init__(self, code: str, message: str, *, retry_after: int, **extra: Any) -> None:
         super().__init__(code, message, **extra)
         self.headers["Retry-After"] = str(retry_after)
+
+
+async def refuse(send: Send, status: int, code: str, message: str,
+                 headers: dict[str, str] | None = None) -> None:
+    """Answer from ASGI middleware, before any route: ``{"code", "message"}`` with ``status``
+    and ``headers``. The request's body may be left unread, so the connection is closed."""
+    body = json.dumps({"code": code, "message": message}).encode()
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+             for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"), *extra]})
+    await send({"type": "http.response.body", "body": body})

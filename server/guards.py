@@ -31,11 +31,11 @@ Pages cannot be framed by another site (:class:`FrameHeaders`): every answer car
 from __future__ import annotations
 
 import ipaddress
-import json
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from logitwatch.server.errors import refuse
 from logitwatch.server.settings import Settings
 
 __all__ = ["CsrfCheck", "FrameHeaders", "HostCheck", "allowed_hosts", "host_name"]
@@ -75,14 +75,6 @@ def _is_loopback_ip(name: str) -> bool:
         return False
 
 
-async def _refuse(send: Send, status: int, code: str, message: str) -> None:
-    body = json.dumps({"code": code, "message": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
 class HostCheck:
     """ASGI middleware: 421 ``host-not-allowed`` to a request whose ``Host`` is not one of
     the collector's names (see the module docstring)."""
@@ -101,7 +93,7 @@ class HostCheck:
             await self.app(scope, receive, send)
             return
         shown = raw.decode("latin-1")[:100]
-        await _refuse(
+        await refuse(
             send, 421, "host-not-allowed",
             f"Host: {shown!r} is not a name of this collector (it answers to "
             f"{', '.join(sorted(self.allowed))}). A page of another site may be pointing its "
@@ -145,7 +137,7 @@ class CsrfCheck:
         origin = headers.get("origin")
         if origin is not None and not self._same(origin, headers.get("host", ""),
                                                  scope.get("scheme", "http")):
-            await _refuse(
+            await refuse(
                 send, 403, "cross-origin",
                 f"Origin: {origin[:100]!r} is not this collector: a page of another site "
                 "cannot change anything here (nothing was done). If it is the collector's own "
@@ -157,7 +149,7 @@ class CsrfCheck:
             json_body = kind == "application/json" or (kind.startswith("application/")
                                                         and kind.endswith("+json"))
             if not json_body and "authorization" not in headers:
-                await _refuse(
+                await refuse(
                     send, 403, "form-post-forbidden",
                     "Content-Type: send 'application/json' (or an Authorization header): a "
                     "plain form post, which any page can make a browser send, changes "

@@ -22,14 +22,13 @@ lives in ``store/ingest.py``.
 
 from __future__ import annotations
 
-import json
 import zlib
 
 import anyio
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from logitwatch.server.errors import ApiError, BadRequest
+from logitwatch.server.errors import ApiError, BadRequest, refuse
 from logitwatch.server.schemas import IngestIn
 from logitwatch.server.settings import Settings
 
@@ -78,7 +77,7 @@ class BodyLimit:
             except ValueError:
                 declared = -1
             if declared < 0:
-                await _refuse(send, 400, "bad-content-length",
+                await refuse(send, 400, "bad-content-length",
                               "Content-Length: not a non-negative integer")
                 return
             if declared > self.max_bytes:
@@ -93,7 +92,7 @@ class BodyLimit:
             if await self._login_without_token(scope):
                 max_bytes = min(max_bytes, LOGIN_MAX_BYTES)
         except ApiError as e:
-            await _refuse(send, e.status, e.code, e.message, e.headers)
+            await refuse(send, e.status, e.code, e.message, e.headers)
             return
         if declared > max_bytes:
             await self._too_large(send, limit=max_bytes)
@@ -146,7 +145,7 @@ class BodyLimit:
                     done = True
                     break
         if not done:
-            await _refuse(send, 408, "request-timeout",
+            await refuse(send, 408, "request-timeout",
                           f"request body: not received within {self.body_timeout:g} s "
                           "(body_timeout); nothing was stored")
             return
@@ -156,7 +155,7 @@ class BodyLimit:
         encoding = headers.get(b"content-encoding", b"identity").strip().lower()
         if encoding not in (b"", b"identity"):
             if encoding != b"gzip":
-                await _refuse(send, 415, "unsupported-encoding",
+                await refuse(send, 415, "unsupported-encoding",
                               f"Content-Encoding: {encoding.decode('latin-1')!r} is not "
                               "supported; send gzip or an uncompressed body (nothing was "
                               "stored)")
@@ -167,12 +166,12 @@ class BodyLimit:
                 await self._too_large(send, decompressed=True, limit=max_bytes)
                 return
             except _TooManyMembers:
-                await _refuse(send, 400, "too-many-gzip-members",
+                await refuse(send, 400, "too-many-gzip-members",
                               f"request body: more than {MAX_GZIP_MEMBERS} gzip members; "
                               "send one gzip stream (nothing was stored)")
                 return
             except ValueError as e:
-                await _refuse(send, 400, "bad-gzip",
+                await refuse(send, 400, "bad-gzip",
                               f"request body: not a valid gzip stream ({e}); nothing was stored")
                 return
             if not held.cover(len(body)):
@@ -197,14 +196,14 @@ class BodyLimit:
         what = "request body, decompressed," if decompressed else "request body:"
         limit = self.max_bytes if limit is None else limit
         setting = "max_request_bytes" if limit == self.max_bytes else "a login's body"
-        await _refuse(
+        await refuse(
             send, 413, "request-too-large",
             f"{what} larger than {limit} bytes ({setting}); send "
             "fewer frames per batch (nothing was stored)",
         )
 
     async def _busy(self, send: Send) -> None:
-        await _refuse(
+        await refuse(
             send, 503, "busy-buffering",
             f"the collector is already buffering {self.buffered} bytes of request bodies, "
             f"its budget is {self.max_buffered} ({BUFFER_BUDGET_FACTOR} x max_request_bytes): "
@@ -279,18 +278,6 @@ def gunzip(data: bytes, max_bytes: int, max_members: int = MAX_GZIP_MEMBERS) -> 
         pos -= len(d.unused_data)
         if pos >= len(view) or (view[pos] == 0 and not data[pos:].strip(b"\0")):
             return b"".join(out)  # the end, or zero padding after the last member
-
-
-async def _refuse(send: Send, status: int, code: str, message: str,
-                  headers: dict[str, str] | None = None) -> None:
-    body = json.dumps({"code": code, "message": message}).encode()
-    extra = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-             for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close"), *extra]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def check_batch(batch: IngestIn, settings: Settings) -> None:
