@@ -384,12 +384,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
                 log.warning("logitwatch: Monitor.step() ignored: the optimizer ends steps "
                             "(step(skipped=True) ends a step whose optimizer.step() did not run)")
             return
-        rec = self._clips  # several clip calls this step: combined once, here
-        if rec is not None and rec.dirty and rec.step == self._step:
-            try:
-                self._combine_clips(rec)
-            except Exception:
-                self._fail("grad")
+        self._combine_pending_clips()  # several clip calls this step: combined once, here
         if self._scheduled and "grad" not in self.disabled and not self._clip_seen:
             t0 = thread_clock()
             try:

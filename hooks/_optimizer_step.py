@@ -207,14 +207,19 @@ class OptimizerStepMixin:
         self._buffer.max_norm = max_norm
         self._buffer.clipped = hit
 
-    def _pre_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._pre_step_at = self._step
+    def _combine_pending_clips(self) -> None:
+        """Combine this step's clip calls not combined yet (at the optimizer's pre-step hook,
+        or in ``Monitor.step()`` without one); a failure disables the gradient statistics."""
         rec = self._clips
         if rec is not None and rec.dirty and rec.step == self._step:
             try:
                 self._combine_clips(rec)
             except Exception:
                 self._fail("grad")
+
+    def _pre_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._pre_step_at = self._step
+        self._combine_pending_clips()
         try:
             if not self._scheduled or "grad" in self.disabled or self._clip_seen:
                 return
