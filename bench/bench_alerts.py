@@ -66,7 +66,8 @@ a BPE vocabulary, 2,048 tokens; ``RunSpec.vocab``) once each with the same rules
 thirty-two was chosen on ``--split read41`` and ``fresh43`` and replayed once on ``fresh42``
 (bytes) and ``fresh44`` (4,096 tokens), each fixed and recorded before the sets before it
 were read. The next change is chosen on ``--split read44`` and replayed once on ``fresh45``
-(3,072 tokens, fixed after those replays).
+(3,072 tokens, fixed after those replays); ``fresh46`` (1,024 tokens) was fixed before
+``fresh45`` was read.
 
 Usage::
 
@@ -403,7 +404,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 45
+NEWEST = 46
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
