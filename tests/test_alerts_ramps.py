@@ -5,10 +5,12 @@ nat alone (``loss_ramp``), while the learning rate still climbs.
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 
 from logitwatch.server.schemas import AlertOut
-from tests.alert_frames import alerts_of, by_rule, frames_at
+from tests.alert_frames import alerts_of, by_rule, defaults_with, frames_at
 
 
 def _warmup_run(lr_at, loss_at, grad_at=lambda s: 0.5,  # type: ignore[no-untyped-def]
@@ -141,3 +143,31 @@ def test_an_lr_backoff_coming_back_to_its_schedule_is_no_warm_up() -> None:
         assert [a.severity for a in by_rule(alerts, "loss_jump")] == ["info"], k
         blind = alerts_of(frames_at(k, 700, lambda s: scalars(s, said=False), history=k > 1))
         assert [a.paged_step for a in by_rule(blind, "loss_ramp")] == [460], k
+
+
+def test_a_noisy_loss_own_wander_is_no_ramp_but_a_climb_through_it_is() -> None:
+    """A loss with a large vocabulary's batch noise (0.2 nat a step) on a plateau that
+    wanders 0.08 nat, clipped on every step while the LR warms up: its 20-step level drifts
+    0.3 nat above the lowest it touched, which paged `loss_clip_ramp` while its margin was a
+    fixed 0.3 nat (taken back below); it is within twice the loss's own step noise
+    (``noise_margin``), so it does not page now. The same run climbing 0.02 nat a step from
+    step 400 still pages within 30 steps."""
+    def run(seed: int, ramp_at: int | None = None, rules: Any = None) -> list[int]:
+        rnd = random.Random(seed)
+        noise = [rnd.gauss(0.0, 0.2) for _ in range(700)]
+
+        def scalars(step: int) -> dict[str, float]:
+            loss = 4.6 + 0.08 * math.sin(2 * math.pi * step / 150) + noise[step]
+            if ramp_at is not None and step > ramp_at:
+                loss += 0.02 * (step - ramp_at)
+            return {"loss": loss, "grad.norm": 1.3, "grad.clipped": float(step > 60),
+                    "lr": 1e-3 * (step + 1) / 1000}
+        alerts = alerts_of(frames_at(1, 700, scalars), rules)
+        return [a.fired_step for a in by_rule(alerts, "loss_clip_ramp")]
+
+    fixed = defaults_with("loss_clip_ramp", {"noise_margin": None})
+    for seed in range(3):
+        assert run(seed, rules=fixed), seed  # the old fixed margin paged the wander
+        assert run(seed) == [], seed
+        climbed = run(seed, ramp_at=400)
+        assert climbed and 400 < climbed[0] <= 430, (seed, climbed)

@@ -294,3 +294,26 @@ def test_a_gradient_level_rise_alone_is_shown_not_paged(tmp_path: Path) -> None:
     assert {"loss_clip_ramp", "loss_grad_ramp"} <= set(row["logitwatch_rules"]), row
     assert row["logitwatch"]["from50"] == 548 and row["divergence_step"] == 607, row
     assert ba.bench_one(path, 1, rules=round31)["logitwatch"]["from50"] == 463
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_noisy_vocabularys_loss_wander_is_no_ramp(tmp_path: Path) -> None:
+    """Round thirty-three, chosen on ``--split read44``, at intervals 1 and 50: a healthy
+    QK-norm warm-up on a 4,096-token BPE, whose loss wanders 0.17 nat a step, touched 0.314
+    nat over its lowest level at the clip at step 627 and ``loss_clip_ramp`` /
+    ``loss_grad_ramp`` paged it; the margin is now at least twice that noise, and nothing
+    pages. A warm-up on the same vocabulary that ramps too far (divergence 135) is still
+    paged ahead of it, at 130 instead of 105."""
+    ba = load("bench_alerts")
+    fixed = over_defaults(tmp_path, *(
+        dict(default_entry(n), params=dict(default_entry(n)["params"], noise_margin=None))
+        for n in ("loss_clip_ramp", "loss_grad_ramp")))
+    healthy = str(BENCH / "scenarios" / "f44_demo_plain.jsonl.gz")
+    ramp = str(BENCH / "scenarios" / "f44_lr_ramp_s441.jsonl.gz")
+    for k in (1, 50):
+        assert ba.bench_one(healthy, k)["logitwatch"]["from50"] is None, k
+        assert ba.bench_one(healthy, k, rules=fixed)["logitwatch"]["from50"] == 627, k
+        row = ba.bench_one(ramp, k)
+        assert row["divergence_step"] == 135 and row["logitwatch"]["from50"] == 130, (k, row)
+        assert "loss_clip_ramp" in row["logitwatch_rules"], row
+        assert ba.bench_one(ramp, k, rules=fixed)["logitwatch"]["from50"] == 105, k

@@ -205,8 +205,14 @@ def level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     low = min(m.extra.get("low", math.inf), level)
     m.extra["low"] = low
     if r.param("margin") is not None:
-        limit = low + float(r.param("margin"))
+        margin = float(r.param("margin"))
         how: dict[str, Any] = {"above_lowest": level - low}
+        if r.param("noise_margin") is not None and level >= low + margin:
+            # only where it can matter: a median of 100 differences, not on every step
+            noise = _step_noise(m, step, v, int(r.param("noise_window")))
+            margin = max(margin, float(r.param("noise_margin")) * noise)
+            how |= {"noise": noise, "margin": margin}
+        limit = low + margin
     else:
         limit = low * float(r.param("factor"))
         how = {"ratio": level / low if low > 0 else None}
@@ -225,6 +231,18 @@ def level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                    {"level": level, "lowest_level": low, "limit": limit, "value": v,
                     "window": int(r.param("window")), **how},
                    baseline=low, limit=limit)
+
+
+def _step_noise(m: Memory, step: int, v: float, span: int) -> float:
+    """The series' step-to-step noise over its last ``span`` steps: the robust standard
+    deviation of one value (the MAD of successive differences x 1.4826 / sqrt 2), 0.0 with
+    fewer than three values. A loss's batch noise: some nats on a large vocabulary, a tenth
+    of one on bytes."""
+    vals = [x for _, x in window(m, step, 0, span, 0) if math.isfinite(x)] + [v]
+    if len(vals) < 3:
+        return 0.0
+    diffs = [b - a for a, b in zip(vals, vals[1:], strict=False)]
+    return mad(diffs, median(diffs)) * 1.4826 / math.sqrt(2.0)
 
 
 def _other_series(m: Memory, key: str, fv: FrameView, name: str, step: int
