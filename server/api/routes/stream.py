@@ -21,7 +21,7 @@ import anyio
 from fastapi import APIRouter, Query, Request
 from sse_starlette import EventSourceResponse
 
-from logitwatch.server.api.deps import RunIdDep, client_address, credentials
+from logitwatch.server.api.deps import ReadDep, RunIdDep, client_address, credentials
 from logitwatch.server.db.session import session_scope
 from logitwatch.server.errors import ApiError, RateLimited
 from logitwatch.server.schemas import MAX_RANK, MAX_STEP
@@ -91,6 +91,7 @@ class _SlotResponse(EventSourceResponse):
 @router.get("/runs/{run_id}/stream")
 async def stream(
     run_id: RunIdDep,
+    principal: ReadDep,
     request: Request,
     rank: Annotated[int, Query(ge=0, le=MAX_RANK)] = 0,
     after: Annotated[int, Query(ge=0, le=MAX_STEP, description="last frame id already shown")] = 0,
@@ -98,7 +99,9 @@ async def stream(
     """Events: ``frame`` (new steps' scalars + the latest per-head matrices), ``alert``, and
     ``end`` (``{"code", "message"}``) when the stream stops for good.
 
-    The caller's token is checked again at every poll: a revoked token ends the stream.
+    The run's dependency has authorized the caller (the same principal, cached for the
+    request) and answered 404 for a run it may not see, before the stream starts; the token
+    is checked again at every poll: a revoked token ends the stream.
     """
     state = request.app.state
     secret = credentials(request)
@@ -116,15 +119,6 @@ async def stream(
             ]
         return last, frames, latest, alerts
 
-    def admit() -> Any:
-        """The caller, authorized, for a run that exists (401/403/404 before the stream
-        starts); off the event loop, as every poll, since both read the database."""
-        principal = state.auth.authorize(secret, scope="read", charge=False, client=address)
-        with session_scope(state.sessions) as s:
-            queries.get_run(s, run_id)
-        return principal
-
-    principal = await anyio.to_thread.run_sync(admit)
     who = (f"client {address or 'unknown'}" if principal.open
            else f"token {principal.token_id} ({principal.name})")
 
