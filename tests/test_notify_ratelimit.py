@@ -184,15 +184,20 @@ def test_failing_receiver_gets_the_same_retries_in_both_modes(
     n = WebhookNotifier(sink.url, retries=2, base_delay=0.01,
                         sessions=sessionmaker(engine, expire_on_commit=False) if outbox else None)
     try:
+        def mine() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.name == "logitwatch.notify"]
+
         with caplog.at_level(logging.WARNING, logger="logitwatch.notify"):
             n.notify(alert)
-            assert wait_until(lambda: n.failed == 1 and n.pending() == 0, 30)
+            # given up: counted, and logged (the count comes a moment before the log line)
+            assert wait_until(lambda: n.failed == 1 and n.pending() == 0 and any(
+                r.levelno == logging.ERROR for r in mine()), 30)
         assert sink.throttled == 3 and n.sent == 0  # the first attempt and two retries
-        mine = [r for r in caplog.records if r.name == "logitwatch.notify"]
-        retried = [r.getMessage() for r in mine if r.levelno == logging.WARNING]
+        records = mine()
+        retried = [r.getMessage() for r in records if r.levelno == logging.WARNING]
         assert [m.split(" failed")[0] for m in retried] == ["webhook attempt 1",
                                                            "webhook attempt 2"]
-        assert sum(r.levelno == logging.ERROR for r in mine) == 1
+        assert sum(r.levelno == logging.ERROR for r in records) == 1
     finally:
         n.close()
         sink.close()

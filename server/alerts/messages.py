@@ -145,7 +145,7 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
                 f"({_fmt(ev.get('lowest_level'))})")
         if ev.get("noise") is not None and ev.get("margin") is not None:
             what += (f", past a margin of {_fmt(ev['margin'])} (at least "
-                     f"{_fmt(rule.param('noise_margin'))}x its step-to-step noise of "
+                     f"{_fmt(ev.get('noise_margin'))}x its step-to-step noise of "
                      f"{_fmt(ev['noise'])})")
     elif rule.kind == "above_peak" and ev.get("settled_peak"):
         what += (f", {_fmt(ev.get('ratio'))}x the peak of {_fmt(ev['settled_peak'])} it had "

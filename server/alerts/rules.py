@@ -70,8 +70,8 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    (``also_metric: grad.clipped``: the share of those steps clipped).
                    ``noise_margin: k`` (with ``margin``): the margin is at least k x the
                    series' step-to-step noise over its last ``noise_window`` steps (robust
-                   standard deviation of one value), so a level within a noisy loss's own
-                   wander is not a rise.
+                   standard deviation of one value; its newest 10 samples when those steps
+                   hold fewer), so a level within a noisy loss's own wander is not a rise.
 ``above_peak``     the value is above ``factor`` x the peak the series settled at (its highest
                    value before it went ``settle`` steps without a new high): a learning rate
                    re-warmed, ramped or jumped far above where its schedule had settled.

@@ -222,7 +222,8 @@ class RuleSpec:
 
 # int params: windows and counts >= 1, min_samples of a slope >= 3, the rest (lag,
 # min_history: steps) >= 0
-_MIN_COUNT = {"window": 1, "samples": 1, "min_samples": 1, "also_window": 1}
+_MIN_COUNT = {"window": 1, "samples": 1, "min_samples": 1, "also_window": 1,
+              "noise_window": 3}
 _MIN_SLOPE_SAMPLES = {"trend": 3, "forecast": 3}
 
 
@@ -252,6 +253,9 @@ def _param_problem(kind: str, key: str, v: Any) -> str:
     if key == "also_rate":  # a share of steps (``grad.clipped``'s mean): above 1 never fires
         ok = v is None or (_number(v) and 0 <= v <= 1)
         return "" if ok else "must be a share from 0 to 1 or null"
+    if key == "noise_margin":  # a multiple of a noise: negative or infinite says nothing
+        ok = v is None or (_number(v) and 0 <= v < math.inf)
+        return "" if ok else "must be a finite number >= 0 or null"
     if default is None:
         return "" if v is None or _number(v) else "must be a number or null"
     if key == "op":
