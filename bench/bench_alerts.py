@@ -65,9 +65,10 @@ thirty-one was chosen on ``--split read39`` and replayed once on ``fresh40`` (fi
 a BPE vocabulary, 2,048 tokens; ``RunSpec.vocab``) once each with the same rules; round
 thirty-two was chosen on ``--split read41`` and ``fresh43`` and replayed once on ``fresh42``
 (bytes) and ``fresh44`` (4,096 tokens), each fixed and recorded before the sets before it
-were read. The next change is chosen on ``--split read44`` and replayed once on ``fresh45``
-(3,072 tokens, fixed after those replays); ``fresh46`` (1,024 tokens) was fixed before
-``fresh45`` was read.
+were read; ``fresh45`` (3,072 tokens, fixed after those replays) once with the same rules.
+Round thirty-three was chosen on ``--split read44`` and replayed once on ``fresh46`` (1,024
+tokens, fixed before ``fresh45`` was read). Every set is read: the next change is chosen on
+``--split all`` and needs a new held-out set.
 
 Usage::
 
