@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from typing import Any
 
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
@@ -483,6 +484,42 @@ def test_a_level_from_few_samples_must_clear_the_limit_by_its_noise() -> None:
     plain = defaults_with("final_logz_departure", params={"noise_z": 0.0})
     assert [a.fired_step for a in by_rule(alerts_of(frames, rules=plain),
                                           "final_logz_departure")] == [500]
+
+
+def test_a_slow_log_z_drift_must_go_further_than_one_running_away() -> None:
+    """log Z (every step, 0.1 nat of noise) creeping 0.011 nat a step for 250 steps, then
+    steady: its level gets 1.01 nat over its baseline while its 20-step level rises 0.55 nat
+    in 50 steps, and that paged at 455 with a flat nat margin (taken back below). A slow
+    drift pages once 1.25 nat out (``slow_margin``); this one stops short, at any interval.
+    A drift running away (0.03 nat a step) still pages where it did, at 488: its level climbs
+    1.5 nat in 50 steps (``climb``: 0.7). A job that sends no per-step history is judged as
+    before."""
+    noise = random.Random(0)
+    wander = [noise.gauss(0.0, 0.1) for _ in range(800)]
+
+    def slow(step: int) -> dict[str, float]:
+        creep = 0.011 * min(250, max(0, step - 300))
+        return {"loss": 2.5, "final.logz": 6.0 + wander[step] + creep}
+
+    def runaway(step: int) -> dict[str, float]:
+        return {"loss": 2.5, "final.logz": 6.0 + wander[step] + 0.03 * max(0, step - 400)}
+
+    flat = defaults_with("final_logz_departure", params={"climb": None, "slow_margin": None})
+
+    def fired(k: int, scalars: Any, rules: Any = None) -> list[int]:
+        return [a.fired_step for a in by_rule(
+            alerts_of(frames_at(k, 800, scalars, history=k > 1), rules=rules),
+            "final_logz_departure")]
+
+    for k in (1, 10, 50):
+        assert fired(k, slow) == [] and fired(k, slow, flat) == [455], k
+        assert fired(k, runaway) == fired(k, runaway, flat) == [488], k
+    # without every step's log Z (no history) the rise cannot be read: judged as before
+    for k in (10, 50):
+        sparse = frames_at(k, 800, slow)
+        assert [a.fired_step for a in by_rule(alerts_of(sparse), "final_logz_departure")] \
+            == [a.fired_step for a in by_rule(alerts_of(sparse, rules=flat),
+                                              "final_logz_departure")] != [], k
 
 
 def test_an_early_unclipped_gradient_transient_is_no_blowup() -> None:

@@ -317,3 +317,26 @@ def test_a_noisy_vocabularys_loss_wander_is_no_ramp(tmp_path: Path) -> None:
         assert row["divergence_step"] == 135 and row["logitwatch"]["from50"] == 130, (k, row)
         assert "loss_clip_ramp" in row["logitwatch_rules"], row
         assert ba.bench_one(ramp, k, rules=fixed)["logitwatch"]["from50"] == 105, k
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_slow_log_z_drift_that_stops_is_not_paged(tmp_path: Path) -> None:
+    """Round thirty-four, chosen on ``--split read46``, at intervals 1 and 50: a healthy
+    Gemma 2 on a 4,096-token BPE whose LM head grows 2x over 200 steps and stops takes log Z
+    1.014 nat over its range, climbing 0.57 nat in 50 steps, and ``final_logz_departure``
+    paged it at 445; a nat out now counts only while log Z climbs 0.7 in 50 steps (or at
+    1.25 nat), and nothing pages. A head that runs away on the same vocabulary is paged
+    where it was, 13 steps before its divergence (483)."""
+    ba = load("bench_alerts")
+    entry = default_entry("final_logz_departure")
+    flat = over_defaults(tmp_path, dict(entry, params=dict(entry["params"], climb=None,
+                                                           slow_margin=None)))
+    slow = str(BENCH / "scenarios" / "f44_gemma2_logz_slow.jsonl.gz")
+    runaway = str(BENCH / "scenarios" / "f44_gpt2_head_drift.jsonl.gz")
+    for k in (1, 50):
+        assert ba.bench_one(slow, k)["logitwatch"]["from50"] is None, k
+        assert ba.bench_one(slow, k, rules=flat)["logitwatch"]["from50"] == 445, k
+        row = ba.bench_one(runaway, k)
+        assert row["divergence_step"] == 483 and row["logitwatch"]["from50"] == 470, (k, row)
+        assert row["logitwatch_rules"] == ["final_logz_departure"], row
+        assert ba.bench_one(runaway, k, rules=flat)["logitwatch"]["from50"] == 470, k

@@ -141,7 +141,7 @@ def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         return Verdict(True, v, {"value": str(v), "baseline": base, "limit": limit},
                        baseline=base, limit=limit)
     smooth = r.param("smooth")
-    held_from = sample_breach = None
+    held_from = sample_breach = raw = None
     if smooth:  # judge the level (median of the last `smooth` steps), not one sample
         pts = [*window(m, step, 0, int(smooth), 2), (step, v)]
         raw, v = v, step_median(pts, step + 1) if weighted else median(x for _, x in pts)
@@ -156,9 +156,37 @@ def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         how: dict[str, Any] = {"above_baseline": v - base}
     else:
         how = {"ratio": v / base if base else None}
+    if breach and r.param("climb") is not None:
+        breach, how["climbed"] = _still_climbing(r, m, step, v if raw is None else raw,
+                                                 v - limit)
     return Verdict(breach, v, {"value": v, "baseline": base, "limit": limit, **how},
                    baseline=base, limit=limit, held_from=held_from,
                    sample_breach=sample_breach)
+
+
+def _still_climbing(r: RuleSpec, m: Memory, step: int, raw: float, over: float
+                    ) -> tuple[bool, float | None]:
+    """With ``climb``: whether a departure ``over`` its limit counts. It does while the
+    series' short level (median of its last ``climb_window`` steps) rose at least ``climb``
+    over the last ``climb_span`` steps (a drift running away), or once it is past the limit
+    by ``slow_margin - margin`` (the level ``slow_margin`` over the baseline, plus what
+    ``noise_z`` adds): a slow drift must go further, since a healthy run's log Z can creep a
+    nat over a few hundred steps and stop. The baseline follows a departure that does not
+    count, so a steady drift counts from about ``slow_margin / (lag + window/2 -
+    smooth/2)`` per step (from ``margin / ...`` without ``climb``). Where either short level
+    has fewer than half its steps' samples (a job that sends no per-step history) the rise
+    cannot be read and the departure counts, as without ``climb``. Returns that, and the
+    rise (None when unread)."""
+    span, w = int(r.param("climb_span")), int(r.param("climb_window"))
+    need = max(3, w // 2)
+    now = [x for s_, x in m.recent if step - w < s_ < step] + [raw]
+    then = [x for s_, x in m.recent if step - span - w < s_ <= step - span]
+    if len(now) < need or len(then) < need:
+        return True, None
+    climbed = median(now) - median(then)
+    slow = r.param("slow_margin")
+    far = slow is not None and over >= float(slow) - float(r.param("margin") or 0.0)
+    return climbed >= float(r.param("climb")) or far, climbed
 
 
 def _gap_noise(base: list[tuple[int, float]], level: list[tuple[int, float]]) -> float:
@@ -374,7 +402,9 @@ KINDS: dict[str, Kind] = {
     "departure": Kind(_departure, {"factor": 4.0, "floor": 30.0, "window": 200, "lag": 50,
                                    "min_history": 50, "min_samples": 5, "ceiling": None,
                                    "margin": None, "smooth": 0, "step_weighted": False,
-                                   "noise_z": 0.0, "capped_metric": None},
+                                   "noise_z": 0.0, "capped_metric": None, "climb": None,
+                                   "climb_span": 50, "climb_window": 20,
+                                   "slow_margin": None},
                       hold_breaches=True),
     "trend": Kind(_trend, {"window": 70, "min_samples": 6, "min_tau": 0.7, "min_ratio": 1.5,
                            "floor": 0.0},

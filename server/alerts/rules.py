@@ -30,6 +30,14 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    many standard errors of the gap between the level and the baseline
                    (per-sample noise from successive differences; large at a wide
                    sampling interval, where both medians hold few samples).
+                   ``climb`` (with ``margin``): a departure counts while the series' short
+                   level (median of its last ``climb_window`` steps) rose at least ``climb``
+                   over the last ``climb_span`` steps (a drift running away), or once the
+                   level is ``slow_margin`` (instead of ``margin``) over the baseline, plus
+                   what ``noise_z`` adds (a slow drift must go further); ``slow_margin:
+                   null``: only a climbing departure counts. Read on the per-step series: a
+                   job without per-step history (fewer than half the steps sampled) is judged
+                   as without ``climb``.
 ``trend``          robust slope: Theil-Sen slope of log(value) over the last ``window`` steps
                    with a Mann-Kendall score of at least ``min_tau``, and growth over the window
                    of at least ``min_ratio``; p99 8 -> 12 -> 18 is such a trend.

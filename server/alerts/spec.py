@@ -223,7 +223,7 @@ class RuleSpec:
 # int params: windows and counts >= 1, min_samples of a slope >= 3, the rest (lag,
 # min_history: steps) >= 0
 _MIN_COUNT = {"window": 1, "samples": 1, "min_samples": 1, "also_window": 1,
-              "noise_window": 3}
+              "noise_window": 3, "climb_span": 1, "climb_window": 1}
 _MIN_SLOPE_SAMPLES = {"trend": 3, "forecast": 3}
 
 
@@ -253,7 +253,7 @@ def _param_problem(kind: str, key: str, v: Any) -> str:
     if key == "also_rate":  # a share of steps (``grad.clipped``'s mean): above 1 never fires
         ok = v is None or (_number(v) and 0 <= v <= 1)
         return "" if ok else "must be a share from 0 to 1 or null"
-    if key == "noise_margin":  # a multiple of a noise: negative or infinite says nothing
+    if key in ("noise_margin", "climb", "slow_margin"):  # negative or infinite: says nothing
         ok = v is None or (_number(v) and 0 <= v < math.inf)
         return "" if ok else "must be a finite number >= 0 or null"
     if default is None:
