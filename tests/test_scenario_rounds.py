@@ -6,6 +6,7 @@ a rules file), at the intervals it was measured at (docs/ALERTS.md, *Evidence*).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -308,15 +309,8 @@ def test_a_noisy_vocabularys_loss_wander_is_no_ramp(tmp_path: Path) -> None:
     fixed = over_defaults(tmp_path, *(
         dict(default_entry(n), params=dict(default_entry(n)["params"], noise_margin=None))
         for n in ("loss_clip_ramp", "loss_grad_ramp")))
-    healthy = str(BENCH / "scenarios" / "f44_demo_plain.jsonl.gz")
-    ramp = str(BENCH / "scenarios" / "f44_lr_ramp_s441.jsonl.gz")
-    for k in (1, 50):
-        assert ba.bench_one(healthy, k)["logitwatch"]["from50"] is None, k
-        assert ba.bench_one(healthy, k, rules=fixed)["logitwatch"]["from50"] == 627, k
-        row = ba.bench_one(ramp, k)
-        assert row["divergence_step"] == 135 and row["logitwatch"]["from50"] == 130, (k, row)
-        assert "loss_clip_ramp" in row["logitwatch_rules"], row
-        assert ba.bench_one(ramp, k, rules=fixed)["logitwatch"]["from50"] == 105, k
+    _quiet_now_paged_before(ba, fixed, ("f44_demo_plain", 627),
+                            ("f44_lr_ramp_s441", 135, 130, 105), "loss_clip_ramp")
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
@@ -331,12 +325,22 @@ def test_a_slow_log_z_drift_that_stops_is_not_paged(tmp_path: Path) -> None:
     entry = default_entry("final_logz_departure")
     flat = over_defaults(tmp_path, dict(entry, params=dict(entry["params"], climb=None,
                                                            slow_margin=None)))
-    slow = str(BENCH / "scenarios" / "f44_gemma2_logz_slow.jsonl.gz")
-    runaway = str(BENCH / "scenarios" / "f44_gpt2_head_drift.jsonl.gz")
+    _quiet_now_paged_before(ba, flat, ("f44_gemma2_logz_slow", 445),
+                            ("f44_gpt2_head_drift", 483, 470, 470), "final_logz_departure")
+
+
+def _quiet_now_paged_before(ba: Any, before: Any, healthy: tuple[str, int],
+                            diverging: tuple[str, int, int, int], rule: str) -> None:
+    """At intervals 1 and 50: the ``healthy`` run (name, the step the rules ``before`` the
+    round paged it) pages nothing now; the ``diverging`` one (name, its divergence, the
+    step it pages now, the step it paged before) is paged by ``rule`` where it says."""
+    name, was = healthy
+    run, divergence, now, then = diverging
+    quiet, paged = (str(BENCH / "scenarios" / f"{n}.jsonl.gz") for n in (name, run))
     for k in (1, 50):
-        assert ba.bench_one(slow, k)["logitwatch"]["from50"] is None, k
-        assert ba.bench_one(slow, k, rules=flat)["logitwatch"]["from50"] == 445, k
-        row = ba.bench_one(runaway, k)
-        assert row["divergence_step"] == 483 and row["logitwatch"]["from50"] == 470, (k, row)
-        assert row["logitwatch_rules"] == ["final_logz_departure"], row
-        assert ba.bench_one(runaway, k, rules=flat)["logitwatch"]["from50"] == 470, k
+        assert ba.bench_one(quiet, k)["logitwatch"]["from50"] is None, (name, k)
+        assert ba.bench_one(quiet, k, rules=before)["logitwatch"]["from50"] == was, (name, k)
+        row = ba.bench_one(paged, k)
+        assert row["divergence_step"] == divergence, row
+        assert row["logitwatch"]["from50"] == now and rule in row["logitwatch_rules"], (k, row)
+        assert ba.bench_one(paged, k, rules=before)["logitwatch"]["from50"] == then, (run, k)
