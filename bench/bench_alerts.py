@@ -68,8 +68,9 @@ thirty-two was chosen on ``--split read41`` and ``fresh43`` and replayed once on
 were read; ``fresh45`` (3,072 tokens, fixed after those replays) once with the same rules.
 Round thirty-three was chosen on ``--split read44`` and replayed once on ``fresh46`` (1,024
 tokens, fixed before ``fresh45`` was read). Round thirty-four was chosen on ``--split
-read46`` (every run through ``fresh46``) and is replayed once on ``fresh47`` (6,144 tokens,
-fixed after ``fresh45`` and ``fresh46`` were read).
+read46`` (every run through ``fresh46``) and replayed once on ``fresh47`` (6,144 tokens,
+fixed after ``fresh45`` and ``fresh46`` were read). Every set is read: the next change is
+chosen on ``--split all`` and needs a new held-out set.
 
 Usage::
 
