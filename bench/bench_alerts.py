@@ -69,8 +69,8 @@ were read; ``fresh45`` (3,072 tokens, fixed after those replays) once with the s
 Round thirty-three was chosen on ``--split read44`` and replayed once on ``fresh46`` (1,024
 tokens, fixed before ``fresh45`` was read). Round thirty-four was chosen on ``--split
 read46`` (every run through ``fresh46``) and replayed once on ``fresh47`` (6,144 tokens,
-fixed after ``fresh45`` and ``fresh46`` were read). Every set is read: the next change is
-chosen on ``--split all`` and needs a new held-out set.
+fixed after ``fresh45`` and ``fresh46`` were read). The next change is chosen on ``--split
+read47`` and replayed once on ``fresh48`` (bytes, fixed after ``fresh47`` was read).
 
 Usage::
 
@@ -407,7 +407,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 47
+NEWEST = 48
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
