@@ -36,6 +36,7 @@ from logitwatch.server.alerts.series import (  # noqa: F401
     RECENT_MAX,
     SCALAR_KEEP,
     Memory,
+    diff_noise,
     first_window,
     kendall_tau,
     mad,
@@ -199,10 +200,7 @@ def _gap_noise(base: list[tuple[int, float]], level: list[tuple[int, float]]) ->
     xs = [x for _, x in sorted({*base, *level})]
     if len(xs) < 4:
         return 0.0
-    diffs = [b - a for a, b in zip(xs, xs[1:], strict=False)]
-    center = median(diffs)
-    sigma = 1.4826 * median(abs(d - center) for d in diffs) / math.sqrt(2.0)
-    return sigma * math.sqrt(1.0 / len(base) + 1.0 / len(level))
+    return diff_noise(xs) * math.sqrt(1.0 / len(base) + 1.0 / len(level))
 
 
 def _breaching_since(m: Memory, step: int, limit: float) -> int:

@@ -11,7 +11,7 @@ from collections import deque
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from logitwatch.server.alerts.series import SCALAR_KEEP, Memory, mad, window
+from logitwatch.server.alerts.series import SCALAR_KEEP, Memory, diff_noise, mad, window
 from logitwatch.server.alerts.tracks import FrameView, Verdict
 
 if TYPE_CHECKING:
@@ -30,8 +30,7 @@ def _center_and_scale(r: RuleSpec, vals: list[float]) -> tuple[float, float]:
     n = r.param("center_window")
     med = median(vals[-int(n):]) if n else median(vals)
     if r.param("noise") == "diff" and len(vals) >= 3:
-        diffs = [b - a for a, b in zip(vals, vals[1:], strict=False)]
-        noise = mad(diffs, median(diffs)) * 1.4826 / math.sqrt(2.0)
+        noise = diff_noise(vals)
     else:
         noise = mad(vals, median(vals)) * 1.4826
     return med, max(noise, float(r.param("min_scale")))
@@ -236,17 +235,13 @@ def level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
 
 
 def _step_noise(m: Memory, step: int, v: float, span: int) -> float | None:
-    """The series' step-to-step noise: the robust standard deviation of one value (the MAD
-    of successive differences x 1.4826 / sqrt 2) over its last ``span`` steps, or its newest
-    10 samples when those steps hold fewer (a job sending no per-step history, sampled
-    every few dozen steps); None with fewer than 10 values. A loss's batch noise: about 0.2
-    nat on a 4,096-token vocabulary, a tenth of one on bytes."""
+    """The series' step-to-step noise (:func:`~.series.diff_noise`) over its last ``span``
+    steps, or its newest 10 samples when those steps hold fewer (a job sending no per-step
+    history, sampled every few dozen steps); None with fewer than 10 values. A loss's batch
+    noise: about 0.2 nat on a 4,096-token vocabulary, a tenth of one on bytes."""
     vals = [x for _, x in window(m, step, 0, span, NOISE_SAMPLES - 1) if math.isfinite(x)]
     vals.append(v)
-    if len(vals) < NOISE_SAMPLES:
-        return None
-    diffs = [b - a for a, b in zip(vals, vals[1:], strict=False)]
-    return mad(diffs, median(diffs)) * 1.4826 / math.sqrt(2.0)
+    return diff_noise(vals) if len(vals) >= NOISE_SAMPLES else None
 
 
 #: the fewest values a step-to-step noise is read from (``noise_margin``)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-__all__ = ["EARLY_MAX", "RECENT_MAX", "SCALAR_KEEP", "Memory", "first_window", "kendall_tau",
-           "mad", "step_median", "theil_sen", "window"]
+__all__ = ["EARLY_MAX", "RECENT_MAX", "SCALAR_KEEP", "Memory", "diff_noise", "first_window",
+           "kendall_tau", "mad", "step_median", "theil_sen", "window"]
 
 #: Samples a scalar cell keeps: every step of the longest default window (and twice a
 #: clip-rate window), when the job sends every step's scalars.
@@ -120,3 +120,11 @@ def step_median(points: list[tuple[int, float]], end: int) -> float:
 
 def mad(values: list[float], center: float) -> float:
     return median([abs(v - center) for v in values])
+
+
+def diff_noise(values: list[float]) -> float:
+    """The robust standard deviation of one value of a series from its successive
+    differences (their MAD x 1.4826 / sqrt 2): a slow drift or a trend hardly moves it, as
+    it moves the spread of the values themselves. Needs two values or more."""
+    diffs = [b - a for a, b in zip(values, values[1:], strict=False)]
+    return mad(diffs, median(diffs)) * 1.4826 / math.sqrt(2.0)
