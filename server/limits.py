@@ -78,7 +78,7 @@ class BodyLimit:
                 declared = -1
             if declared < 0:
                 await refuse(send, 400, "bad-content-length",
-                              "Content-Length: not a non-negative integer")
+                             "Content-Length: not a non-negative integer")
                 return
             if declared > self.max_bytes:
                 await self._too_large(send)
@@ -146,8 +146,8 @@ class BodyLimit:
                     break
         if not done:
             await refuse(send, 408, "request-timeout",
-                          f"request body: not received within {self.body_timeout:g} s "
-                          "(body_timeout); nothing was stored")
+                         f"request body: not received within {self.body_timeout:g} s "
+                         "(body_timeout); nothing was stored")
             return
         body = b"".join(chunks)
         del chunks
@@ -156,9 +156,9 @@ class BodyLimit:
         if encoding not in (b"", b"identity"):
             if encoding != b"gzip":
                 await refuse(send, 415, "unsupported-encoding",
-                              f"Content-Encoding: {encoding.decode('latin-1')!r} is not "
-                              "supported; send gzip or an uncompressed body (nothing was "
-                              "stored)")
+                             f"Content-Encoding: {encoding.decode('latin-1')!r} is not "
+                             "supported; send gzip or an uncompressed body (nothing was "
+                             "stored)")
                 return
             try:
                 body = await anyio.to_thread.run_sync(gunzip, body, max_bytes)
@@ -167,12 +167,12 @@ class BodyLimit:
                 return
             except _TooManyMembers:
                 await refuse(send, 400, "too-many-gzip-members",
-                              f"request body: more than {MAX_GZIP_MEMBERS} gzip members; "
-                              "send one gzip stream (nothing was stored)")
+                             f"request body: more than {MAX_GZIP_MEMBERS} gzip members; "
+                             "send one gzip stream (nothing was stored)")
                 return
             except ValueError as e:
                 await refuse(send, 400, "bad-gzip",
-                              f"request body: not a valid gzip stream ({e}); nothing was stored")
+                             f"request body: not a valid gzip stream ({e}); nothing was stored")
                 return
             if not held.cover(len(body)):
                 await self._busy(send)
