@@ -182,3 +182,31 @@ def test_the_lr_climb_survives_a_restart(sessions: sessionmaker[Session],
     (a,) = [a for a in alerts(sessions) if a.rule == "attn_logit_departure"]
     assert a.severity == "warning" and a.paged_step == a.fired_step, a.evidence
     assert 510 <= a.fired_step <= 560 and "downgraded" not in a.evidence
+
+
+@pytest.mark.parametrize("restart_at", [None, 430])
+def test_the_loss_guard_of_a_log_z_ramp_survives_a_restart(sessions: sessionmaker[Session],
+                                                           restart_at: int | None) -> None:
+    """log Z ramping 0.1 nat a step from step 400 with the loss creeping up is paged on its
+    short level at 446 (round thirty-five), also when the collector restarted at 430: the
+    loss its guard reads is rebuilt from the stored frames though no other rule of the set
+    reads the loss (without it the guard cannot be read, and the ramp waits for its 100-step
+    level, at 459)."""
+    import random
+
+    from tests.alert_frames import frames_at
+
+    rules = [r for r in DEFAULT_RULES if r.name == "final_logz_departure"]
+    noise = random.Random(1)
+    wander = [noise.gauss(0.0, 0.1) for _ in range(800)]
+
+    def ramp(step: int) -> dict[str, float]:
+        up = max(0, step - 400)
+        return {"loss": 2.5 + 0.01 * up, "final.logz": 6.0 + wander[step] + 0.1 * up}
+
+    frames = frames_at(1, 600, ramp)
+    cut = restart_at or len(frames)
+    feed(sessions, AlertEngine(rules), frames[:cut])
+    feed(sessions, AlertEngine(rules), frames[cut:])  # a restarted collector
+    (a,) = [a for a in alerts(sessions) if a.rule == "final_logz_departure"]
+    assert a.fired_step == 446 and a.evidence.get("running_away"), (a.fired_step, a.evidence)

@@ -504,7 +504,8 @@ def test_a_slow_log_z_drift_must_go_further_than_one_running_away() -> None:
     def runaway(step: int) -> dict[str, float]:
         return {"loss": 2.5, "final.logz": 6.0 + wander[step] + 0.03 * max(0, step - 400)}
 
-    flat = defaults_with("final_logz_departure", params={"climb": None, "slow_margin": None})
+    flat = defaults_with("final_logz_departure", params={"climb": None, "slow_margin": None,
+                                                         "fast_margin": None})
 
     def fired(k: int, scalars: Any, rules: Any = None) -> list[int]:
         return [a.fired_step for a in by_rule(
@@ -520,6 +521,61 @@ def test_a_slow_log_z_drift_must_go_further_than_one_running_away() -> None:
         assert [a.fired_step for a in by_rule(alerts_of(sparse), "final_logz_departure")] \
             == [a.fired_step for a in by_rule(alerts_of(sparse, rules=flat),
                                               "final_logz_departure")] != [], k
+
+
+def test_a_log_z_ramp_is_judged_on_its_short_level_unless_the_loss_falls() -> None:
+    """log Z (every step, 0.1 nat of noise) ramping 0.1 nat a step from step 400 (an LM head
+    growing while the loss creeps up): the 100-step level lags the ramp by 50 steps and
+    pages at 459; judged on its 20-step level while that rose 0.75 nat in each half of the
+    last 50 steps, 1.5 nat out, the newest sample on or over it, for 5 steps in a row, it
+    pages at 446 (round thirty-five), at any interval. The same ramp with the loss falling
+    to 0.1 (the model confident because it is right) waits for the 100-step level (459; 446
+    without the loss's guard). Garbage stretches are no ramp: log Z held 2 nat up for 40
+    steps straddles the jump in its short levels for one step (paged at 434 without the
+    persistence), and a 35-step stretch of one repeated token (log Z 4 nat up and climbing,
+    the loss down to 0.1) pages nothing, early in the run too. A job without per-step history
+    is judged as before."""
+    noise = random.Random(1)
+    wander = [noise.gauss(0.0, 0.1) for _ in range(800)]
+
+    def ramp(step: int) -> dict[str, float]:
+        up = max(0, step - 400)
+        return {"loss": 2.5 + 0.01 * up, "final.logz": 6.0 + wander[step] + 0.1 * up}
+
+    def confident(step: int) -> dict[str, float]:
+        up = max(0, step - 400)
+        return {"loss": max(0.1, 2.5 - 0.02 * up), "final.logz": 6.0 + wander[step] + 0.1 * up}
+
+    def held(step: int) -> dict[str, float]:
+        up = 400 <= step < 440
+        return {"loss": 3.0 if up else 2.5, "final.logz": 6.0 + wander[step] + 2.0 * up}
+
+    def stretch(start: int) -> Any:
+        def scalars(step: int) -> dict[str, float]:
+            if start <= step < start + 35:
+                return {"loss": 0.1, "final.logz": 10.0 + wander[step] + 0.1 * (step - start)}
+            return {"loss": 2.5, "final.logz": 6.0 + wander[step]}
+        return scalars
+
+    slow = defaults_with("final_logz_departure", params={"fast_margin": None})
+    unguarded = defaults_with("final_logz_departure", params={"fast_not_falling": None})
+    at_once = defaults_with("final_logz_departure", params={"fast_for": 1})
+
+    def fired(scalars: Any, k: int, rules: Any = None, history: bool = True) -> list[int]:
+        frames = frames_at(k, 700, scalars, history=history and k > 1)
+        return [a.fired_step for a in by_rule(alerts_of(frames, rules=rules),
+                                              "final_logz_departure")]
+
+    for k in (1, 10, 50):
+        assert fired(ramp, k) == [446] and fired(ramp, k, slow) == [459], k
+        assert fired(confident, k) == fired(confident, k, slow) == [459], k
+        assert fired(confident, k, unguarded) == [446], k
+        assert fired(held, k) == fired(held, k, slow) == [] and fired(held, k, at_once) == [434]
+        for start in (320, 400):
+            assert fired(stretch(start), k) == fired(stretch(start), k, slow) == [], (k, start)
+    # without every step's log Z the short levels cannot be read: judged as before
+    for k in (10, 50):
+        assert fired(ramp, k, history=False) == fired(ramp, k, slow, history=False) != [], k
 
 
 def test_an_early_unclipped_gradient_transient_is_no_blowup() -> None:

@@ -320,13 +320,36 @@ def test_a_slow_log_z_drift_that_stops_is_not_paged(tmp_path: Path) -> None:
     1.014 nat over its range, climbing 0.57 nat in 50 steps, and ``final_logz_departure``
     paged it at 445; a nat out now counts only while log Z climbs 0.7 in 50 steps (or at
     1.25 nat), and nothing pages. A head that runs away on the same vocabulary is paged
-    where it was, 13 steps before its divergence (483)."""
+    where it was (470, and 460 since round thirty-five), ahead of its divergence (483)."""
     ba = load("bench_alerts")
     entry = default_entry("final_logz_departure")
     flat = over_defaults(tmp_path, dict(entry, params=dict(entry["params"], climb=None,
-                                                           slow_margin=None)))
+                                                           slow_margin=None,
+                                                           fast_margin=None)))
     _quiet_now_paged_before(ba, flat, ("f44_gemma2_logz_slow", 445),
-                            ("f44_gpt2_head_drift", 483, 470, 470), "final_logz_departure")
+                            ("f44_gpt2_head_drift", 483, 460, 470), "final_logz_departure")
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_log_z_ramp_is_paged_on_its_short_level(tmp_path: Path) -> None:
+    """Round thirty-five, chosen on ``--split read47``, at intervals 1 and 50: a post-LN LM
+    head growing from step 414 takes log Z up 0.1 nat a step; its 100-step level crossed
+    the limit only at 470, after the divergence (462 on 6,144 tokens, 468 on 3,072). Judged
+    on its 20-step level while that climbs in both halves of 50 steps (the loss not
+    falling) for 5 steps in a row, it is paged at 458 and 462, ahead of both."""
+    ba = load("bench_alerts")
+    entry = default_entry("final_logz_departure")
+    before = over_defaults(tmp_path, dict(entry, params=dict(entry["params"],
+                                                             fast_margin=None)))
+    for name, divergence, now in (("f47_postln_head_drift", 462, 458),
+                                  ("f45_postln_head_drift", 468, 462)):
+        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+        for k in (1, 50):
+            row = ba.bench_one(path, k)
+            assert row["divergence_step"] == divergence, row
+            assert row["logitwatch"]["from50"] == now, (name, k, row)
+            assert "final_logz_departure" in row["logitwatch_rules"], (name, k, row)
+            assert ba.bench_one(path, k, rules=before)["logitwatch"]["from50"] == 470, (name, k)
 
 
 def _quiet_now_paged_before(ba: Any, before: Any, healthy: tuple[str, int],

@@ -369,11 +369,25 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # paged 6 -> 0 (those three at both), caught 222 -> 220 (f20_postln_head_drift: a head
     # drift whose log Z crept 1.09 nat out at a climb under 0.6 until it diverged at 536,
     # paged at 586 by the gradient), one paged 8 steps later (fresh_demo_head_drift, 99
-    # steps ahead), none earlier
+    # steps ahead), none earlier.
+    # Round thirty-five (--split read47, 2,872 runs): a ramp is judged on its 20-step level
+    # (fast_margin 1.5 nat out, up fast_climb 0.75 nat in each half of the last 50 steps,
+    # the newest sample on or over it, fast_for 5 steps in a row, the loss's 20-step level
+    # not down 0.1 nat over them: fast_not_falling). The 100-step level lags a head that
+    # runs away by 50 steps: post-LN heads growing from step 414 diverge at 462-468 and
+    # were paged at 470. A garbage stretch lifts log Z at once and holds it (its short
+    # levels straddle the jump for a step or two); a stretch of one repeated token lifts it
+    # while the loss falls to 0. An offline mirror on every step's log Z of the 464 runs
+    # whose 20-step level comes a nat out chose it (no healthy run fires anywhere in 1.0-2.0
+    # x 0.5-1.0 x 1-8 steps); replayed at intervals 1 and 50 both ways: caught 782 -> 786
+    # of 928 replays (f45_ and f47_postln_head_drift, at 462 and 458), 156 replays paged
+    # 3-16 steps earlier (median 13), none later, healthy paged 2 -> 2 (the same runs),
+    # healthy with any alert 42 -> 42
     RuleSpec("final_logz_departure", "departure", "final.logz", for_steps=20,
              params={"margin": 1.0, "floor": 0.0, "window": 200, "lag": 50,
                      "min_history": 300, "smooth": 100, "step_weighted": True,
-                     "noise_z": 1.0, "climb": 0.7, "slow_margin": 1.25},
+                     "noise_z": 1.0, "climb": 0.7, "slow_margin": 1.25,
+                     "fast_margin": 1.5, "fast_climb": 0.75, "fast_not_falling": "loss"},
              summary="the output log-normaliser log Z rose a nat (e-fold) above its recent "
              "range and is still climbing (or 1.25 nat)"),
     # -- slower, informational ----------------------------------------------------------------

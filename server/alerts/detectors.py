@@ -29,6 +29,7 @@ from logitwatch.server.alerts.scalar_kinds import (
     level_rise,
     loss_jump,
     lr_jump,
+    other_series,
     spike,
 )
 from logitwatch.server.alerts.series import (  # noqa: F401
@@ -129,6 +130,7 @@ def _entropy_collapse(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView
 
 def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                cell: tuple[int | None, int | None]) -> Verdict | None:
+    fast = _fast_series(r, m, step, v, fv)  # every call, before any return
     lag = int(r.param("lag"))
     past = window(m, step, lag, int(r.param("window")), int(r.param("min_samples")))
     first = m.first_step
@@ -153,16 +155,100 @@ def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         if v > limit and sample_breach:
             held_from = _breaching_since(m, step, limit)
     breach = v > limit
+    running = None
+    if fast is not None:
+        if breach:
+            m.extra.pop("fast_run", None)
+        else:
+            running = _running_away(r, m, fast, step, base, limit)
+        if running is not None:  # the short level, a ramp under way (raw >= it > limit)
+            v, breach, sample_breach = running[0], True, True
+            held_from = _breaching_since(m, step, limit)
     if r.param("margin") is not None:
         how: dict[str, Any] = {"above_baseline": v - base}
     else:
         how = {"ratio": v / base if base else None}
-    if breach and r.param("climb") is not None:
+    if running is not None:
+        how["running_away"], how["climbed"] = True, running[1]
+    elif breach and r.param("climb") is not None:
         breach, how["climbed"] = _still_climbing(r, m, step, v if raw is None else raw,
                                                  v - limit)
     return Verdict(breach, v, {"value": v, "baseline": base, "limit": limit, **how},
                    baseline=base, limit=limit, held_from=held_from,
                    sample_breach=sample_breach)
+
+
+def _fast_series(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView
+                 ) -> deque[tuple[int, float]] | None:
+    """With ``fast_margin`` (and ``smooth``): every sample of the rule's own series, kept in
+    ``m.extra`` (breaching samples too, which the baseline's memory leaves out), and the
+    ``fast_not_falling`` series beside it, both fed on every call; the own series, or None
+    without the parameter."""
+    if r.param("fast_margin") is None or not r.param("smooth"):
+        return None
+    own: deque[tuple[int, float]] = m.extra.setdefault("fast_own", deque(maxlen=SCALAR_KEEP))
+    if math.isfinite(v) and (not own or step > own[-1][0]):
+        own.append((step, v))
+    guard = r.param("fast_not_falling")
+    if guard:
+        other_series(m, "fast_guard", fv, str(guard), step)
+    return own
+
+
+def _short_level(seen: deque[tuple[int, float]], end: int, w: int) -> float | None:
+    """The median of ``seen``'s samples in the ``w`` steps up to ``end``; None with fewer
+    than half of them (a job that sends no per-step history)."""
+    pts = [x for s_, x in seen if end - w < s_ <= end]
+    return median(pts) if len(pts) >= max(3, w // 2) else None
+
+
+def _running_away(r: RuleSpec, m: Memory, own: deque[tuple[int, float]], step: int,
+                  base: float, limit: float) -> tuple[float, float] | None:
+    """With ``fast_margin``: the series' short level (median of its last ``climb_window``
+    steps) and its rise over ``climb_span`` steps, when the series is running away, else
+    None. It is when that level is over the limit and ``fast_margin`` or more over the
+    baseline, it rose ``fast_climb`` or more in each half of the last ``climb_span`` steps,
+    the newest sample is at or above it, and (with ``fast_not_falling``) the other series'
+    short level did not fall more than ``fast_tolerance`` over those steps, all of it for
+    ``fast_for`` steps in a row. A smoothed level lags a steady climb by half its ``smooth``
+    steps. A stretch of garbage batches, which the long median is there for, lifts the
+    series at once and holds it: its short level straddles the jump for a step or two, not
+    ``fast_for`` in a row. Log Z also climbs when the model grows confident because it is
+    right (a stretch of one repeated token: the loss falls to 0); a head running away grows
+    overconfident and its loss does not improve. Unread (None) where any short level has
+    fewer than half its steps' samples (no per-step history)."""
+    span, w = int(r.param("climb_span")), int(r.param("climb_window"))
+    half = span // 2
+    level, middle, first = (_short_level(own, step - i * half, w) for i in (0, 1, 2))
+    rise = float(r.param("fast_climb") or 0.0)
+    ok = (own[-1][0] == step and level is not None and middle is not None
+          and first is not None and level > limit
+          and level - base >= float(r.param("fast_margin")) and own[-1][1] >= level
+          and level - middle >= rise and middle - first >= rise and _not_falling(r, m, step))
+    if not ok or level is None or first is None:
+        # a run of qualifying steps ends (the smoothed level's breach ends it too)
+        m.extra.pop("fast_run", None)
+        return None
+    since = m.extra.setdefault("fast_run", step)
+    if step - since + 1 < int(r.param("fast_for")):
+        return None
+    return level, level - first
+
+
+def _not_falling(r: RuleSpec, m: Memory, step: int) -> bool:
+    """With ``fast_not_falling: <scalar>`` (the loss): whether that series' short level did
+    not fall more than ``fast_tolerance`` (in its own units: nats for the loss) over the last
+    ``climb_span`` steps; True without the parameter, False while it cannot be read (the
+    fast path then waits for the smoothed level, as without ``fast_margin``)."""
+    if not r.param("fast_not_falling"):
+        return True
+    seen = m.extra.get("fast_guard")
+    w, span = int(r.param("climb_window")), int(r.param("climb_span"))
+    now = _short_level(seen, step, w) if seen else None
+    then = _short_level(seen, step - span, w) if seen else None
+    if now is None or then is None:
+        return False
+    return now - then >= -float(r.param("fast_tolerance") or 0.0)
 
 
 def _still_climbing(r: RuleSpec, m: Memory, step: int, raw: float, over: float
@@ -402,7 +488,9 @@ KINDS: dict[str, Kind] = {
                                    "margin": None, "smooth": 0, "step_weighted": False,
                                    "noise_z": 0.0, "capped_metric": None, "climb": None,
                                    "climb_span": 50, "climb_window": 20,
-                                   "slow_margin": None},
+                                   "slow_margin": None, "fast_margin": None,
+                                   "fast_climb": 0.75, "fast_not_falling": None,
+                                   "fast_tolerance": 0.1, "fast_for": 5},
                       hold_breaches=True),
     "trend": Kind(_trend, {"window": 70, "min_samples": 6, "min_tau": 0.7, "min_ratio": 1.5,
                            "floor": 0.0},

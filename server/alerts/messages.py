@@ -122,6 +122,10 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
     if rule.kind == "departure" and "above_baseline" in ev:  # an additive margin
         what += (f" is {_fmt(ev['above_baseline'])} above its baseline {v.baseline:.3g}"
                  if math.isfinite(v.value) else " (non-finite)")
+        if ev.get("running_away"):
+            what += (f" (its {rule.param('climb_window')}-step level judged: a ramp, up "
+                     f"{_fmt(rule.param('fast_climb'))} or more in each half of the last "
+                     f"{rule.param('climb_span')} steps)")
         if ev.get("climbed") is not None:
             what += (f", its {rule.param('climb_window')}-step level up "
                      f"{_fmt(ev['climbed'])} on {rule.param('climb_span')} steps before")

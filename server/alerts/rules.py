@@ -37,7 +37,17 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    what ``noise_z`` adds (a slow drift must go further); ``slow_margin:
                    null``: only a climbing departure counts. Read on the per-step series: a
                    job without per-step history (fewer than half the steps sampled) is judged
-                   as without ``climb``.
+                   as without ``climb``. ``fast_margin`` (with ``smooth`` and ``margin``:
+                   added to the baseline, as ``margin``): a ramp is judged on its short
+                   level (median of the last ``climb_window`` steps) instead, once that is
+                   over the limit and ``fast_margin`` over the baseline, rose ``fast_climb``
+                   in each half of the last ``climb_span`` steps and the newest sample is on
+                   or over it, for ``fast_for`` steps in a row (a long median lags a steady
+                   climb by half its steps; a held jump passes for a step or two);
+                   ``fast_not_falling: <scalar>`` (the loss): and that series' short level
+                   did not fall more than ``fast_tolerance`` (its units) over ``climb_span``
+                   steps (log Z also climbs when the model grows confident because it is
+                   right). Unread, so judged as without it, without per-step history.
 ``trend``          robust slope: Theil-Sen slope of log(value) over the last ``window`` steps
                    with a Mann-Kendall score of at least ``min_tau``, and growth over the window
                    of at least ``min_ratio``; p99 8 -> 12 -> 18 is such a trend.

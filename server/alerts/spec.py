@@ -223,7 +223,7 @@ class RuleSpec:
 # int params: windows and counts >= 1, min_samples of a slope >= 3, the rest (lag,
 # min_history: steps) >= 0
 _MIN_COUNT = {"window": 1, "samples": 1, "min_samples": 1, "also_window": 1,
-              "noise_window": 3, "climb_span": 1, "climb_window": 1}
+              "noise_window": 3, "climb_span": 1, "climb_window": 1, "fast_for": 1}
 _MIN_SLOPE_SAMPLES = {"trend": 3, "forecast": 3}
 
 
@@ -231,14 +231,22 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v)
 
 
+#: margins and rises (in the series' units): finite and >= 0, or null (not used)
+_MARGINS = frozenset({"noise_margin", "climb", "slow_margin", "fast_margin", "fast_climb",
+                      "fast_tolerance"})
+
 #: parameters that name another series, or are null (not used)
-_METRIC_OR_NULL = frozenset({"logit", "while_rising", "also_metric", "capped_metric"})
+_METRIC_OR_NULL = frozenset({"logit", "while_rising", "also_metric", "capped_metric",
+                             "fast_not_falling"})
 
 
 def _param_problem(kind: str, key: str, v: Any) -> str:
     """What is wrong with ``v`` for ``kind``'s parameter ``key`` ('' when nothing): its type
     follows the kind's default, so a rule from YAML or the API cannot fail later, at ingest."""
     default = KINDS[kind].defaults[key]
+    if key in _MARGINS:  # negative or infinite: says nothing
+        ok = v is None or (_number(v) and 0 <= v < math.inf)
+        return "" if ok else "must be a finite number >= 0 or null"
     if isinstance(default, bool):
         return "" if isinstance(v, bool) else "must be true or false"
     if isinstance(default, int):
@@ -253,9 +261,6 @@ def _param_problem(kind: str, key: str, v: Any) -> str:
     if key == "also_rate":  # a share of steps (``grad.clipped``'s mean): above 1 never fires
         ok = v is None or (_number(v) and 0 <= v <= 1)
         return "" if ok else "must be a share from 0 to 1 or null"
-    if key in ("noise_margin", "climb", "slow_margin"):  # negative or infinite: says nothing
-        ok = v is None or (_number(v) and 0 <= v < math.inf)
-        return "" if ok else "must be a finite number >= 0 or null"
     if default is None:
         return "" if v is None or _number(v) else "must be a number or null"
     if key == "op":

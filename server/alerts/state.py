@@ -25,7 +25,15 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from logitwatch.server.alerts.rules import CellMemory, Downgrade, Memory, RuleSpec, State, Track
+from logitwatch.server.alerts.rules import (
+    KINDS,
+    CellMemory,
+    Downgrade,
+    Memory,
+    RuleSpec,
+    State,
+    Track,
+)
 from logitwatch.server.db.models import Alert, Frame, Metric, Point
 
 __all__ = [
@@ -314,6 +322,10 @@ class RankState:
                 names.add(str(r.param("critical_metric")))
             if r.kind in ("forecast", "departure") and r.param("capped_metric"):
                 names.add(str(r.param("capped_metric")))
+            # another series a rule reads beside its own
+            for other in ("while_rising", "also_metric", "fast_not_falling"):
+                if other in KINDS[r.kind].defaults and r.param(other):
+                    names.add(str(r.param(other)))
         metrics = session.execute(
             select(Metric.id, Metric.name, Metric.layers, Metric.heads)
             .where(Metric.run_id == run_id, Metric.name.in_(names))
