@@ -29,7 +29,6 @@ from logitwatch.server.alerts.scalar_kinds import (
     level_rise,
     loss_jump,
     lr_jump,
-    other_series,
     spike,
 )
 from logitwatch.server.alerts.series import (  # noqa: F401
@@ -141,6 +140,7 @@ def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     base = step_median(past, step - lag) if weighted else median(x for _, x in past)
     limit = float(departure_limit(r, base))
     if not math.isfinite(v):
+        m.extra.pop("fast_run", None)
         return Verdict(True, v, {"value": str(v), "baseline": base, "limit": limit},
                        baseline=base, limit=limit)
     smooth = r.param("smooth")
@@ -180,19 +180,32 @@ def _departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
 
 def _fast_series(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView
                  ) -> deque[tuple[int, float]] | None:
-    """With ``fast_margin`` (and ``smooth``): every sample of the rule's own series, kept in
-    ``m.extra`` (breaching samples too, which the baseline's memory leaves out), and the
-    ``fast_not_falling`` series beside it, both fed on every call; the own series, or None
-    without the parameter."""
-    if r.param("fast_margin") is None or not r.param("smooth"):
+    """With ``fast_margin`` (and ``smooth`` and ``margin``): the samples of the rule's own
+    series over the last ``climb_span + climb_window`` steps, kept in ``m.extra`` (breaching
+    samples too, which the baseline's memory leaves out), and the ``fast_not_falling``
+    series' beside it, both fed on every call; the own series, or None without the
+    parameter. A job resumed from an earlier checkpoint replaces the steps it sends again."""
+    if r.param("fast_margin") is None or not r.param("smooth") or r.param("margin") is None:
         return None
-    own: deque[tuple[int, float]] = m.extra.setdefault("fast_own", deque(maxlen=SCALAR_KEEP))
-    if math.isfinite(v) and (not own or step > own[-1][0]):
-        own.append((step, v))
+    keep = int(r.param("climb_span")) + int(r.param("climb_window")) + 1  # one per step
+    own: deque[tuple[int, float]] = m.extra.setdefault("fast_own", deque(maxlen=keep))
+    _keep(own, step, v)
     guard = r.param("fast_not_falling")
     if guard:
-        other_series(m, "fast_guard", fv, str(guard), step)
+        x = fv.get(str(guard))
+        _keep(m.extra.setdefault("fast_guard", deque(maxlen=keep)), step,
+              math.nan if x is None else x)
     return own
+
+
+def _keep(seen: deque[tuple[int, float]], step: int, x: float) -> None:
+    """Append a finite ``x`` at ``step``, dropping what ``seen`` holds from ``step`` on (the
+    steps a resumed job sends again)."""
+    if not math.isfinite(x):
+        return
+    while seen and seen[-1][0] >= step:
+        seen.pop()
+    seen.append((step, x))
 
 
 def _short_level(seen: deque[tuple[int, float]], end: int, w: int) -> float | None:
@@ -219,7 +232,8 @@ def _running_away(r: RuleSpec, m: Memory, own: deque[tuple[int, float]], step: i
     fewer than half its steps' samples (no per-step history)."""
     span, w = int(r.param("climb_span")), int(r.param("climb_window"))
     half = span // 2
-    level, middle, first = (_short_level(own, step - i * half, w) for i in (0, 1, 2))
+    level, middle, first = (_short_level(own, end, w) for end in (step, step - half,
+                                                                  step - span))
     rise = float(r.param("fast_climb") or 0.0)
     ok = (own[-1][0] == step and level is not None and middle is not None
           and first is not None and level > limit

@@ -47,7 +47,8 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    ``fast_not_falling: <scalar>`` (the loss): and that series' short level
                    did not fall more than ``fast_tolerance`` (its units) over ``climb_span``
                    steps (log Z also climbs when the model grows confident because it is
-                   right). Unread, so judged as without it, without per-step history.
+                   right). Unread, so judged as without it, without per-step history (of
+                   the guard's series too).
 ``trend``          robust slope: Theil-Sen slope of log(value) over the last ``window`` steps
                    with a Mann-Kendall score of at least ``min_tau``, and growth over the window
                    of at least ``min_ratio``; p99 8 -> 12 -> 18 is such a trend.

@@ -248,7 +248,7 @@ def _step_noise(m: Memory, step: int, v: float, span: int) -> float | None:
 NOISE_SAMPLES = 10
 
 
-def other_series(m: Memory, key: str, fv: FrameView, name: str, step: int
+def _other_series(m: Memory, key: str, fv: FrameView, name: str, step: int
                   ) -> deque[tuple[int, float]]:
     """The ``(step, value)`` samples of another scalar ``name`` a rule reads beside its own
     series, kept in ``m.extra[key]``, with this frame's value (when finite) appended."""
@@ -269,7 +269,7 @@ def _also_level(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | Non
     name = r.param("also_metric")
     if not name:
         return None
-    seen = other_series(m, "also", fv, str(name), step)
+    seen = _other_series(m, "also", fv, str(name), step)
     span = int(r.param("also_window"))
     if r.param("also_rate") is not None:
         # ``also_rate``: the mean over the last ``also_window`` steps of a 0/1 series
@@ -292,7 +292,7 @@ def _still_rising(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | N
     name = r.param("while_rising")
     if not name:
         return None
-    seen = other_series(m, "rising", fv, str(name), step)
+    seen = _other_series(m, "rising", fv, str(name), step)
     span = int(r.param("rising_span"))
     if name == "lr" and _backing_off(m, fv, step, span):
         return 0.0
