@@ -209,7 +209,7 @@ class Client:
                 self._start()
             try:
                 frame, problems = pack(step, scalars, heads, time, history, self._names)
-            except (ValueError, TypeError, OverflowError) as e:
+            except (ValueError, TypeError, OverflowError, AttributeError) as e:
                 self._backlog.count("invalid")
                 self._warn_once("invalid", "logitwatch: Client.send dropped a frame: %s", e)
                 return
@@ -308,6 +308,7 @@ class Client:
         """Wait up to ``timeout`` s; True iff every frame queued before the call was delivered."""
         if self._sender is None:
             return True
+        timeout = timeout if math.isfinite(timeout) else 3600.0  # as shutdown's
         if self._closed:
             counts = self._backlog.counts()
             return self._backlog.pending() == 0 and not counts["undelivered_at_shutdown"]

@@ -134,6 +134,13 @@ def thaw(queued: Queued) -> Packed:
     return frame
 
 
+def _plain(name: Any) -> Any:
+    """A metric name as a plain ``str``: a subclass (``numpy.str_``, a ``str`` Enum) is
+    kept as its characters, which marshal and JSON carry as any str; anything else is
+    returned as it is (and refused by :func:`_name_ok`)."""
+    return str.__str__(name) if isinstance(name, str) and type(name) is not str else name
+
+
 def _name_ok(name: object) -> bool:
     if name in _good_names:
         return True
@@ -170,7 +177,12 @@ def _pack_history(history: Mapping[str, Any], step: int, problems: list[str],
         steps = steps[cut:]
     n = len(steps)
     series: dict[str, list[float | None]] = {}
-    for k, values in (history.get("scalars") or {}).items():
+    given = history.get("scalars") or {}
+    if not isinstance(given, Mapping):
+        problems.append("history left out: scalars must be a mapping of name -> list")
+        return None, 0
+    for k, values in given.items():
+        k = _plain(k)
         if len(series) == MAX_HISTORY_SERIES:
             problems.append(f"history: series beyond {MAX_HISTORY_SERIES} left out ({k!r}...)")
             break
@@ -204,10 +216,12 @@ def pack(
 ) -> tuple[Packed, list[str]]:
     """Copy one frame into compact buffers; return it and the problems found.
 
-    A problem with one metric (a bad name, a matrix that is not layers x heads or has more
-    than 65,536 values, a scalar past the 256th or a matrix past the 64th of the frame, a
-    new name past the run's ``budget``) drops that metric only and is described in the
-    returned list; so does one with the history. Each problem starts with its cause.
+    A problem with one metric (a bad name, a value that is not a number, a matrix that is
+    not layers x heads of numbers or has more than 65,536 values, a scalar past the 256th
+    or a matrix past the 64th of the frame, a new name past the run's ``budget``) drops
+    that metric only and is described in the returned list; so does one with the history.
+    Each problem starts with its cause. A name that is a ``str`` subclass (``numpy.str_``,
+    a ``str`` Enum) is kept as a plain ``str``.
 
     Raises:
         ValueError: the frame itself is unusable (step not an int in [0, 2**62]).
@@ -226,6 +240,7 @@ def pack(
         t = now
     sc: dict[str, float] = {}
     for k, v in scalars.items():
+        k = _plain(k)
         if not _name_ok(k):
             problems.append(f"scalar name {k!r} is not 1-128 characters of [A-Za-z0-9._:-]")
         elif len(sc) == MAX_SCALARS:
@@ -235,10 +250,14 @@ def pack(
         elif budget is not None and not budget.admit(k):
             problems.append(_over_budget(budget, k))
         else:
-            sc[k] = float(v)
+            try:
+                sc[k] = float(v)
+            except (TypeError, ValueError, OverflowError):
+                problems.append(f"scalar {k!r} left out: {type(v).__name__} is not a number")
     nbytes = _FRAME_OVERHEAD + _METRIC_OVERHEAD * len(sc)
     hd: dict[str, tuple[int, array[float]]] = {}
     for k, rows in heads.items():
+        k = _plain(k)
         if not _name_ok(k):
             problems.append(f"metric name {k!r} is not 1-128 characters of [A-Za-z0-9._:-]")
             continue
@@ -249,15 +268,18 @@ def pack(
         buf = array("d")
         width = -1
         ok = True
-        for row in rows:
-            before = len(buf)
-            buf.extend(row)
-            w = len(buf) - before
-            if width < 0:
-                width = w
-            elif w != width:
-                ok = False
-                break
+        try:
+            for row in rows:
+                before = len(buf)
+                buf.extend(row)  # a row of numbers: floats, ints, numpy scalars
+                w = len(buf) - before
+                if width < 0:
+                    width = w
+                elif w != width:
+                    ok = False
+                    break
+        except (TypeError, ValueError, OverflowError):  # a 1-D list, a None, a string
+            ok = False
         if not ok or width <= 0 or len(buf) > MAX_VALUES:
             problems.append(
                 f"heads[{k!r}] must be a non-empty layers x heads matrix of at most "

@@ -74,6 +74,10 @@ def failure_hint(outcome: Outcome) -> str:
     return ""
 
 
+#: The shortest wait a server's ``Retry-After`` can ask for (seconds).
+MIN_RETRY_AFTER = 1.0
+
+
 def backoff_delay(
     attempt: int,
     *,
@@ -85,10 +89,12 @@ def backoff_delay(
 
     ``2**attempt`` with ±20 % jitter, capped at ``max_backoff``. A server's
     ``Retry-After`` wins (without jitter), also capped at ``max_backoff`` so that a wrong
-    header cannot stall delivery for hours; the batch is kept either way.
+    header cannot stall delivery for hours, and at least :data:`MIN_RETRY_AFTER` so that
+    ``Retry-After: 0`` (or a date already past) cannot turn the retries into a busy loop
+    beside the training thread; the batch is kept either way.
     """
     if retry_after is not None:
-        return min(retry_after, max_backoff)
+        return min(max(retry_after, MIN_RETRY_AFTER), max_backoff)
     base = 2.0 ** min(attempt, 62)
     jitter = (rng or random).uniform(0.8, 1.2)
     return min(base * jitter, max_backoff)

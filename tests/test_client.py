@@ -116,6 +116,8 @@ def test_backoff_schedule() -> None:
     assert backoff_delay(20, max_backoff=30.0, rng=rng) == 30.0
     assert backoff_delay(0, max_backoff=30.0, retry_after=7.0) == 7.0
     assert backoff_delay(0, max_backoff=30.0, retry_after=3600.0) == 30.0
+    # Retry-After: 0 (or a date already past) is no busy loop
+    assert backoff_delay(0, max_backoff=30.0, retry_after=0.0) == 1.0
     assert parse_retry_after("5") == 5.0
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
@@ -218,16 +220,54 @@ def test_garbage_2xx_and_auth_errors_keep_the_frames(make_client) -> None:
 
 
 def test_send_never_raises(make_client, caplog) -> None:
+    """A value that is not a number, a matrix that is not one, a history that is not a
+    mapping: each is left out, the frame is sent. A frame whose scalars are not a mapping is
+    dropped and counted."""
     collector = Collector()
     client = make_client(collector)
     with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
-        client.send(0, {"loss": "not a number"}, {})  # type: ignore[dict-item]
-        client.send(1, {"loss": object()}, {})  # type: ignore[dict-item]
+        client.send(0, {"loss": "not a number", "lr": 1e-3}, {})  # type: ignore[dict-item]
+        client.send(1, {"loss": object()}, {"attn.x": [1.0, 2.0],  # type: ignore[dict-item]
+                                            "attn.y": [[1.0, None]]})  # type: ignore[list-item]
+        client.send(2, None, {})  # type: ignore[arg-type]
+        client.send(3, {"loss": 1.0}, {}, history={"steps": [1], "scalars": [1.0]})
     assert caplog.text.count("Client.send dropped a frame") == 1
-    assert client.stats["invalid"] == 2
-    send_n(client, 1, start=2)
+    assert client.stats["invalid"] == 1
+    send_n(client, 1, start=4)
     assert client.flush(5.0)
-    assert [f["step"] for f in collector.delivered] == [2]
+    assert [f["step"] for f in collector.delivered] == [0, 1, 3, 4]
+    assert collector.delivered[0]["scalars"] == {"lr": 1e-3}
+    assert collector.delivered[1]["scalars"] == {} and collector.delivered[1]["heads"] == {}
+    assert "history" not in collector.delivered[2]
+    assert "scalar 'loss' left out" in caplog.text and "heads['attn.x']" in caplog.text
+    assert "history left out: scalars must be a mapping" in caplog.text
+    assert client.flush(math.inf)  # waits as shutdown does, no OverflowError
+
+
+def test_names_that_are_str_subclasses_are_sent_as_str(make_client) -> None:
+    """numpy's ``str_`` and a ``str`` Enum are names like any str. ``numpy.str_`` once
+    went through the queue's marshal as bytes, and encoding the batch failed: the sender
+    and the spooler stopped, and nothing more was sent or kept."""
+    import enum
+
+    import numpy as np
+
+    class Metric(str, enum.Enum):
+        LR = "lr"
+
+    collector = Collector()
+    client = make_client(collector)
+    client.send(0, {np.str_("loss"): 1.0, Metric.LR: 1e-3}, {np.str_("attn.logit_max"): [[1.0]]},
+                history=None)
+    client.send(1, {"loss": 0.5}, {}, history={"steps": [0], "scalars": {np.str_("gn"): [2.0]}})
+    send_n(client, 3, start=2)
+    assert client.flush(5.0)
+    assert [f["step"] for f in collector.delivered] == [0, 1, 2, 3, 4]
+    first = collector.delivered[0]
+    assert first["scalars"] == {"loss": 1.0, "lr": 1e-3}
+    assert first["heads"] == {"attn.logit_max": [[1.0]]}
+    assert collector.delivered[1]["history"]["scalars"] == {"gn": [2.0]}
+    assert client.stats["invalid"] == 0
 
 
 def test_null_client_counts_and_discards() -> None:
