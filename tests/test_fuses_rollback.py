@@ -272,3 +272,78 @@ def test_hf_and_lightning_callbacks_roll_back_and_drop_updates(tmp_path) -> None
     lightning_fit(PLCallback(run="r", client=client, overhead_budget=None, fuses=[fuse]))
     events = [e.action for e in fuse.fuses.events]  # type: ignore[union-attr]
     assert events[:3] == ["armed", "rollback", "skipped"] and fuse.skipped == 1
+
+
+@pytest.mark.parametrize("on_disk,undo_rollback", [(False, False), (True, False),
+                                                   (False, True)])
+def test_a_qk_clip_undone_after_a_rollback_gives_back_the_weights(tmp_path, on_disk,
+                                                                   undo_rollback) -> None:
+    """QK-clip scales heads at step 3; a rollback restores the weights of step 2, before
+    the clip; undoing QK-clip then must leave those weights as they are. Its factors used
+    to stay those of the clip, and the undo divided the restored heads by them: W_q 3.3-4x
+    its size (found by an audit). The snapshot keeps the fuses' factors with the weights.
+    Undoing the rollback gives back the clipped weights and their factors too."""
+    from test_fuses import IDS
+
+    from logitwatch.hooks.fuses import QKClip
+
+    torch.manual_seed(0)
+    m = Net(layers=1, std=0.5)
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)  # lr 0: only the fuses move the weights
+    rollback = Rollback(every=1, keep=5, back=4, mode="suggest",
+                        path=str(tmp_path) if on_disk else None)
+    mon = attach(m, opt, run="r", url=None, sample_every=1, overhead_budget=None,
+                 lm_head=False, fuses=[QKClip(tau=2.0, mode="suggest"), rollback])
+    try:
+        def q() -> torch.Tensor:
+            return m.blocks[0].c_attn.weight[:32].detach().clone()
+
+        w0 = q()
+        for s in range(6):
+            if s == 3:
+                mon.fuses.apply("qk_clip")
+            m(IDS).backward()
+            opt.step()
+            opt.zero_grad()
+        clipped = q()
+        assert (clipped / w0).max() < 0.5  # every head clipped
+        mon.fuses.apply("rollback")
+        assert torch.allclose(q(), w0)
+        if undo_rollback:  # back to the clipped weights, with the clip's factors
+            mon.fuses.undo("rollback")
+            assert torch.allclose(q(), clipped)
+        mon.fuses.undo("qk_clip")
+        assert torch.allclose(q(), w0)
+        assert not any(f.failed for f in mon.fuses)
+    finally:
+        mon.close()
+
+
+def test_a_qk_clip_that_became_unavailable_can_still_be_undone() -> None:
+    """QK-clip (auto) scales heads, then the monitor's attention capture goes off (any
+    later failure of the part it reads): the fuse is unavailable, and its undo used to be
+    refused, the heads left scaled for good. It scales them back."""
+    from test_fuses import IDS
+
+    from logitwatch.hooks.fuses import QKClip
+
+    torch.manual_seed(0)
+    m = Net(layers=1, std=0.5)
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    mon = attach(m, opt, run="r", url=None, sample_every=1, overhead_budget=None,
+                 lm_head=False, fuses=[QKClip(tau=2.0, mode="auto")])
+    try:
+        w0 = m.blocks[0].c_attn.weight[:32].detach().clone()
+        for s in range(3):
+            if s == 2:
+                mon.disabled.add("attention")  # the attention part failed
+            m(IDS).backward()
+            opt.step()
+            opt.zero_grad()
+        fuse = mon.fuses["qk_clip"]
+        assert fuse.unavailable is not None
+        assert (m.blocks[0].c_attn.weight[:32] / w0).max() < 0.5
+        mon.fuses.undo("qk_clip")
+        assert torch.allclose(m.blocks[0].c_attn.weight[:32], w0)
+    finally:
+        mon.close()

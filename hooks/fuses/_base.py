@@ -158,6 +158,15 @@ class Fuse:
         """Whether this fuse addresses ``alert`` (a collector alert)."""
         return False
 
+    def weight_state(self) -> Any:
+        """A copy of what the fuse knows about what it did to the weights (QK-clip: the
+        factors its undo divides by), kept with a rollback snapshot; None: nothing."""
+        return None
+
+    def load_weight_state(self, state: Any) -> None:
+        """The weights went back to a snapshot (a rollback): ``state`` is what
+        :meth:`weight_state` said when it was taken (None: nothing then)."""
+
     def describe(self) -> str:
         """What the fuse does, in one line (carried by suggestions)."""
         return self.name
@@ -224,8 +233,26 @@ class FuseSet:
     def undo(self, name: str, by: str = "job") -> None:
         """Undo what fuse ``name`` did; it goes back to suggesting."""
         fuse = self[name]
-        if fuse.mode != "off" and not fuse.failed and fuse.unavailable is None:
+        if fuse.mode == "off" or fuse.failed:
+            return
+        # a fuse that became unavailable (its part of the monitor failed, the model
+        # changed) after it scaled weights can still scale them back
+        if fuse.unavailable is None or self._guard(fuse, fuse.weight_state) is not None:
             self._guard(fuse, fuse.undo, self._step, by)
+
+    def weight_states(self) -> dict[str, Any]:
+        """Each fuse's :meth:`Fuse.weight_state`, by name (the ones that say something)."""
+        out: dict[str, Any] = {}
+        for fuse in self._fuses:
+            state = self._guard(fuse, fuse.weight_state)
+            if state is not None:
+                out[fuse.name] = state
+        return out
+
+    def load_weight_states(self, states: Mapping[str, Any] | None) -> None:
+        """The weights went back to a snapshot taken with ``states``: tell every fuse."""
+        for fuse in self._fuses:
+            self._guard(fuse, fuse.load_weight_state, (states or {}).get(fuse.name))
 
     def trigger(self, name: str, step: int, reason: str) -> None:
         """Another fuse's (or the set's) trigger for fuse ``name``, if present."""

@@ -294,6 +294,17 @@ class QKClip(Fuse):
 
     # -- undo ------------------------------------------------------------------------------
 
+    def weight_state(self) -> Any:
+        """The factors applied so far per layer (what :meth:`undo` divides by), copied."""
+        if not self._cum:
+            return None
+        return {row: (cq.clone(), ck.clone()) for row, (cq, ck) in self._cum.items()}
+
+    def load_weight_state(self, state: Any) -> None:
+        """A rollback put the weights back: the factors they carry are the snapshot's."""
+        self._cum = {int(row): (cq.clone(), ck.clone())
+                     for row, (cq, ck) in (state or {}).items()}
+
     def undo(self, step: int, by: str) -> None:
         """Scale every clipped head back by the inverse of the factors applied so far (the
         optimizer's updates since then stay), and go back to suggesting."""

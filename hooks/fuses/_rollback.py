@@ -271,7 +271,7 @@ class Rollback(Fuse):
         while len(self.ring) >= held:  # make room first: never more than `held` copies
             self.ring.items.pop(0).drop()
         snap = capture(step, self.model, self.optimizer, self.scheduler, lrs=self._lrs(),
-                       path=self.path)
+                       path=self.path, fuses=self._fuse_states())
         if not snap.finite:
             snap.drop()
             self.trigger(step, f"non-finite optimizer state at step {step}")
@@ -337,8 +337,8 @@ class Rollback(Fuse):
         if self.undo_state and (self.budget is None or self.path is not None
                                 or (room + 1) * self.snapshot_bytes <= self.budget):
             self._undo = capture(step, self.model, self.optimizer, self.scheduler,
-                                 lrs=self._lrs())
-        restore(snap, self.model, self.optimizer, self.scheduler)
+                                 lrs=self._lrs(), fuses=self._fuse_states())
+        self._load_fuse_states(restore(snap, self.model, self.optimizer, self.scheduler))
         self.ring.drop_after(snap.step)
         self._note_memory()
         self.rollbacks += 1
@@ -357,12 +357,23 @@ class Rollback(Fuse):
         if self.backoff and self.fuses is not None:
             self.fuses.trigger("lr_backoff", step, "rollback")
 
+    def _fuse_states(self) -> dict[str, Any] | None:
+        """What the other fuses know about what they did to the weights (QK-clip's factors),
+        kept with a snapshot: restoring the weights restores that too, so an undo after a
+        rollback divides by the factors the restored weights carry."""
+        return self.fuses.weight_states() if self.fuses is not None else None
+
+    def _load_fuse_states(self, states: dict[str, Any] | None) -> None:
+        if self.fuses is not None:
+            self.fuses.load_weight_states(states)
+
     def undo(self, step: int, by: str) -> None:
         """Stop skipping and, when kept, return to the state before the last rollback."""
         self.skipping = 0
         restored = False
         if self._undo is not None and self.model is not None:
-            restore(self._undo, self.model, self.optimizer, self.scheduler)
+            self._load_fuse_states(restore(self._undo, self.model, self.optimizer,
+                                           self.scheduler))
             self._undo = None
             restored = True
         self.engaged = False

@@ -112,12 +112,16 @@ class Snapshot:
 
 def capture(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
             scheduler: Any, *, lrs: list[float] | None = None,
-            path: str | None = None) -> Snapshot:
+            path: str | None = None, fuses: dict[str, Any] | None = None) -> Snapshot:
     """Copy the job's state now (after step ``step``'s update).
 
     ``lrs``: the scheduled learning rate of each param group, when something (the LR
-    backoff) scales the groups' ``lr`` around the step: the copy keeps the schedule's."""
+    backoff) scales the groups' ``lr`` around the step: the copy keeps the schedule's.
+    ``fuses``: what the fuses know about what they did to the weights then
+    (``FuseSet.weight_states``), given back by :func:`restore`."""
     state: dict[str, Any] = {"model": _copy(model.state_dict())}
+    if fuses:
+        state["fuses"] = fuses
     if optimizer is not None:
         opt = optimizer.state_dict()
         state["optimizer"] = {"state": _copy(opt["state"]),
@@ -128,7 +132,7 @@ def capture(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer 
     if scheduler is not None:
         state["scheduler"] = _copy(scheduler.state_dict())
     state["rng"] = _rng_state()
-    size = tensor_bytes({k: v for k, v in state.items() if k != "rng"})
+    size = tensor_bytes({k: v for k, v in state.items() if k not in ("rng", "fuses")})
     finite = _finite(state["model"]) and _finite(state.get("optimizer", {}).get("state"))
     snap = Snapshot(step, size, state, finite=finite)
     if path is not None and finite:
@@ -140,10 +144,10 @@ def capture(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer 
 
 
 def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-            scheduler: Any) -> None:
+            scheduler: Any) -> dict[str, Any] | None:
     """Put the job back to ``snap``: weights copied into the live parameters (their
     identity, so the optimizer's references, stays), the optimizer's state and groups,
-    the scheduler's state, the RNG states."""
+    the scheduler's state, the RNG states. Returns the fuses' states taken with it."""
     state = snap.load()
     with torch.no_grad():
         model.load_state_dict(state["model"])
@@ -154,6 +158,7 @@ def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optim
     if scheduler is not None and "scheduler" in state:
         scheduler.load_state_dict(_copy(state["scheduler"]))
     _set_rng_state(state["rng"])
+    return state.get("fuses")
 
 
 @dataclass
