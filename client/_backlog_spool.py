@@ -29,6 +29,25 @@ __all__ = ["SpoolSide", "StoreResult"]
 
 StoreResult = Literal["stored", "dropped", "failed"]
 
+#: The most bytes one batch carries (frames' estimated size in memory, segments' size on
+#: disk): after an outage the spool replays segments of many frames each, and frames of a
+#: large model's heads are big; a batch of ``max_batch`` of them could be hundreds of MB in
+#: the training process and past the collector's request limit (32 MiB by default), refused
+#: and halved over and over. At least one frame or segment goes, whatever its size.
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+
+
+def head_count(mem: deque[Queued], max_frames: int) -> int:
+    """How many of ``mem``'s oldest frames make one batch: at most ``max_frames`` and
+    :data:`MAX_BATCH_BYTES` (at least one)."""
+    n = size = 0
+    for f in mem:
+        if n and (n >= max_frames or size + f[1] > MAX_BATCH_BYTES):
+            break
+        n += 1
+        size += f[1]
+    return n
+
 
 class SpoolSide:
     """Backlog's spool half: memory to disk (within the budget), disk back to a batch."""
@@ -75,7 +94,7 @@ class SpoolSide:
                     return written
                 else:
                     n = len(mem)
-                frames = [mem.popleft() for _ in range(min(n, self._max_batch))]
+                frames = [mem.popleft() for _ in range(head_count(mem, min(n, self._max_batch)))]
                 self.mem_bytes -= sum(f[1] for f in frames)
                 self._spilling = frames[0][0]
             result: StoreResult = "failed"

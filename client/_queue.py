@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Literal
 
-from ._backlog_spool import SpoolSide
+from ._backlog_spool import MAX_BATCH_BYTES, SpoolSide, head_count
 from ._codec import Packed, Queued, freeze
 from ._spool import Segment, WriterDir, write_segment
 
@@ -178,17 +178,19 @@ class Backlog(SpoolSide):
                     return self._inflight
                 if self._segments:
                     segs: list[Segment] = []
-                    n = 0
+                    n = size = 0
                     for s in self._segments:
-                        if segs and n + s.frames > max_frames:
+                        if segs and (n + s.frames > max_frames
+                                     or size + s.size > MAX_BATCH_BYTES):
                             break
                         s.busy = True
                         segs.append(s)
                         n += s.frames
+                        size += s.size
                     batch = Batch(segs[0].first, segments=segs)
                 elif self._mem:
                     mem = self._mem
-                    frames = [mem.popleft() for _ in range(min(len(mem), max_frames))]
+                    frames = [mem.popleft() for _ in range(head_count(mem, max_frames))]
                     self.mem_bytes -= sum(f[1] for f in frames)
                     batch = Batch(frames[0][0], frames=frames)
                 else:

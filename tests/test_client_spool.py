@@ -345,3 +345,36 @@ def test_frames_set_aside_stay_within_their_share_of_the_spool_budget(tmp_path,
     on_disk = sum(p.stat().st_size for p in spool.path.iterdir() if p.suffix != ".json")
     assert on_disk <= budget and backlog.counts()["dropped_spool_full"] > 0
     spool.release()
+
+
+def test_batches_are_bounded_in_bytes_too(tmp_path) -> None:
+    """Frames of a large model's heads (64 matrices of 16 x 16: ~140 KB each) spooled
+    during an outage: each batch sent from memory or replayed from the spool holds at most
+    MAX_BATCH_BYTES (or one frame or segment), whatever ``max_batch`` allows. A replay once
+    joined 256 frames' segments into one 40 MB body, in the training process and past the
+    collector's 32 MiB request limit. Nothing is lost: every frame comes back, in order."""
+    from logitwatch.client._backlog_spool import MAX_BATCH_BYTES
+
+    heads = {f"h{i}": [[float(i + r + c) for c in range(16)] for r in range(16)]
+             for i in range(64)}
+    big = [pack(step, {"loss": 1.0}, heads, 1.0)[0] for step in range(200)]
+    assert sum(f.nbytes for f in big) > 3 * MAX_BATCH_BYTES
+    spool = WriterDir(tmp_path, project="p", run="r1", rank=0, url="http://x")
+    backlog = Backlog(max_frames=1000, max_bytes=1 << 30, max_batch=256,
+                      encode=lambda f: encode(f, "r1", "default", 0), spool=spool,
+                      spool_max_bytes=1 << 30)
+    for f in big[:150]:
+        backlog.put(f, 0)
+    backlog.spill(0, 0)  # the outage: to disk
+    for f in big[150:]:
+        backlog.put(f, 0)  # and some still in memory
+    steps: list[int] = []
+    while (batch := backlog.take(256)) is not None:
+        lines = [json.loads(line) for line in batch.lines]
+        size = (sum(s.size for s in batch.segments) if batch.segments
+                else sum(f[1] for f in batch.frames))
+        assert size <= MAX_BATCH_BYTES or len(batch.segments or batch.frames) == 1, size
+        steps += [f["step"] for f in lines]
+        backlog.settle(batch, "delivered")
+    assert steps == list(range(200))
+    spool.release()
