@@ -119,10 +119,19 @@ class Sender:
         try:
             self._transport = self._make_transport()
             self.endpoint = self._transport.endpoint
+            errors = 0
             while not self._stopping:
                 self._wake.wait(self._interval)
                 self._wake.clear()
-                self._drain()
+                try:
+                    self._drain()
+                    errors = 0
+                except Exception:  # a bug: say it, wait, go on (a month-long run)
+                    errors += 1
+                    _bug(self._warned, "sender", "the sender thread failed to send a "
+                         "batch; it tries again (the frames stay in memory and the spool)")
+                    self._urgent.clear()  # else a flush's leftover makes it a busy loop
+                    self._urgent.wait(min(self._max_backoff, 2.0 ** min(errors, 16)))
             self._drain()
         except Exception:  # a bug here must never reach the training job
             log.exception("logitwatch: the sender thread failed; frames are no longer sent "
@@ -324,24 +333,45 @@ class Spooler:
     def _run(self) -> None:
         backlog = self._backlog
         mark = backlog.last_seq  # the newest frame at the previous tick
+        warned: set[str] = set()
         try:
             while not self._stopping:
                 self._wake.wait(self._interval / 2)
                 self._wake.clear()
                 if self._stopping:
                     return
-                if backlog.link_down:
-                    backlog.spill(0, 0)
-                elif (backlog.waiting() > self.high_frames
-                      or backlog.mem_bytes > self.high_bytes):
-                    backlog.spill(self.high_frames // 2, self.high_bytes // 2)
-                # Frames that were already queued at the previous tick, half an interval
-                # ago, and are still not delivered (a slow collector: the sender sits in one
-                # long request) go to disk too, in flight or not: a crash of the job loses
-                # at most spool_interval seconds of frames.
-                backlog.spill(0, 0, through=mark)
-                backlog.persist_inflight(mark)
+                try:
+                    self._tick(mark)
+                except Exception:  # a bug: say it, go on at the next tick
+                    _bug(warned, "spooler", "the spooler thread failed to write frames to "
+                         "disk; it tries again at its next tick")
                 mark = backlog.last_seq
         except Exception:
             log.exception("logitwatch: the spooler thread failed; frames are no longer "
                           "written to disk")
+
+    def _tick(self, mark: int) -> None:
+        backlog = self._backlog
+        if backlog.link_down:
+            backlog.spill(0, 0)
+        elif backlog.waiting() > self.high_frames or backlog.mem_bytes > self.high_bytes:
+            backlog.spill(self.high_frames // 2, self.high_bytes // 2)
+        # Frames that were already queued at the previous tick, half an interval ago, and
+        # are still not delivered (a slow collector: the sender sits in one long request) go
+        # to disk too, in flight or not: a crash of the job loses at most spool_interval
+        # seconds of frames.
+        backlog.spill(0, 0, through=mark)
+        backlog.persist_inflight(mark)
+
+
+def _bug(warned: set[str], key: str, message: str) -> None:
+    """Log an unexpected error of a worker thread with its traceback, once per thread and
+    cause (the thread goes on)."""
+    import sys
+
+    kind = type(sys.exc_info()[1]).__name__
+    if f"{key}:{kind}" in warned or len(warned) > 100:
+        log.debug("logitwatch: %s", message, exc_info=True)
+        return
+    warned.add(f"{key}:{kind}")
+    log.warning("logitwatch: %s", message, exc_info=True)

@@ -369,3 +369,28 @@ def test_gzip_bodies(make_client) -> None:
     assert client.flush(5.0)
     assert encodings[0] is None and encodings[-1] == "gzip"
     assert len(collector.delivered) == 51
+
+
+def test_a_bug_in_the_sender_thread_does_not_stop_delivery(make_client, caplog) -> None:
+    """An unexpected error while taking a batch (a bug, a MemoryError) used to end the
+    sender thread for good: nothing more was sent for the rest of the run. It is logged
+    once, the thread waits and goes on, and every frame arrives."""
+    collector = Collector()
+    client = make_client(collector, config=ClientConfig(interval=0.02, max_backoff=0.2))
+    backlog = client._backlog
+    take = backlog.take
+    fails = [2]
+
+    def flaky(max_frames: int):  # type: ignore[no-untyped-def]
+        if fails[0] > 0:
+            fails[0] -= 1
+            raise RuntimeError("a bug")
+        return take(max_frames)
+
+    backlog.take = flaky  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        send_n(client, 3)
+        assert client.flush(10.0)
+    assert [f["step"] for f in collector.delivered] == [0, 1, 2]
+    assert caplog.text.count("the sender thread failed to send a batch") == 1
+    assert "frames are no longer sent" not in caplog.text
