@@ -250,6 +250,7 @@ class Client:
                 token=self.config.token, timeout=self.config.timeout,
                 max_backoff=self.config.max_backoff, http=http, ready=self._answered,
                 user_agent=f"logitwatch-client (rank {self.rank}; pid {os.getpid()})",
+                after=self._config_sender,  # a later call replaces it: one at a time
             ).start()
         except Exception:
             self._warn_once("config", "logitwatch: Client.set_config failed; the config is "

@@ -96,7 +96,7 @@ class ConfigSender:
     def __init__(self, url: str, *, run: str, project: str, body: dict[str, Any],
                  token: str | None, timeout: float, max_backoff: float,
                  http: httpx.Client | None, user_agent: str,
-                 ready: threading.Event) -> None:
+                 ready: threading.Event, after: ConfigSender | None = None) -> None:
         self.endpoint = f"{url}/api/v1/runs/{quote(run, safe='')}/config"
         self.params = {"project": project}
         self.body = body
@@ -108,6 +108,8 @@ class ConfigSender:
         self._ready = ready  # set once the collector answered a batch: the run exists
         self._wake = threading.Event()
         self._last_try = False
+        self._superseded = False
+        self._after = after  # the sender of an earlier config: it stops, then this one puts
         self.done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="logitwatch-config",
                                         daemon=True)
@@ -115,6 +117,11 @@ class ConfigSender:
     def start(self) -> ConfigSender:
         self._thread.start()
         return self
+
+    def supersede(self) -> None:
+        """A later config replaces this one: stop before the next try."""
+        self._superseded = True
+        self._wake.set()
 
     def finish(self, deadline: float) -> None:
         """At shutdown, after the frames: one more try now, until ``deadline``
@@ -143,10 +150,16 @@ class ConfigSender:
         own = self._http is None
         http = self._http or httpx.Client(timeout=self.timeout, verify=shared_ssl_context())
         try:
+            if self._after is not None:  # its PUT in flight lands first, never after ours
+                self._after.supersede()
+                self._after.done.wait(self.timeout + 1.0)
+                self._after = None
             attempt = 0
-            while True:
-                while not (self._ready.is_set() or self._last_try):
+            while not self._superseded:
+                while not (self._ready.is_set() or self._last_try or self._superseded):
                     self._wake.wait(0.5)
+                if self._superseded:
+                    break
                 finished, after = self._put(http)
                 if finished or self._last_try:
                     break

@@ -97,6 +97,25 @@ def test_config_is_retried_until_the_collector_comes_up(tmp_path: Path) -> None:
         client.shutdown(5.0)
 
 
+def test_a_later_config_replaces_an_earlier_one(tmp_path: Path) -> None:
+    """Two ``set_config`` calls while the collector is down: the second replaces the first,
+    also once both would be sent (the first's sender stops before the second puts; two
+    senders used to put in turn, and the older config could land last)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    client = Client(url, run="twice", config=ClientConfig(max_backoff=0.5, spool_interval=0.2,
+                                                          interval=0.1))
+    client.set_config({"lr": 0.1})
+    client.send(0, {"loss": 2.0}, {})
+    client.set_config({"lr": 0.2, "seed": 4})
+    time.sleep(1.0)
+    with Collector(f"sqlite:///{tmp_path / 'c.db'}", port=port) as col:
+        assert run_config(col.url, "twice") is not None
+        client.shutdown(5.0)
+        time.sleep(0.5)  # anything still in flight lands
+        assert run_config(col.url, "twice") == {"lr": 0.2, "seed": 4}
+
+
 def test_hf_callback_sends_the_training_arguments(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     from test_integrations import hf_trainer
