@@ -78,6 +78,22 @@ def test_deeply_nested_json_is_a_json_422(app_client: TestClient) -> None:
     assert runs(app_client) == []
 
 
+def test_a_number_of_thousands_of_digits_is_a_json_422(app_client: TestClient) -> None:
+    """An integer past Python's 4,300 digits, in a scalar or a history: the parser raised a
+    plain ValueError, answered 500 with a traceback in the log."""
+    huge = "1" * 5000
+    t = frame(0)["time"]
+    for body in (
+        f'{{"frames": [{{"run": "r", "seq": 0, "step": 0, "time": {t}, '
+        f'"scalars": {{"loss": {huge}}}}}]}}',
+        f'{{"frames": [{{"run": "r", "seq": 0, "step": 1, "time": {t}, "scalars": {{}}, '
+        f'"history": {{"steps": [0], "scalars": {{"loss": [{huge}]}}}}}}]}}',
+    ):
+        r = app_client.post("/api/v1/ingest", content=body.encode(), headers=JSON)
+        assert r.status_code == 422 and "too many digits" in r.json()["message"], r.text
+    assert runs(app_client) == []
+
+
 # --- 2. one shape per metric in a batch ---------------------------------------------------
 
 

@@ -190,3 +190,11 @@ def test_replay_a_huge_int_names_its_line_and_field(tmp_path: Path) -> None:
     out = _clean(_replay(p))
     assert "line 3: history: scalars.loss.0" in out
     assert "int too large" not in out
+
+
+def test_replay_a_number_of_thousands_of_digits_names_the_line(tmp_path: Path) -> None:
+    p = tmp_path / "digits.jsonl"
+    p.write_text(_lines(_ok_frames(2)) + '{"run":"a","seq":2,"step":2,"time":1.0,'
+                 '"scalars":{"loss":' + "1" * 5000 + "}}\n")
+    out = _clean(_replay(p))
+    assert f"{p}:3" in out and "too many digits" in out

@@ -114,6 +114,9 @@ def read_frame_lines(
                 except RecursionError:
                     raise ValueError(f"{path}:{i}: JSON nested too deeply (a frame is at "
                                      "most 4 levels deep)") from None
+                except ValueError as e:  # an integer past Python's 4,300 digits
+                    raise ValueError(f"{path}:{i}: a number has too many digits ({e})"
+                                     ) from None
                 if i == 1 and isinstance(obj, dict) and "seq" not in obj:
                     header = obj
                     continue

@@ -113,6 +113,12 @@ def _slow(body: bytes) -> IngestIn:
             "type": "json_invalid", "loc": ("body",), "msg": f"JSON decode error: {e.reason}",
             "input": {},
         }]) from None
+    except ValueError as e:  # an integer past Python's 4,300 digits (a plain ValueError)
+        raise RequestValidationError([{
+            "type": "json_invalid", "loc": ("body",), "input": {},
+            "msg": f"JSON decode error: a number has too many digits ({e}); send numbers as "
+                   "floats or ints of at most 19 digits",
+        }]) from None
     frames = data.get("frames") if type(data) is dict else None
     if type(frames) is not list or not 1 <= len(frames) <= _MAX_FRAMES or len(data) != 1:
         return _validate(IngestIn, data, ())  # one error about the batch itself
