@@ -145,7 +145,8 @@ def _want(shapes: dict[str, tuple[int, int]], name: str, shape: tuple[int, int])
     if have != shape:
         raise BadRequest(
             "shape-mismatch",
-            f"metric {name!r} is sent as {_kind(have)} and as {_kind(shape)} in this batch",
+            f"metric {name!r} is sent as {_kind(have)} and as {_kind(shape)} in this batch; "
+            "nothing was stored: send one shape per name (another name for the other)",
         )
 
 
