@@ -75,7 +75,13 @@ class PaddingMask:
             raw = self._raw
             if raw is not None:
                 real = raw.detach()
-                real = real if real.dtype == torch.bool else real != 0
+                if real.is_floating_point():
+                    # 1/0 (real/padded), or additive (0 real, a large negative padded): a
+                    # mask with any negative value is additive; decided on the device (a
+                    # device tensor, no sync)
+                    real = torch.where((real < 0).any(), real > -1, real != 0)
+                elif real.dtype != torch.bool:
+                    real = real != 0
                 # a CPU mask of real tokens only changes nothing: dropped, so that the
                 # statistics keep their mask-free path (a read on the host, not a sync)
                 if real.device.type == "cpu" and bool(real.all()):

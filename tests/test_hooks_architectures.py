@@ -433,3 +433,20 @@ def test_training_is_bit_for_bit_unchanged(name: str) -> None:
                               strict=True):
         assert torch.equal(a, b), n
     assert not torch.equal(next(model.parameters()), next(plain.parameters()))  # it trained
+
+
+@pytest.mark.parametrize("kind", ["bool", "int", "float", "additive", "additive_inf"])
+def test_a_2d_attention_mask_of_any_convention_marks_the_same_tokens(kind: str) -> None:
+    """``attention_mask`` as HF tokenizers give it (1 real, 0 padded: bool, int or float)
+    or additive (0 real, a large negative or -inf padded): the same real tokens. An additive
+    mask used to be read the other way round (its padded positions taken as real)."""
+    from logitwatch.hooks._padding import PaddingMask
+
+    real = torch.tensor([[True, True, True, False], [False, True, True, True]])
+    mask = {"bool": real, "int": real.long(), "float": real.float(),
+            "additive": (~real).float() * -1e9,
+            "additive_inf": torch.where(real, 0.0, float("-inf"))}[kind]
+    pm = PaddingMask(nn.Linear(2, 2))
+    pm.capture((), {"attention_mask": mask})
+    q, k = pm.for_call(2, 4, 4)
+    assert q is not None and k is not None and torch.equal(q, real) and torch.equal(k, real)
