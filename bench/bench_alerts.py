@@ -72,7 +72,8 @@ read46`` (every run through ``fresh46``) and replayed once on ``fresh47`` (6,144
 fixed after ``fresh45`` and ``fresh46`` were read). The next change is chosen on ``--split
 read47`` and replayed once on ``fresh48`` (bytes, fixed after ``fresh47`` was read); the
 one after it on ``--split read48`` and ``fresh49`` (1,536 tokens, fixed before ``fresh48``
-was read).
+was read), and the one after that on ``--split read49`` and ``fresh50`` (2,560 tokens, fixed
+after ``fresh48`` was read, before ``fresh49`` is).
 
 Usage::
 
@@ -409,7 +410,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 49
+NEWEST = 50
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
