@@ -39,6 +39,7 @@ __all__ = [
     "IngestIn",
     "IngestOut",
     "MAX_REQUEST_HISTORY_STEPS",
+    "MAX_REQUEST_RANKS",
     "MAX_REQUEST_RUNS",
     "MetricOut",
     "RunOut",
@@ -64,6 +65,11 @@ MAX_AHEAD = 86_400.0
 #: every 50 steps, a flush every 10), so a full batch carries at most ~13,000.
 MAX_REQUEST_HISTORY_STEPS = 20_000
 MAX_REQUEST_RUNS = 1_000
+#: Most distinct (run, rank) pairs one ingest request may carry: the alert engine rebuilds
+#: the state of each pair it does not hold from the store, under the ingest lock (a batch
+#: of 10,000 ranks held it 10-15 s, and every other job's ingest waited). A client's batch
+#: is one rank of one run.
+MAX_REQUEST_RANKS = 1_000
 
 
 #: A history value: a wire float, or null where the step did not measure the series.
@@ -361,7 +367,8 @@ class IngestIn(BaseModel):
 
 def request_limits_problem(frames: list[FrameIn]) -> str | None:
     """What makes a batch of valid ``frames`` more than one request may carry
-    (:data:`MAX_REQUEST_HISTORY_STEPS`, :data:`MAX_REQUEST_RUNS`), or None."""
+    (:data:`MAX_REQUEST_HISTORY_STEPS`, :data:`MAX_REQUEST_RUNS`,
+    :data:`MAX_REQUEST_RANKS`), or None."""
     steps = sum(len(f.history.steps) for f in frames if f.history is not None)
     if steps > MAX_REQUEST_HISTORY_STEPS:
         return (f"frames: {steps} history steps in all, at most {MAX_REQUEST_HISTORY_STEPS} "
@@ -370,6 +377,11 @@ def request_limits_problem(frames: list[FrameIn]) -> str | None:
     if runs > MAX_REQUEST_RUNS:
         return (f"frames: {runs} distinct runs, at most {MAX_REQUEST_RUNS} a request; send "
                 "the frames in smaller batches")
+    ranks = len({(f.project, f.run, f.rank) for f in frames})
+    if ranks > MAX_REQUEST_RANKS:
+        return (f"frames: {ranks} distinct (run, rank) pairs, at most {MAX_REQUEST_RANKS} a "
+                "request; send the frames in smaller batches (one per rank, as the client "
+                "does)")
     return None
 
 

@@ -18,7 +18,11 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from logitwatch.cli import main
-from logitwatch.server.schemas import MAX_REQUEST_HISTORY_STEPS, MAX_REQUEST_RUNS
+from logitwatch.server.schemas import (
+    MAX_REQUEST_HISTORY_STEPS,
+    MAX_REQUEST_RANKS,
+    MAX_REQUEST_RUNS,
+)
 from tests.hostile import runs
 
 
@@ -71,6 +75,19 @@ def test_too_many_runs_in_one_request_are_refused(app_client: TestClient) -> Non
     assert f"{MAX_REQUEST_RUNS + 1} distinct runs" in msg and str(MAX_REQUEST_RUNS) in msg
     assert "smaller batches" in msg
     assert runs(app_client) == []
+
+
+def test_too_many_ranks_in_one_request_are_refused(app_client: TestClient) -> None:
+    """A batch of one run's 1,001 ranks: refused before the store or the alert engine
+    runs (each new rank's alert state is rebuilt under the ingest lock); 1,000 are
+    stored."""
+    frames = [{**_frame(run="wide"), "rank": i} for i in range(MAX_REQUEST_RANKS + 1)]
+    r = _post(app_client, frames)
+    assert r.status_code == 422, r.text
+    msg = r.json()["message"]
+    assert f"{MAX_REQUEST_RANKS + 1} distinct (run, rank) pairs" in msg and "smaller" in msg
+    assert runs(app_client) == []
+    assert _post(app_client, frames[:MAX_REQUEST_RANKS]).status_code == 200
 
 
 def test_the_limits_hold_on_the_slow_path_too(app_client: TestClient) -> None:
