@@ -196,7 +196,13 @@ def test_series_per_rank_merged_ranges_and_one_head(client: TestClient) -> None:
     assert env["values"][0] == pytest.approx(212.0)
 
 
-def test_heatmap_over_the_whole_run(client: TestClient) -> None:
+@pytest.mark.parametrize("chunk", [2_000, 3])
+def test_heatmap_over_the_whole_run(client: TestClient, monkeypatch: pytest.MonkeyPatch,
+                                    chunk: int) -> None:
+    """Reduced a chunk of matrices at a time (3: across four chunks), the same figures."""
+    from logitwatch.server.store import queries
+
+    monkeypatch.setattr(queries, "HEATMAP_CHUNK", chunk)
     frames = [frame(i, heads={"attn.logit_max": mat(i)}) for i in range(10)]
     spike = mat(4)
     spike[0][1] = 999.0
@@ -212,6 +218,7 @@ def test_heatmap_over_the_whole_run(client: TestClient) -> None:
     assert part["frames"] == 2 and part["values"][1][0] == pytest.approx(10 + 2 * 0.5)
     mean = client.get("/api/v1/runs/1/heatmap", params={"agg": "mean"}).json()
     assert math.isfinite(mean["values"][0][1])            # NaN left out of the mean
+    assert mean["values"][1][2] == pytest.approx(12.85)  # 12 + 0.5 i, and 1.0 at step 60
     latest = client.get("/api/v1/runs/1/heatmap").json()
     assert latest["step"] == 90 and latest["agg"] is None
 

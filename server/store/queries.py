@@ -400,6 +400,10 @@ def _envelope(mat: np.ndarray) -> np.ndarray:
         return np.max(mat, axis=1)  # type: ignore[no-any-return]
 
 
+#: Matrices read and reduced at a time by an aggregated heatmap.
+HEATMAP_CHUNK = 2_000
+
+
 def get_heatmap(
     session: Session,
     *,
@@ -433,23 +437,39 @@ def get_heatmap(
         mat = decode(row[1], m.layers, m.heads).astype(np.float64)
         return HeatmapOut(name=name, rank=rank, step=row[0], values=mat.tolist())
     q = _frames_query([Frame.step, Point.data], m.id, rank, start, end, None, None, bounds)
-    rows = session.execute(q.where(Frame.run_id == run_id)).all()
-    if not rows:
+    # reduced a chunk at a time: a long run's matrices (up to 65,536 values each) are never
+    # all in memory at once
+    width = m.layers * m.heads
+    red: np.ndarray | None = None
+    total = np.zeros(width, dtype=np.float64)
+    count = np.zeros(width, dtype=np.int64)
+    frames, first, last = 0, None, None
+    result = session.execute(q.where(Frame.run_id == run_id).execution_options(
+        yield_per=HEATMAP_CHUNK))
+    for chunk in result.partitions():
+        stack = np.frombuffer(b"".join([r[1] for r in chunk]), dtype="<f4").reshape(
+            len(chunk), width)
+        steps = [r[0] for r in chunk]
+        frames += len(chunk)
+        first = min(steps) if first is None else min(first, *steps)
+        last = max(steps) if last is None else max(last, *steps)
+        with np.errstate(invalid="ignore"):
+            if agg == "max":
+                part = np.fmax.reduce(stack, axis=0)
+                red = part if red is None else np.fmax(red, part)
+            elif agg == "min":
+                part = np.fmin.reduce(stack, axis=0)
+                red = part if red is None else np.fmin(red, part)
+            else:
+                fin = np.isfinite(stack)
+                total += np.where(fin, stack, 0).sum(axis=0, dtype=np.float64)
+                count += fin.sum(axis=0)
+    if not frames:
         return HeatmapOut(name=name, rank=rank, step=None, values=[], agg=agg, frames=0)
-    stack = np.frombuffer(b"".join([r[1] for r in rows]), dtype="<f4").reshape(
-        len(rows), m.layers * m.heads
-    )
-    with np.errstate(invalid="ignore", divide="ignore"):
-        if agg == "max":
-            red = np.fmax.reduce(stack, axis=0)
-        elif agg == "min":
-            red = np.fmin.reduce(stack, axis=0)
-        else:
-            fin = np.isfinite(stack)
-            red = np.where(fin, stack, 0).sum(axis=0, dtype=np.float64) / fin.sum(axis=0)
-    steps = [r[0] for r in rows]
+    if red is None:  # mean over finite values
+        with np.errstate(invalid="ignore", divide="ignore"):
+            red = total / count
     return HeatmapOut(
-        name=name, rank=rank, step=max(steps), first_step=min(steps), agg=agg,
-        frames=len(rows),
+        name=name, rank=rank, step=last, first_step=first, agg=agg, frames=frames,
         values=red.astype(np.float64).reshape(m.layers, m.heads).tolist(),
     )
