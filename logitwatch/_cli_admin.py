@@ -53,10 +53,14 @@ def token_list(project: str | None, db_url: str | None) -> None:
     """List tokens (prefix only: the secrets are not stored)."""
     import time
 
-    with _store(db_url) as s:
-        from logitwatch.server.store.tokens import list_tokens
+    try:
+        with _store(db_url, create=False) as s:
+            from logitwatch.server.store.tokens import list_tokens
 
-        tokens = list_tokens(s, project=project)
+            tokens = list_tokens(s, project=project)
+    except NoStore as e:
+        click.echo(f"no tokens: {e.message}")
+        return
     if not tokens:
         click.echo("no tokens (open mode on 127.0.0.1)")
         return
@@ -78,7 +82,7 @@ def token_list(project: str | None, db_url: str | None) -> None:
 def token_revoke(token_id: int, db_url: str | None) -> None:
     """Revoke token TOKEN_ID (see `token list`); a running collector stops accepting it
     within its auth cache time (2 s by default)."""
-    with _store(db_url) as s:
+    with _store(db_url, create=False) as s:
         from logitwatch.server.store.tokens import revoke_token
 
         info = revoke_token(s, token_id=token_id)

@@ -59,7 +59,29 @@ def resolve_db(db_url: str | None) -> str:
     try:
         return Settings(db_url=db_url).db_url if db_url else Settings().db_url
     except ValueError as e:
-        raise click.ClickException(str(e)) from e
+        raise click.ClickException(settings_error(e)) from e
+
+
+#: settings the command line sets, by field: the option to name in an error
+_OPTIONS = {"db_url": "--db", "host": "--host", "port": "--port", "webhook_url": "--webhook"}
+
+
+def settings_error(e: ValueError) -> str:
+    """A settings error as lines a person can act on: each naming the option or the
+    ``LOGITWATCH_*`` variable it came from (pydantic's own text names the field only)."""
+    from pydantic import ValidationError
+
+    if not isinstance(e, ValidationError):
+        return str(e)
+    lines = []
+    for err in e.errors():
+        field = str(err["loc"][0]) if err.get("loc") else ""
+        where = (f"{_OPTIONS[field]} / LOGITWATCH_{field.upper()}" if field in _OPTIONS
+                 else f"LOGITWATCH_{field.upper()}" if field else "settings")
+        msg = str(err.get("msg", "")).removeprefix("Value error, ")
+        got = "" if "got " in msg else f" (got {err.get('input')!r})"
+        lines.append(f"{where}: {msg}{got}")
+    return "\n".join(lines)
 
 
 @contextmanager
@@ -81,15 +103,34 @@ def store(db_url: str | None, *, announce: bool = True,
         raise NoStore(f"no store at {show_store(url)} yet: nothing was recorded there "
                       "(`logitwatch serve` and `logitwatch demo` create it; --db or "
                       "LOGITWATCH_HOME name another)")
-    engine = make_engine(url)
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        engine = make_engine(url)
+    except ModuleNotFoundError as e:
+        raise click.ClickException(
+            f"{show_store(url)}: its database driver ({e.name}) is not installed; for "
+            "PostgreSQL: pip install 'logitwatch[server,postgres]'") from e
+    except OSError as e:
+        raise click.ClickException(f"{show_store(url)}: cannot be created ({e}); check the "
+                                   "path (--db, LOGITWATCH_HOME)") from e
     try:
         migrate(engine)
         with session_scope(sessionmaker(engine, expire_on_commit=False)) as s:
             yield s
     except ApiError as e:
         raise click.ClickException(e.message) from e
+    except DBAPIError as e:
+        why = str(e.orig or e).strip().splitlines()[0][:300]
+        raise click.ClickException(
+            f"cannot use the store {show_store(url)}: {why}; is the database server running, "
+            "and are the URL and its credentials right?") from e
+    except OSError as e:
+        raise click.ClickException(f"cannot use the store {show_store(url)}: {e}; check the "
+                                   "path (--db, LOGITWATCH_HOME)") from e
     finally:
-        engine.dispose()
+        if "engine" in locals():
+            engine.dispose()
 
 
 DB_OPTION = click.option("--db", "db_url", default=None, metavar="URL",

@@ -69,7 +69,10 @@ def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
     try:
         settings = Settings(**kwargs)  # type: ignore[arg-type]
     except ValueError as e:
-        raise click.ClickException(str(e)) from e
+        from logitwatch._cli_store import settings_error
+
+        raise click.ClickException(settings_error(e)) from e
+    _check_rules(settings)
     with _store(settings.db_url) as s:
         from logitwatch.server.store.tokens import count_tokens
 
@@ -89,10 +92,30 @@ def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
     if tokens == 0 and insecure_no_auth:
         click.secho(f"WARNING: serving on {host} WITHOUT AUTHENTICATION: anyone who can reach "
                     "this port can read and write every run.", fg="red", err=True)
-    mode = f"{active} API token(s) active" if tokens else "open mode: no API tokens"
-    click.echo(f"logitwatch collector on http://{_url_host(host)}:{port}  ({mode})")
+    if tokens:
+        mode = f"{active} API token(s) active"
+    elif settings.require_tokens:
+        mode = "tokens required, none yet: `logitwatch token create ...`"
+    else:
+        mode = "open mode: no API tokens"
+    where = (f"http://{_url_host(host)}:{port}" if port else
+             f"{_url_host(host)}, on the port the server log below names")
+    click.echo(f"logitwatch collector on {where}  ({mode})")
     run_guarded(create_app(settings), settings, log_level=log_level)
 
+
+
+def _check_rules(settings: object) -> None:
+    """Load the alert rules the collector will start from (``LOGITWATCH_ALERT_RULES``) before
+    anything is printed: a bad file is a one-line error, not a traceback after the banner."""
+    from logitwatch.server.alerts.config import configured_rules, rules_file
+    from logitwatch.server.alerts.rules import RuleError
+
+    try:
+        configured_rules(settings)
+    except RuleError as e:
+        raise click.ClickException(f"LOGITWATCH_ALERT_RULES ({rules_file(None)}): {e}"
+                                   ) from e
 
 
 @main.command()
@@ -198,9 +221,11 @@ def demo(port: int, db_url: str | None, steps: int | None, settings: tuple[str, 
     `logitwatch runs list` and `logitwatch serve` show them afterwards."""
     from logitwatch.demo.runner import run_demo
     from logitwatch.server.serving import PortInUse, check_port
+    from logitwatch.server.settings import Settings
 
     url = resolve_db(db_url)
     click.echo(f"store: {show_store(url)}", err=True)
+    _check_rules(Settings(db_url=url))
     try:
         check_port("127.0.0.1", port)
     except PortInUse as e:
@@ -298,7 +323,8 @@ def _print_alerts(alerts: list) -> None:  # type: ignore[type-arg]
 @main.command("alerts")
 @click.option("--run", "run", required=True, help="Run id or name.")
 @click.option("--project", default=None, help="Project of the run (when names repeat).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (one object per alert).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON (an array, one object per alert).")
 @_DB
 def alerts_cmd(run: str, project: str | None, as_json: bool, db_url: str | None) -> None:
     """Print the alerts a run fired, with their steps (read from the database)."""

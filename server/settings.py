@@ -232,6 +232,20 @@ class Settings(BaseSettings):
         # docker-compose passes an unset variable as "": retention off.
         return None if isinstance(v, str) and not v.strip() else v
 
+    @field_validator("webhook_url")
+    @classmethod
+    def _check_webhook(cls, v: str | None) -> str | None:
+        """An http(s) URL with a host, refused at startup rather than at the first alert."""
+        if v is None or not v.strip():
+            return None
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(v.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"webhook_url must be an http:// or https:// URL with a host, "
+                             f"got {v!r}")
+        return v.strip()
+
     @field_validator("db_url")
     @classmethod
     def _check_url(cls, v: str) -> str:

@@ -44,6 +44,74 @@ def test_serve_on_a_port_in_use_fails_before_its_banner() -> None:
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("kind", ["directory", "yaml", "missing"])
+def test_serve_with_a_bad_rules_file_says_so_before_its_banner(tmp_path: Path,
+                                                                kind: str) -> None:
+    """A bad ``LOGITWATCH_ALERT_RULES`` used to print the banner, then a 40-line traceback
+    from inside the app factory."""
+    from click.testing import CliRunner
+
+    path = {"directory": tmp_path, "yaml": tmp_path / "bad.yaml",
+            "missing": tmp_path / "nope.yaml"}[kind]
+    if kind == "yaml":
+        path.write_text("rules: [\n")
+    r = CliRunner().invoke(main, ["serve", "--port", "0", "--db",
+                                  f"sqlite:///{tmp_path / 'c.db'}"],
+                           env={"LOGITWATCH_ALERT_RULES": str(path)})
+    assert r.exit_code == 1, r.output
+    assert "LOGITWATCH_ALERT_RULES" in r.output and str(path) in r.output
+    assert "collector on" not in r.output and "Traceback" not in r.output
+
+
+def test_a_store_that_cannot_be_opened_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = runner.invoke(main, ["runs", "list", "--db",
+                             f"postgresql+psycopg://u:p@127.0.0.1:{port}/db"])
+    assert r.exit_code == 1 and "is the database server running" in r.output, r.output
+    assert "Traceback" not in r.output and ":p@" not in r.output  # no password shown
+    home = tmp_path / "a-file"
+    home.write_text("")
+    r = runner.invoke(main, ["serve", "--port", "0"], env={"LOGITWATCH_HOME": str(home),
+                                                           "LOGITWATCH_DB_URL": None})
+    assert r.exit_code == 1 and "cannot be created" in r.output, r.output
+    assert "LOGITWATCH_HOME" in r.output and "Traceback" not in r.output
+
+
+def test_a_bad_setting_names_its_variable_or_option() -> None:
+    """pydantic's own text named the field and linked its docs; the person must find the
+    ``LOGITWATCH_*`` variable or the option."""
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    r = runner.invoke(main, ["serve", "--port", "0"],
+                      env={"LOGITWATCH_MAX_REQUEST_BYTES": "abc"})
+    assert r.exit_code == 1 and "LOGITWATCH_MAX_REQUEST_BYTES: " in r.output, r.output
+    assert "'abc'" in r.output and "pydantic.dev" not in r.output
+    r = runner.invoke(main, ["runs", "list", "--db", "notadb"])
+    assert r.exit_code == 1 and "--db / LOGITWATCH_DB_URL: " in r.output, r.output
+    assert "pydantic.dev" not in r.output
+    # a webhook that can never be delivered to is refused at startup, not at the first alert
+    for bad in ("notaurl", "ftp://example.org/hook", "http://"):
+        r = runner.invoke(main, ["serve", "--port", "0", "--webhook", bad])
+        assert r.exit_code == 1 and "--webhook / LOGITWATCH_WEBHOOK_URL: " in r.output, r.output
+        assert "collector on" not in r.output
+
+
+def test_token_list_does_not_create_a_store(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    home = tmp_path / "home"
+    r = CliRunner().invoke(main, ["token", "list"], env={"LOGITWATCH_HOME": str(home),
+                                                         "LOGITWATCH_DB_URL": None})
+    assert r.exit_code == 0 and "no tokens: no store" in r.output, r.output
+    assert not home.exists()
+
+
 def _options(cmd: click.Command, path: str = "logitwatch") -> list[tuple[str, click.Option]]:
     out = [(path, p) for p in cmd.params if isinstance(p, click.Option)]
     if isinstance(cmd, click.Group):

@@ -50,8 +50,14 @@ def test_create_refuses_bad_arguments(sqlite_url: str, args: list[str], message:
 
 
 def test_revoke_unknown_token(sqlite_url: str) -> None:
+    # no store there: said, and none is created
     r = CliRunner().invoke(main, ["token", "revoke", "42", "--db", sqlite_url])
-    assert r.exit_code == 1 and "no token with id 42" in r.output
+    assert r.exit_code == 1 and "no store at" in r.output, r.output
+    r = CliRunner().invoke(main, ["token", "create", "--project", "p", "--scope", "read",
+                                  "--db", sqlite_url])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["token", "revoke", "42", "--db", sqlite_url])
+    assert r.exit_code == 1 and "no token with id 42" in r.output, r.output
 
 
 def test_serve_on_all_interfaces_without_tokens_is_refused(

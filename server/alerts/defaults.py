@@ -425,7 +425,12 @@ def load_rules_file(path: str | os.PathLike[str]) -> list[RuleSpec]:
     A rule with the name of a default replaces it (``enabled: false`` turns it off).
     Raises :class:`RuleError` saying which rule and field are wrong.
     """
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise RuleError(f"{path}: cannot be read as a rules file ({why}); give a YAML file "
+                        "of `rules: [...]`") from e
     try:
         import yaml
     except ImportError:  # pragma: no cover - yaml is a server dependency
