@@ -14,9 +14,20 @@ TORCH_INDEX=${LOGITWATCH_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 
 make_venv() {
+  # a .venv whose pip is missing (made by a Python without ensurepip: Debian's python3
+  # without python3-venv) is made again, not reused
+  if [ -x .venv/bin/python ] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    echo "==> .venv has no pip (an earlier creation failed): making it again"
+    rm -rf .venv
+  fi
   if [ ! -x .venv/bin/python ]; then
     echo "==> creating .venv"
-    "$PY" -m venv .venv
+    if ! "$PY" -m venv .venv; then
+      rm -rf .venv
+      echo "error: '$PY -m venv' failed; on Debian or Ubuntu install python3-venv" \
+           "(sudo apt-get install python3-venv), or set PYTHON to another Python 3.10+" >&2
+      exit 1
+    fi
   fi
 }
 
