@@ -5,6 +5,7 @@ that opens the store shares in :mod:`logitwatch._cli_store`."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -73,6 +74,7 @@ def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
 
         raise click.ClickException(settings_error(e)) from e
     _check_rules(settings)
+    _warn_unknown_env()
     with _store(settings.db_url) as s:
         from logitwatch.server.store.tokens import count_tokens
 
@@ -103,6 +105,32 @@ def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
     click.echo(f"logitwatch collector on {where}  ({mode})")
     run_guarded(create_app(settings), settings, log_level=log_level)
 
+
+
+#: ``LOGITWATCH_*`` variables that are neither a collector setting nor a client field
+_OTHER_ENV = {"HOME", "TOKEN", "ALERT_RULES", "TORCH_INDEX", "TEST_PG_URL", "REQUIRE_PG",
+              "REQUIRE_BROWSER"}
+
+
+def _warn_unknown_env() -> None:
+    """Say which ``LOGITWATCH_*`` variables nothing reads (a misspelt
+    ``LOGITWATCH_REQUIRE_TOKEN`` would leave the collector open without a word), with the
+    name meant when one is close."""
+    import difflib
+    from dataclasses import fields
+
+    from logitwatch.client import ClientConfig
+    from logitwatch.server.settings import Settings
+
+    known = {n.upper() for n in Settings.model_fields} | {
+        f.name.upper() for f in fields(ClientConfig)} | _OTHER_ENV
+    for var in sorted(os.environ):
+        name = var.removeprefix("LOGITWATCH_")
+        if var.startswith("LOGITWATCH_") and name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean LOGITWATCH_{close[0]}?)" if close else ""
+            click.secho(f"WARNING: {var} is not a logitwatch setting and is ignored{hint}",
+                        fg="yellow", err=True)
 
 
 def _check_rules(settings: object) -> None:

@@ -102,6 +102,20 @@ def test_a_bad_setting_names_its_variable_or_option() -> None:
         assert "collector on" not in r.output
 
 
+def test_serve_warns_of_a_misspelt_variable(tmp_path: Path) -> None:
+    """``LOGITWATCH_REQUIRE_TOKEN`` (no S) left the collector open without a word."""
+    from click.testing import CliRunner
+
+    home = tmp_path / "a-file"  # the store then fails: serve stops after its warnings
+    home.write_text("")
+    r = CliRunner().invoke(main, ["serve", "--port", "0"],
+                           env={"LOGITWATCH_HOME": str(home), "LOGITWATCH_DB_URL": None,
+                                "LOGITWATCH_REQUIRE_TOKEN": "1", "LOGITWATCH_TOKEN": "x"})
+    assert ("LOGITWATCH_REQUIRE_TOKEN is not a logitwatch setting and is ignored (did you "
+            "mean LOGITWATCH_REQUIRE_TOKENS?)") in r.output, r.output
+    assert "LOGITWATCH_TOKEN is not" not in r.output  # the client's, and push's
+
+
 def test_token_list_does_not_create_a_store(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
