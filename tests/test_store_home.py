@@ -80,6 +80,11 @@ def test_reading_an_absent_store_does_not_create_it(logitwatch_home: Path) -> No
 def test_every_command_names_its_store(tmp_path: Path, logitwatch_home: Path) -> None:
     store = f"store: sqlite:///{logitwatch_home.resolve() / 'logitwatch.db'}"
     run = CliRunner().invoke
+    r = run(main, ["token", "list"])  # only reads: no store yet, and none made
+    assert r.exit_code == 0 and store in r.stderr and "no tokens: no store" in r.output
+    assert not (logitwatch_home / "logitwatch.db").exists()
+    r = run(main, ["token", "create", "--project", "p", "--scope", "read"])  # makes it
+    assert r.exit_code == 0 and store in r.stderr, r.output
     for args in (["token", "list"], ["runs", "list"], ["retention", "--older-than", "1"]):
         r = run(main, args)
         assert r.exit_code == 0 and store in r.stderr, (args, r.output)
