@@ -129,8 +129,7 @@ def store(db_url: str | None, *, announce: bool = True,
         raise click.ClickException(f"cannot use the store {show_store(url)}: {e}; check the "
                                    "path (--db, LOGITWATCH_HOME)") from e
     finally:
-        if "engine" in locals():
-            engine.dispose()
+        engine.dispose()
 
 
 DB_OPTION = click.option("--db", "db_url", default=None, metavar="URL",
