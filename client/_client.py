@@ -35,6 +35,8 @@ log = logging.getLogger("logitwatch.client")
 AlertCallback = Callable[[dict[str, Any]], None]
 
 _CAUSE = re.compile(r"'[^']*'|\d+|\(.*")  # names, numbers, details: not part of a cause
+#: The most alert (id, severity) pairs a client remembers reporting to ``on_alert``.
+SEEN_ALERTS = 10_000
 
 
 class Client:
@@ -106,7 +108,7 @@ class Client:
         self._http_pid = os.getpid()
         self._callbacks: list[AlertCallback] = []
         self._annotators: list[AlertCallback] = []
-        self._seen_alerts: set[Any] = set()
+        self._seen_alerts: dict[Any, None] = {}  # (id, severity), oldest first
         self._control: dict[str, Any] = {}
         self._closed = False
         self._warned: set[str] = set()
@@ -450,7 +452,10 @@ class Client:
             key = (aid, str(alert.get("severity", "")))
             if key in self._seen_alerts:
                 continue
-            self._seen_alerts.add(key)
+            self._seen_alerts[key] = None
+            if len(self._seen_alerts) > SEEN_ALERTS:  # a month of alerts: forget the oldest
+                for old in list(self._seen_alerts)[: SEEN_ALERTS // 10]:
+                    del self._seen_alerts[old]
             if self._annotators:
                 alert = dict(alert)
                 for annotator in list(self._annotators):

@@ -78,6 +78,10 @@ COUNTERS = (
 #: run, nor crowd out the frames still to deliver.
 ASIDE_SHARE = 0.1
 
+#: The most distinct causes a client warns of once each (its memory of them is bounded:
+#: a cause may carry a collector's error code); later causes are logged at debug level.
+WARN_KEYS = 256
+
 
 _SEQ = re.compile(rb'"seq":(\d+)')
 
@@ -445,6 +449,8 @@ class Backlog(SpoolSide):
                 waiter.ok = False
 
     def _warn_once(self, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
-        level = logging.DEBUG if key in self._warned else logging.WARNING
-        self._warned.add(key)
-        log.log(level, msg, *args, exc_info=exc_info)
+        # keys may carry a collector's error code: at most WARN_KEYS kept, later ones quiet
+        first = key not in self._warned and len(self._warned) < WARN_KEYS
+        if first:
+            self._warned.add(key)
+        log.log(logging.WARNING if first else logging.DEBUG, msg, *args, exc_info=exc_info)

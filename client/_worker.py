@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._http import IngestTransport, Outcome, backoff_delay, failure_hint
-from ._queue import Backlog, Batch, _seq
+from ._queue import WARN_KEYS, Backlog, Batch, _seq
 
 __all__ = ["Sender", "Spooler"]
 
@@ -299,9 +299,11 @@ class Sender:
             log.exception("logitwatch: handling the ingest answer failed")
 
     def _warn_once(self, key: str, msg: str, *args: Any) -> None:
-        level = logging.DEBUG if key in self._warned else logging.WARNING
-        self._warned.add(key)
-        log.log(level, msg, *args)
+        # keys may carry a collector's error code: at most WARN_KEYS kept, later ones quiet
+        first = key not in self._warned and len(self._warned) < WARN_KEYS
+        if first:
+            self._warned.add(key)
+        log.log(logging.WARNING if first else logging.DEBUG, msg, *args)
 
 
 class Spooler:

@@ -394,3 +394,27 @@ def test_a_bug_in_the_sender_thread_does_not_stop_delivery(make_client, caplog) 
     assert [f["step"] for f in collector.delivered] == [0, 1, 2]
     assert caplog.text.count("the sender thread failed to send a batch") == 1
     assert "frames are no longer sent" not in caplog.text
+
+
+def test_what_a_client_remembers_of_a_collector_is_bounded(caplog) -> None:
+    """Over a month-long run a collector reports many alerts, and may answer with many
+    distinct error codes: the alerts already reported (for ``on_alert``) and the causes
+    already warned of are bounded; the newest alerts are still reported once each."""
+    from logitwatch.client import _client as client_mod
+    from logitwatch.client._queue import WARN_KEYS
+
+    client = Client(None, run="r1")  # no collector: only the answer handling is exercised
+    seen: list[int] = []
+    client.on_alert(lambda a: seen.append(a["id"]))
+    n = client_mod.SEEN_ALERTS + 500
+    for i in range(n):
+        client._handle_answer({"alerts": [{"id": i, "run": "r1", "severity": "warning"}]})
+    client._handle_answer({"alerts": [{"id": n - 1, "run": "r1", "severity": "warning"}]})
+    assert seen == list(range(n))  # each once, the newest included
+    assert len(client._seen_alerts) <= client_mod.SEEN_ALERTS
+    backlog = client._backlog
+    with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
+        for i in range(WARN_KEYS + 50):
+            backlog._warn_once(f"code-{i}", "refused: %s", i)
+    assert len(backlog._warned) == WARN_KEYS
+    assert caplog.text.count("refused:") == WARN_KEYS
