@@ -83,6 +83,17 @@ ASIDE_SHARE = 0.1
 WARN_KEYS = 256
 
 
+def warn_once(warned: set[str], key: str, msg: str, *args: object,
+              exc_info: bool = False) -> None:
+    """Log ``msg`` at warning level the first time ``key`` is seen in ``warned``, at debug
+    level after that, and for every key past :data:`WARN_KEYS` (a key may carry a
+    collector's error code: the set stays bounded)."""
+    first = key not in warned and len(warned) < WARN_KEYS
+    if first:
+        warned.add(key)
+    log.log(logging.WARNING if first else logging.DEBUG, msg, *args, exc_info=exc_info)
+
+
 _SEQ = re.compile(rb'"seq":(\d+)')
 
 
@@ -449,8 +460,4 @@ class Backlog(SpoolSide):
                 waiter.ok = False
 
     def _warn_once(self, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
-        # keys may carry a collector's error code: at most WARN_KEYS kept, later ones quiet
-        first = key not in self._warned and len(self._warned) < WARN_KEYS
-        if first:
-            self._warned.add(key)
-        log.log(logging.WARNING if first else logging.DEBUG, msg, *args, exc_info=exc_info)
+        warn_once(self._warned, key, msg, *args, exc_info=exc_info)

@@ -30,6 +30,7 @@ instead of breaking the training job.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._http import IngestTransport, Outcome, backoff_delay, failure_hint
-from ._queue import WARN_KEYS, Backlog, Batch, _seq
+from ._queue import Backlog, Batch, _seq, warn_once
 
 __all__ = ["Sender", "Spooler"]
 
@@ -299,11 +300,7 @@ class Sender:
             log.exception("logitwatch: handling the ingest answer failed")
 
     def _warn_once(self, key: str, msg: str, *args: Any) -> None:
-        # keys may carry a collector's error code: at most WARN_KEYS kept, later ones quiet
-        first = key not in self._warned and len(self._warned) < WARN_KEYS
-        if first:
-            self._warned.add(key)
-        log.log(logging.WARNING if first else logging.DEBUG, msg, *args)
+        warn_once(self._warned, key, msg, *args)
 
 
 class Spooler:
@@ -368,12 +365,6 @@ class Spooler:
 
 def _bug(warned: set[str], key: str, message: str) -> None:
     """Log an unexpected error of a worker thread with its traceback, once per thread and
-    cause (the thread goes on)."""
-    import sys
-
+    kind of error (the thread goes on)."""
     kind = type(sys.exc_info()[1]).__name__
-    if f"{key}:{kind}" in warned or len(warned) > 100:
-        log.debug("logitwatch: %s", message, exc_info=True)
-        return
-    warned.add(f"{key}:{kind}")
-    log.warning("logitwatch: %s", message, exc_info=True)
+    warn_once(warned, f"bug:{key}:{kind}", "logitwatch: %s", message, exc_info=True)
