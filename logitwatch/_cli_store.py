@@ -107,29 +107,33 @@ def store(db_url: str | None, *, announce: bool = True,
 
     try:
         engine = make_engine(url)
-    except ModuleNotFoundError as e:
-        raise click.ClickException(
-            f"{show_store(url)}: its database driver ({e.name}) is not installed; for "
-            "PostgreSQL: pip install 'logitwatch[server,postgres]'") from e
-    except OSError as e:
-        raise click.ClickException(f"{show_store(url)}: cannot be created ({e}); check the "
-                                   "path (--db, LOGITWATCH_HOME)") from e
+    except (ModuleNotFoundError, OSError) as e:
+        raise _store_failure(url, e) from e
     try:
         migrate(engine)
         with session_scope(sessionmaker(engine, expire_on_commit=False)) as s:
             yield s
     except ApiError as e:
         raise click.ClickException(e.message) from e
-    except DBAPIError as e:
-        why = str(e.orig or e).strip().splitlines()[0][:300]
-        raise click.ClickException(
-            f"cannot use the store {show_store(url)}: {why}; is the database server running, "
-            "and are the URL and its credentials right?") from e
-    except OSError as e:
-        raise click.ClickException(f"cannot use the store {show_store(url)}: {e}; check the "
-                                   "path (--db, LOGITWATCH_HOME)") from e
+    except (DBAPIError, OSError) as e:
+        raise _store_failure(url, e) from e
     finally:
         engine.dispose()
+
+
+def _store_failure(url: str, e: Exception) -> click.ClickException:
+    """Why the store at ``url`` cannot be used, in one line that says what to check."""
+    where = f"cannot use the store {show_store(url)}"
+    if isinstance(e, ModuleNotFoundError):
+        return click.ClickException(f"{where}: its database driver ({e.name}) is not "
+                                    "installed; for PostgreSQL: pip install "
+                                    "'logitwatch[server,postgres]'")
+    if isinstance(e, OSError):
+        return click.ClickException(f"{where}: it cannot be created or opened ({e}); check "
+                                    "the path (--db, LOGITWATCH_HOME)")
+    why = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:300]
+    return click.ClickException(f"{where}: {why}; is the database server running, and are "
+                                "the URL and its credentials right?")
 
 
 DB_OPTION = click.option("--db", "db_url", default=None, metavar="URL",
