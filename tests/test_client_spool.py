@@ -363,18 +363,23 @@ def test_batches_are_bounded_in_bytes_too(tmp_path) -> None:
     backlog = Backlog(max_frames=1000, max_bytes=1 << 30, max_batch=256,
                       encode=lambda f: encode(f, "r1", "default", 0), spool=spool,
                       spool_max_bytes=1 << 30)
-    for f in big[:150]:
+    for f in big[:100]:
         backlog.put(f, 0)
     backlog.spill(0, 0)  # the outage: to disk
-    for f in big[150:]:
-        backlog.put(f, 0)  # and some still in memory
+    for f in big[100:]:
+        backlog.put(f, 0)  # and as much again still in memory
+    assert sum(f.nbytes for f in big[100:]) > MAX_BATCH_BYTES
     steps: list[int] = []
+    batches = 0
     while (batch := backlog.take(256)) is not None:
         lines = [json.loads(line) for line in batch.lines]
         size = (sum(s.size for s in batch.segments) if batch.segments
                 else sum(f[1] for f in batch.frames))
         assert size <= MAX_BATCH_BYTES or len(batch.segments or batch.frames) == 1, size
+        assert size <= MAX_BATCH_BYTES or len(lines) == 1, (size, len(lines))
         steps += [f["step"] for f in lines]
+        batches += 1
         backlog.settle(batch, "delivered")
     assert steps == list(range(200))
+    assert batches >= 3  # one spool segment and one memory batch held it all before
     spool.release()
