@@ -144,25 +144,42 @@ DB_OPTION = click.option("--db", "db_url", default=None, metavar="URL",
 
 
 def find_run(s: Session, run: str, project: str | None) -> int:
-    """A run id from an id or a name (``--project`` disambiguates names)."""
+    """A run id from an id or a name (``--project`` disambiguates names).
+
+    Run names may be all digits, so digits are looked up both ways: a run of that id and a
+    run of that name that are not the same run is refused (a command that deletes must not
+    guess), and an id outside ``--project`` is not that project's run."""
     from sqlalchemy import select
 
     from logitwatch.server.db.models import Run
 
-    if run.isdigit():
-        return int(run)
     q = select(Run.id, Run.project).where(Run.name == run)
     if project is not None:
         q = q.where(Run.project == project)
     rows = s.execute(q).all()
-    if not rows:
-        raise click.ClickException(f"no run named {run!r}" + (
-            f" in project {project!r}" if project else "") + " (see `logitwatch runs list`)")
+    where = f" in project {project!r}" if project else ""
     if len(rows) > 1:
         raise click.ClickException(
             f"{len(rows)} runs are named {run!r} (projects "
             f"{', '.join(sorted(r.project for r in rows))}): pass --project or the run id")
-    return int(rows[0].id)
+    named = int(rows[0].id) if rows else None
+    by_id = None
+    if run.isdigit() and int(run) <= 2**31 - 1:
+        q = select(Run.id, Run.project, Run.name).where(Run.id == int(run))
+        if project is not None:
+            q = q.where(Run.project == project)
+        row = s.execute(q).first()
+        if row is not None:
+            by_id = int(row.id)
+            if named is not None and named != by_id:
+                raise click.ClickException(
+                    f"{run!r} is both the id of run {row.project}/{row.name} and the name of "
+                    f"run {named}: pass {named} for the run named {run!r} (see `logitwatch "
+                    "runs list`)")
+    if by_id is None and named is None:
+        raise click.ClickException(f"no run {'with id or ' if run.isdigit() else ''}named "
+                                   f"{run!r}{where} (see `logitwatch runs list`)")
+    return by_id if by_id is not None else int(named)  # type: ignore[arg-type]
 
 
 def store_exists(url: str) -> bool:

@@ -283,6 +283,23 @@ def test_cli_runs_list_tag_delete(client: TestClient, db_url: str) -> None:
     assert count(db_url, Run) == 0
 
 
+def test_cli_digits_name_a_run_too(client: TestClient, db_url: str) -> None:
+    """Run names may be all digits: ``runs delete 1`` must not delete run id 1 when a run is
+    named "1", nor a run of another project than ``--project``."""
+    for run, project in (("exp", "a"), ("1", "a"), ("7", "b")):  # ids 1, 2, 3
+        post(client, [{**frame(0, run=run), "project": project}])
+    runner = CliRunner()
+    r = runner.invoke(cli, ["runs", "delete", "1", "--yes", "--db", db_url])
+    assert r.exit_code != 0 and "both the id of run a/exp and the name of run 2" in r.output
+    r = runner.invoke(cli, ["runs", "delete", "3", "--project", "a", "--yes", "--db", db_url])
+    assert r.exit_code != 0 and "no run with id or named '3' in project 'a'" in r.output
+    r = runner.invoke(cli, ["runs", "delete", "7", "--yes", "--db", db_url])
+    assert r.exit_code == 0 and "(b/7)" in r.output, r.output
+    r = runner.invoke(cli, ["runs", "delete", "2", "--yes", "--db", db_url])
+    assert r.exit_code == 0 and "(a/1)" in r.output, r.output
+    assert count(db_url, Run) == 1
+
+
 # --- retention -----------------------------------------------------------------------------
 
 
