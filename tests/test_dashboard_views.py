@@ -152,3 +152,26 @@ def test_page_data_last_finite_step_inbox_404_and_gzip(sqlite_url: str) -> None:
         assert int(js.headers["content-length"]) < 2_000_000
         css = c.get("/static/style.css", headers={"Accept-Encoding": "gzip"})
         assert css.headers["content-encoding"] == "gzip"
+
+
+def test_inbox_keeps_a_firing_run_before_newer_resolved_ones(sqlite_url: str) -> None:
+    """The inbox's cut (``limit``) comes after ordering firing runs first: many runs with
+    newer resolved alerts must not push out an older run that is still firing."""
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+        diverged = [{**frame(i, nan=i >= 3), "run": "old-diverged"} for i in range(6)]
+        assert c.post("/api/v1/ingest", json={"frames": diverged}).status_code == 200
+        for k in range(5):  # a first-loss alert each, resolved by the next frames
+            frames = [{"run": f"r{k}", "project": "p", "seq": i, "step": i, "time": 2000.0 + i,
+                       "scalars": {"loss": 100.0 if i == 0 else 2.0}} for i in range(12)]
+            assert c.post("/api/v1/ingest", json={"frames": frames}).status_code == 200
+        every = c.get("/api/v1/dashboard/alerts").json()
+        assert [r["run"]["name"] for r in every][:1] == ["old-diverged"]
+        assert len(every) == 6 and all(
+            i["state"] == "resolved" for r in every[1:] for i in r["incidents"])
+        cut = c.get("/api/v1/dashboard/alerts", params={"limit": 3}).json()
+        assert [r["run"]["name"] for r in cut] == ["old-diverged", "r4", "r3"]
+        firing = c.get("/api/v1/dashboard/alerts", params={"state": "firing", "limit": 2}).json()
+        assert [r["run"]["name"] for r in firing] == ["old-diverged"]
+        resolved = c.get("/api/v1/dashboard/alerts",
+                         params={"state": "resolved", "limit": 2}).json()
+        assert [r["run"]["name"] for r in resolved] == ["r4", "r3"]

@@ -13,7 +13,7 @@ import plotly.io as pio
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from logitwatch.server import figures
@@ -130,12 +130,17 @@ def alerts_inbox(
         if project not in (None, principal.project):
             return []
         project = principal.project
-    q = select(Alert.run_id, func.max(Alert.id)).group_by(Alert.run_id)
+    # Ordered and cut in SQL: firing runs first, then by their latest alert, so that many
+    # runs with newer resolved alerts cannot push a run still firing out of the first page.
+    firing = func.max(case((Alert.state == "firing", 1), else_=0))
+    q = select(Alert.run_id).group_by(Alert.run_id)
     if project is not None:
         q = q.join(Run, Run.id == Alert.run_id).where(Run.project == project)
-    newest = dict(session.execute(q).all())
-    out = []
-    for run_id in sorted(newest, key=lambda r: -newest[r])[:limit]:
+    if state == "firing":
+        q = q.having(firing == 1)
+    q = q.order_by(firing.desc(), func.max(Alert.id).desc())
+    out: list[InboxRunOut] = []
+    for run_id in session.scalars(q).all():
         run = queries.get_run(session, run_id, active_seconds=settings.run_active_seconds)
         alerts = list_alerts(session, run_id)
         found = [i for i in inc.incidents(alerts, run.diverged_step)
@@ -143,8 +148,8 @@ def alerts_inbox(
         if found:
             out.append(InboxRunOut(run=run, verdict=inc.verdict(run, alerts),
                                    incidents=found, alerts=alerts))
-    out.sort(key=lambda r: (not any(i.state == "firing" for i in r.incidents),
-                            -newest[r.run.id]))
+            if len(out) >= limit:
+                break
     return out
 
 
