@@ -107,3 +107,35 @@ def test_keys_round_trip_every_float32() -> None:
     finite = np.isfinite(x)
     order = np.argsort(k[finite], kind="stable")
     assert (np.diff(x[finite][order]) >= 0).all()
+
+
+def test_a_nan_tail_is_a_few_points_a_bucket(db_url: str) -> None:
+    """A run that logs NaN after it diverged: each bucket keeps the first point of each
+    non-finite kind, not every point (20,000 NaN steps were 19,901 points at max_points=4),
+    in SQL and in the downsampler alike."""
+    engine = make_engine(db_url)
+    migrate(engine)
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    try:
+        for a in range(0, N, 5_000):
+            frames = [{"run": "tail", "seq": i, "step": i, "time": NOW - N + i,
+                       "scalars": {"loss": 2.0 if i < 100 else ("Infinity" if i % 1000 == 7
+                                                                else "NaN")}}
+                      for i in range(a, a + 5_000)]
+            with session_scope(sessions) as s:
+                ingest_frames(s, parse_ingest(json.dumps({"frames": frames}).encode(),
+                                              "application/json").frames)
+        with session_scope(sessions) as s:
+            run_id = queries.list_runs(s)[0].id
+            whole = queries.get_series(s, run_id=run_id, name="loss", max_points=2**62)
+            assert len(whole.steps) == N
+            for budget in (4, 200, 2_000):
+                got = queries.get_series(s, run_id=run_id, name="loss", max_points=budget)
+                steps, values = minmax_downsample(np.asarray(whole.steps),
+                                                  np.asarray(whole.values), budget)
+                np.testing.assert_array_equal(np.asarray(got.steps), steps)
+                assert len(got.steps) <= 2 * budget, (budget, len(got.steps))
+                at = dict(zip(got.steps, got.values, strict=True))
+                assert np.isnan(at[100]) and at[1007] == np.inf and at[0] == 2.0
+    finally:
+        engine.dispose()

@@ -104,7 +104,7 @@ def bucketed(
     else:
         return None
     inner = (
-        select(u_expr.label("u"), (Frame.step - s0).label("o"), Frame.id.label("fid"))
+        select(u_expr.label("u"), (Frame.step - s0).label("o"))
         .select_from(Point)
         .join(Frame, Frame.id == Point.frame_id)
         .where(Point.metric_id == metric_id)
@@ -117,8 +117,13 @@ def bucketed(
     u, o = inner.c.u, inner.c.o
     k = case((u < 2147483648, u), else_=2147483647 - u)
     buckets = max_points // 2
-    group = case((u.op("&")(2147483647) < _FINITE, ((o + 1) * buckets - 1) // n),
-                 else_=-1 - inner.c.fid)
+    bucket = ((o + 1) * buckets - 1) // n
+    # Non-finite values group by bucket and kind (sign, NaN or Inf): each bucket keeps the
+    # first of each kind, as minmax_downsample does: a run logging NaN for its last million
+    # steps stays a few points a bucket.
+    kind = case((u >= 2147483648, 2), else_=0) + case(
+        (u.op("&")(2147483647) > _FINITE, 1), else_=0)
+    group = case((u.op("&")(2147483647) < _FINITE, bucket), else_=-1 - (bucket * 4 + kind))
     q = select(func.min(k * _W + o), func.max(k * _W + (_W - 1) - o),
                func.count()).group_by(group)
     rows = session.connection().execute(q).all()

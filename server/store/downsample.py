@@ -1,7 +1,8 @@
 """Min/max-preserving downsampling: no spike disappears at any zoom.
 
-Each bucket keeps the points holding its minimum and its maximum (in step order), and every
-non-finite point is kept, since NaN and Inf are signals.
+Each bucket keeps the points holding its minimum and its maximum (in step order), and the
+first point of each non-finite kind (NaN, +Inf, -Inf) in it: NaN and Inf are signals, but a
+run that logs NaN for its last million steps must not send a million points.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ def minmax_downsample(
     lo = np.where(finite, values, np.inf)
     hi = np.where(finite, values, -np.inf)
     keep = np.zeros(n, dtype=bool)
-    keep[~finite] = True
     starts = edges[:-1]
     # reduceat gives each bucket's extreme; the first index attaining it is the kept point.
     bmin = np.minimum.reduceat(lo, starts)
@@ -36,4 +36,8 @@ def minmax_downsample(
         idx = np.flatnonzero(mask)
         first = np.unique(bucket_of[idx], return_index=True)[1]
         keep[idx[first]] = True
+    for mask in (np.isnan(values), values == np.inf, values == -np.inf):
+        idx = np.flatnonzero(mask)
+        if len(idx):
+            keep[idx[np.unique(bucket_of[idx], return_index=True)[1]]] = True
     return steps[keep], values[keep]
