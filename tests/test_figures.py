@@ -389,3 +389,23 @@ def test_line_and_compare_figures_escape_names() -> None:
     assert all("<img" not in (t.name or "") for t in fig.data)
     assert "not logged by: b" in fig.layout.annotations[0].text
     strict_json(fig)
+
+
+def test_a_run_made_under_a_deleted_runs_id_gets_its_own_sparkline(sqlite_url: str) -> None:
+    """SQLite gives the next run the id of a deleted newest run: the runs list must not show
+    the deleted run's loss (and status) for it."""
+    def frames(run: str, loss: float, n: int) -> dict:
+        return {"frames": [{"run": run, "seq": i, "step": i, "time": time.time(),
+                            "scalars": {"loss": loss + 0.01 * i}} for i in range(n)]}
+
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+        c.post("/api/v1/ingest", json=frames("keep", 1.0, 2))
+        c.post("/api/v1/ingest", json=frames("A", 5.0, 10))
+        a = next(r for r in c.get("/api/v1/dashboard/runs").json() if r["name"] == "A")
+        assert a["loss_values"][-1] == pytest.approx(5.09)
+        assert c.delete(f"/api/v1/runs/{a['id']}", params={"confirm": "A"}).status_code == 200
+        time.sleep(0.01)  # a later creation time, as any real new run has
+        c.post("/api/v1/ingest", json=frames("B", 2.0, 3))
+        b = next(r for r in c.get("/api/v1/dashboard/runs").json() if r["name"] == "B")
+        assert b["id"] == a["id"]  # the id reused: what the cache must see through
+        assert b["loss_steps"] == [0, 1, 2] and b["last_loss"] == pytest.approx(2.02)

@@ -65,7 +65,7 @@ class RunSummaryOut(BaseModel):
 
 @dataclass(slots=True)
 class _Spark:
-    key: tuple[int | None, float | None]
+    key: tuple[float, int | None, float | None]  # (created_at, last step, last time)
     last_frame_id: int = 0
     steps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     values: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float64))
@@ -74,8 +74,10 @@ class _Spark:
 class SparklineCache:
     """Loss sparklines per run, read once and then extended with new frames only.
 
-    Keyed by run id and validated by the run's (last step, last time): an unchanged run costs
-    nothing, a changed one reads the points after the last frame already seen. Bounded:
+    Keyed by run id and validated by the run's (creation time, last step, last time): an
+    unchanged run costs nothing, a changed one reads the points after the last frame already
+    seen, and a run made anew under a deleted run's id (SQLite reuses the highest ids) starts
+    over instead of inheriting the deleted run's points. Bounded:
     each run keeps at most ``4 * points`` values, re-downsampled with min/max buckets, and
     the cache at most ``max_runs`` runs, the least recently listed dropped first (read
     again if listed again). One cache per application (one database).
@@ -93,7 +95,7 @@ class SparklineCache:
         """(steps, values) of each run's sparkline (rank 0)."""
         with self._lock:
             stale = [r for r in runs if (s := self._runs.get(r.id)) is None
-                     or s.key != (r.last_step, r.last_time)]
+                     or s.key != (r.created_at, r.last_step, r.last_time)]
             if stale:
                 self._refresh(session, stale)
             out = {r.id: _downsample_keep_last(self._runs[r.id].steps,
@@ -115,8 +117,10 @@ class SparklineCache:
                                                    Metric.name == self.metric)
         ).all())
         for r in runs:
-            s = self._runs.get(r.id) or _Spark(key=(None, None))
-            s.key = (r.last_step, r.last_time)
+            s = self._runs.get(r.id)
+            if s is None or s.key[0] != r.created_at:
+                s = _Spark(key=(r.created_at, None, None))
+            s.key = (r.created_at, r.last_step, r.last_time)
             self._runs[r.id] = s
             mid = metric_of.get(r.id)
             if mid is None:
