@@ -336,6 +336,33 @@ def test_retention_keeps_scalars_and_each_buckets_peak(client: TestClient, db_ur
     assert env["total"] == 40 and 5000.0 in env["values"]   # the rollup stays whole
 
 
+
+def test_retention_keeps_entropys_dips_and_commits_as_it_goes(
+        client: TestClient, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entropy collapses toward 0: a bucket keeps its lowest matrix, not its highest. The
+    deletions are committed in chunks (a writer waits at most one chunk on SQLite)."""
+    from logitwatch.server.store import retention
+
+    old = NOW - 40 * 86400
+    frames = [frame(i, t=old + i, heads={"attn.entropy": [[2.0 + 0.01 * i] * 3] * 2})
+              for i in range(30)]
+    frames[13] = frame(13, t=old + 13, heads={"attn.entropy": [[2.0, 2.0, 2.0],
+                                                               [2.0, 2.0, 0.01]]})
+    post(client, frames)
+    assert count(db_url, Point) == 90  # per frame: loss, the matrix, its rollup
+    monkeypatch.setattr(retention, "THIN_CHUNK", 4)
+    engine = make_engine(db_url)
+    try:
+        with session_scope(sessionmaker(engine)) as s:
+            out = thin_old_frames(s, older_than=30 * 86400, bucket_steps=100)
+            assert count(db_url, Point) == 90 - 27  # committed before the scope ends
+        assert (out.matrices_kept, out.matrices_deleted) == (3, 27)
+    finally:
+        engine.dispose()
+    one = client.get("/api/v1/runs/1/series", params={"name": "attn.entropy", "layer": 1,
+                                                       "head": 2}).json()
+    assert one["steps"] == [0, 130, 200] and one["values"][1] == pytest.approx(0.01)
+
 def test_retention_cli(client: TestClient, db_url: str) -> None:
     old = NOW - 10 * 86400
     post(client, [frame(i, t=old, heads={"attn.logit_max": mat(i)}) for i in range(20)])

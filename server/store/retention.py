@@ -3,9 +3,10 @@
 A frame's per-head matrices are ~99.7 % of its values (4 x 24 x 16 against a handful of
 scalars). After ``older_than`` seconds, :func:`thin_old_frames` keeps them for one frame per
 ``bucket_steps`` steps of each (run, rank, metric): the frame whose matrix holds the
-bucket's largest value (a non-finite value counts as the largest), so a spike seen once is
-still there a year later. Scalars (loss, grad norm, lr, ...) are never thinned, and frames
-themselves stay, so step counts and series stay whole.
+bucket's largest value (smallest for entropy, which collapses toward 0; a non-finite value
+counts as the worst), so a spike seen once is still there a year later. Scalars (loss, grad
+norm, lr, ...) are never thinned, and frames themselves stay, so step counts and series stay
+whole.
 
 A pass is idempotent and safe to run from several collectors at once: it only deletes, and
 the frame it keeps in a bucket is the same every time.
@@ -19,6 +20,7 @@ than that (and the default partitions' older rows deleted); on SQLite the rows a
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time as _time
 from collections.abc import Callable
@@ -32,6 +34,7 @@ from logitwatch.server.db.models import Frame, Metric, Point
 from logitwatch.server.db.partitions import drop_partitions, is_partitioned
 from logitwatch.server.db.session import session_scope
 from logitwatch.server.errors import ApiError
+from logitwatch.server.store.views import lower_is_worse
 
 __all__ = ["DropResult", "RetentionResult", "RetentionWorker", "drop_old_frames",
            "thin_old_frames", "vacuum"]
@@ -49,11 +52,19 @@ class RetentionResult:
     values_deleted: int = 0
 
 
-def _score(data: bytes) -> float:
+def _score(data: bytes, lowest: bool) -> float:
+    """How much a matrix is its bucket's peak: its largest value, or for a metric whose
+    lowest values are the worst (entropy) its smallest, negated; non-finite beats all."""
     a = np.frombuffer(data, dtype="<f4")
     if not np.isfinite(a).all():
         return float("inf")
-    return float(a.max()) if a.size else float("-inf")
+    if not a.size:
+        return float("-inf")
+    return -float(a.min()) if lowest else float(a.max())
+
+
+#: Matrices whose deletion is one transaction: writers (ingest) wait at most that long.
+THIN_CHUNK = 2000
 
 
 def thin_old_frames(
@@ -66,43 +77,62 @@ def thin_old_frames(
     progress: Callable[[str], None] | None = None,
 ) -> RetentionResult:
     """Delete the per-head matrices of frames older than ``older_than`` seconds, except one
-    per ``bucket_steps`` steps of each (run, rank, metric): the bucket's peak."""
+    per ``bucket_steps`` steps of each (run, rank, metric): the bucket's peak (its minimum
+    for entropy, which collapses toward 0).
+
+    Matrices are read as a stream, holding one bucket's scores and the ids to delete, never
+    a metric's matrices at once; the deletions are committed every :data:`THIN_CHUNK`
+    matrices, so that on SQLite a pass never holds the write lock for longer than one
+    chunk (a pass is idempotent: one cut short leaves the store consistent)."""
     if bucket_steps < 1:
         raise ValueError("bucket_steps must be >= 1")
     cutoff = (_time.time() if now is None else now) - older_than
     out = RetentionResult()
-    q = select(Metric).where(Metric.layers > 0)
+    q = select(Metric.id, Metric.run_id, Metric.name, Metric.layers, Metric.heads).where(
+        Metric.layers > 0)
     if run_id is not None:
         q = q.where(Metric.run_id == run_id)
-    for m in session.scalars(q).all():
+    for m in session.execute(q).all():
+        lowest = lower_is_worse(m.name)
+        drop: list[int] = []
+        kept = 0
+        bucket: tuple[int, int] | None = None
+        best, best_fid, members = -math.inf, -1, []  # the open bucket
         rows = session.execute(
             select(Frame.id, Frame.rank, Frame.step, Point.data)
             .join(Point, (Point.frame_id == Frame.id) & (Point.metric_id == m.id))
             .where(Frame.run_id == m.run_id, Frame.time < cutoff)
             .order_by(Frame.rank, Frame.step, Frame.id)
-        ).all()
-        if not rows:
-            continue
-        out.metrics += 1
-        best: dict[tuple[int, int], tuple[float, int]] = {}
+            .execution_options(yield_per=1000)
+        )
         for fid, rank, step, data in rows:
             key = (rank, step // bucket_steps)
-            score = _score(data)
-            if key not in best or score > best[key][0]:
-                best[key] = (score, fid)
-        keep = {fid for _, fid in best.values()}
-        drop = [r[0] for r in rows if r[0] not in keep]
-        for i in range(0, len(drop), 500):
-            session.execute(
-                delete(Point).where(Point.metric_id == m.id,
-                                    Point.frame_id.in_(drop[i:i + 500]))
-            )
-        out.matrices_kept += len(keep)
+            if key != bucket:
+                if bucket is not None:
+                    drop += [f for f in members if f != best_fid]
+                    kept += 1
+                bucket, best, best_fid, members = key, -math.inf, -1, []
+            members.append(fid)
+            score = _score(data, lowest)
+            if best_fid < 0 or score > best:
+                best, best_fid = score, fid
+        rows.close()
+        if bucket is None:
+            continue
+        drop += [f for f in members if f != best_fid]
+        kept += 1
+        out.metrics += 1
+        for i in range(0, len(drop), THIN_CHUNK):
+            for j in range(i, min(i + THIN_CHUNK, len(drop)), 500):
+                session.execute(delete(Point).where(
+                    Point.metric_id == m.id, Point.frame_id.in_(drop[j:min(j + 500,
+                                                                            i + THIN_CHUNK)])))
+            session.commit()
+        out.matrices_kept += kept
         out.matrices_deleted += len(drop)
         out.values_deleted += len(drop) * m.layers * m.heads
         if progress is not None and drop:
-            progress(f"run {m.run_id} {m.name}: kept {len(keep)} matrices, "
-                     f"deleted {len(drop)}")
+            progress(f"run {m.run_id} {m.name}: kept {kept} matrices, deleted {len(drop)}")
     return out
 
 
