@@ -175,3 +175,50 @@ def test_inbox_keeps_a_firing_run_before_newer_resolved_ones(sqlite_url: str) ->
         resolved = c.get("/api/v1/dashboard/alerts",
                          params={"state": "resolved", "limit": 2}).json()
         assert [r["run"]["name"] for r in resolved] == ["r4", "r3"]
+
+
+def test_heads_over_time_reads_a_chunk_at_a_time(sqlite_url: str, monkeypatch: Any) -> None:
+    """The heads-over-steps chart reduces its columns a chunk of matrices at a time: the same
+    columns as one whole read (NaN, Inf, columns split across chunks, a zoom), and memory
+    that does not grow with the run (it held every matrix: ~22 KB a sample of 32x32)."""
+    import tracemalloc
+
+    import numpy as np
+    from sqlalchemy.orm import sessionmaker
+
+    from logitwatch.server.db.session import make_engine, session_scope
+    from logitwatch.server.store import views
+
+    rng = np.random.default_rng(3)
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+        for a in range(0, 3_000, 1_000):
+            frames = []
+            for i in range(a, a + 1_000):
+                m = rng.standard_normal((16, 16)) * 10 + i * 0.01
+                m[i % 16, 3] = math.nan if i % 97 == 0 else m[i % 16, 3]
+                cells = [[("Infinity" if i == 1234 and h == 0 else
+                           "NaN" if math.isnan(v) else float(v)) for h, v in enumerate(row)]
+                         for row in m]
+                frames.append({"run": "long", "seq": i, "step": 2 * i, "time": 1000.0 + i,
+                               "scalars": {"loss": 2.0},
+                               "heads": {"attn.logit_max": cells, "attn.entropy": cells}})
+            assert c.post("/api/v1/ingest", json={"frames": frames}).status_code == 200
+    engine = make_engine(sqlite_url)
+    try:
+        with session_scope(sessionmaker(engine)) as s:
+            for kw in ({"name": "attn.logit_max"}, {"name": "attn.entropy"},
+                       {"name": "attn.logit_max", "layer": 5, "max_cols": 7},
+                       {"name": "attn.entropy", "start": 301, "end": 4_099, "max_cols": 1999},
+                       {"name": "attn.logit_max", "max_cols": 5_000}):
+                monkeypatch.setattr(views, "HEADS_CHUNK", 10**9)
+                whole = views.heads_over_time(s, run_id=1, **kw)
+                monkeypatch.setattr(views, "HEADS_CHUNK", 256 * 37)
+                tracemalloc.start()
+                got = views.heads_over_time(s, run_id=1, **kw)
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+                assert got == whole, kw
+                assert peak < 4_000_000, (kw, peak)  # a whole read: 15-25 MB
+            assert whole.total == 3_000 and len(whole.steps) == 3_000
+    finally:
+        engine.dispose()

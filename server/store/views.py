@@ -285,6 +285,22 @@ def _bucket_reduce(mat: np.ndarray, edges: np.ndarray, low: bool) -> np.ndarray:
     return red
 
 
+#: Values (layers x heads x frames) read and reduced at a time by :func:`heads_over_time`:
+#: ~10 MB of working arrays, whatever the run's length and the model's number of heads.
+HEADS_CHUNK = 250_000
+
+
+def _envelope(per: np.ndarray, low: bool) -> np.ndarray:
+    """(n, layers, heads) to (n, layers): each layer's worst head (NaN only when all are)."""
+    nan = np.isnan(per)
+    if low:
+        env = np.where(nan, np.inf, per).min(axis=2)
+    else:
+        env = np.where(nan, -np.inf, per).max(axis=2)
+    env[nan.all(axis=2)] = np.nan
+    return env
+
+
 def heads_over_time(
     session: Session, *, run_id: int, name: str, rank: int = 0, layer: int | None = None,
     start: int | None = None, end: int | None = None, max_cols: int = 300,
@@ -315,32 +331,53 @@ def heads_over_time(
         q = q.where(Frame.step >= start)
     if end is not None:
         q = q.where(Frame.step <= end)
-    rows = session.execute(prune_join(q, run_bounds(session, run_id))).all()
-    n = len(rows)
+    bounds = run_bounds(session, run_id)
+    n = session.scalar(prune_join(q.with_only_columns(func.count()).order_by(None), bounds))
     if not n:
         return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=m.layers, heads=m.heads,
                             reduce=reduce, total=0, bucket=1, steps=[], values=[])
-    mat = np.frombuffer(b"".join(bytes(r.data) for r in rows), dtype="<f4")
-    mat = mat.reshape(n, width).astype(np.float64)
-    if layer is None:
-        per = mat.reshape(n, m.layers, m.heads)
-        nan = np.isnan(per)
-        if low:
-            env = np.where(nan, np.inf, per).min(axis=2)
-        else:
-            env = np.where(nan, -np.inf, per).max(axis=2)
-        env[nan.all(axis=2)] = np.nan
-        mat = env
-    steps = np.fromiter((r.step for r in rows), dtype=np.int64, count=n)
     cols = max(1, max_cols)
-    if n > cols:
-        edges = np.linspace(0, n, cols + 1).astype(np.int64)
-        edges = np.unique(edges)
-        mat = _bucket_reduce(mat, edges, low)
-        steps = steps[edges[:-1]]
-        bucket = math.ceil(n / cols)
-    else:
-        bucket = 1
+    edges = np.unique(np.linspace(0, n, cols + 1).astype(np.int64)) if n > cols \
+        else np.arange(n + 1, dtype=np.int64)
+    bucket = math.ceil(n / cols) if n > cols else 1
+    # Read and reduce a chunk of rows at a time (the columns' edges are known from the
+    # count): the cost in memory is a chunk and the columns, not the run's every matrix.
+    done: list[np.ndarray] = []
+    first_steps: list[int] = []
+    carry: tuple[int, np.ndarray] | None = None  # the column still open, partly reduced
+    i = 0
+    chunk = max(1, HEADS_CHUNK // (m.layers * m.heads))
+    result = session.execute(prune_join(q.limit(n), bounds).execution_options(yield_per=chunk))
+    for part in result.partitions(chunk):
+        k = len(part)
+        mat = np.frombuffer(b"".join(bytes(r.data) for r in part), dtype="<f4")
+        mat = mat.reshape(k, width).astype(np.float64)
+        if layer is None:
+            mat = _envelope(mat.reshape(k, m.layers, m.heads), low)
+        b0 = int(np.searchsorted(edges, i, "right")) - 1
+        b1 = int(np.searchsorted(edges, i + k - 1, "right")) - 1
+        local = np.clip(edges[b0:b1 + 2], i, i + k) - i
+        red = _bucket_reduce(mat, local, low)
+        for b in range(b0, b1 + 1):
+            if edges[b] >= i:
+                first_steps.append(int(part[int(edges[b]) - i].step))
+        if carry is not None:
+            if carry[0] == b0:
+                red[0] = _bucket_reduce(np.vstack([carry[1], red[0]]), np.array([0, 2]),
+                                        low)[0]
+            else:
+                done.append(carry[1])
+        done.extend(red[:-1])
+        carry = (b1, red[-1])
+        i += k
+    result.close()
+    if carry is None:  # deleted since the count
+        return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=m.layers, heads=m.heads,
+                            reduce=reduce, total=0, bucket=1, steps=[], values=[])
+    done.append(carry[1])
+    mat = np.vstack(done)
+    steps = np.asarray(first_steps, dtype=np.int64)
+    n = i
     values = [[x if math.isfinite(x) else None for x in row] for row in mat.T.tolist()]
     return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=m.layers, heads=m.heads,
                         reduce=reduce, total=n, bucket=bucket, steps=steps.tolist(),
