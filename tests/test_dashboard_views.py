@@ -222,3 +222,35 @@ def test_heads_over_time_reads_a_chunk_at_a_time(sqlite_url: str, monkeypatch: A
             assert whole.total == 3_000 and len(whole.steps) == 3_000
     finally:
         engine.dispose()
+
+
+def test_an_alert_over_every_head_marks_the_head_that_held_the_max(sqlite_url: str) -> None:
+    """A rule ``over: max`` (the default forecast is one) fires with no layer or head of its
+    own; the heatmap's outline, the worst heads' alert column and the heads-over-steps
+    marker read where it fired (fired_layer / fired_heads), as the incident panel does."""
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+        r = c.put("/api/v1/alerts/rules/mx", json={
+            "kind": "threshold", "metric": "attn.logit_max", "params": {"op": ">", "value": 30},
+            "over": "max", "severity": "critical"})
+        assert r.status_code in (200, 201), r.text
+        frames = []
+        for i in range(30):
+            m = [[5.0] * 4 for _ in range(2)]
+            m[1][2] = 50.0 if i >= 2 else 5.0
+            frames.append({"run": "hm", "seq": i, "step": i, "time": 1000.0 + i,
+                           "scalars": {"loss": 2.0}, "heads": {"attn.logit_max": m}})
+        assert c.post("/api/v1/ingest", json={"frames": frames}).status_code == 200
+        mx = [a for a in c.get("/api/v1/runs/1/alerts").json() if a["rule"] == "mx"]
+        assert [(a["layer"], a["fired_layer"], a["fired_heads"]) for a in mx] == [(None, 1, [2])]
+        fig = c.get("/api/v1/runs/1/figures/heatmap").json()
+        assert [(t["x"], t["y"]) for t in fig["data"] if t.get("meta") == "alerts"] == [
+            ([2], [1])]
+        worst = c.get("/api/v1/runs/1/worst_heads").json()["rows"][0]
+        assert (worst["layer"], worst["head"], worst["alert"]) == (1, 2, "firing")
+        for layer, y in ((1, 2), (None, 1)):
+            params = {"layer": layer} if layer is not None else {}
+            ht = c.get("/api/v1/runs/1/figures/heads_time", params=params).json()
+            marks = next(t for t in ht["data"] if t.get("meta") == "alerts")
+            assert marks["y"] == [y] and marks["x"] == [mx[0]["fired_step"]], layer
+        other = c.get("/api/v1/runs/1/figures/heads_time", params={"layer": 0}).json()
+        assert next(t for t in other["data"] if t.get("meta") == "alerts")["y"] == []

@@ -10,6 +10,7 @@ from typing import Literal
 import plotly.graph_objects as go
 
 from logitwatch.server.schemas import AlertOut, HeatmapOut
+from logitwatch.server.store.incidents import locus
 from logitwatch.server.store.views import HeadsTimeOut
 from logitwatch.wire import encode_float
 
@@ -133,8 +134,11 @@ def heads_time_figure(h: HeadsTimeOut, alerts: Sequence[AlertOut] = (), *,
                        f"{'%{text}' if log else '%{z:.4g}'}<extra></extra>"),
         colorbar=bar, hoverongaps=False,
     ))
-    mine = [a for a in alerts if a.layer is not None
-            and (h.layer is None or a.layer == h.layer)]
+    # where each alert fired: its own layer and head, or for a rule over every head (over:
+    # max) the layer and head that held the max
+    at = {a.id: locus(a) for a in alerts}
+    mine = [a for a in alerts if at[a.id][0] is not None
+            and (h.layer is None or at[a.id][0] == h.layer)]
     # one layout update, as marks.add_alerts (fig.add_shape re-validates the layout each time)
     if mine:
         fig.update_layout(shapes=list(fig.layout.shapes or ()) + [
@@ -145,7 +149,7 @@ def heads_time_figure(h: HeadsTimeOut, alerts: Sequence[AlertOut] = (), *,
              "name": f"alert-{a.id}"} for a in mine])
     fig.add_trace(go.Scatter(
         x=[a.fired_step for a in mine],
-        y=[a.head if h.layer is not None else a.layer for a in mine],
+        y=[at[a.id][1] if h.layer is not None else at[a.id][0] for a in mine],
         mode="markers", name="alerts", meta="alerts", customdata=[a.id for a in mine],
         text=[alert_label(a) for a in mine], hovertemplate="%{text}<extra></extra>",
         marker={"symbol": "triangle-right", "size": 11, "color": COLORS["alert_heads"],
@@ -160,8 +164,10 @@ def add_heatmap_alerts(fig: go.Figure, alerts: Sequence[AlertOut]) -> go.Figure:
     """Outline the cells of the layer x head heatmap whose head has a firing alert."""
     cells: dict[tuple[int, int], list[AlertOut]] = {}
     for a in alerts:
-        if a.state == "firing" and a.layer is not None and a.head is not None:
-            cells.setdefault((a.layer, a.head), []).append(a)
+        layer, head, heads = locus(a)
+        if a.state == "firing" and layer is not None:
+            for one in heads or ([head] if head is not None else []):
+                cells.setdefault((layer, one), []).append(a)
     # One outline per cell, whatever the number of rules firing on that head.
     fig.add_trace(go.Scatter(
         x=[h for _, h in cells], y=[layer for layer, _ in cells], mode="markers",

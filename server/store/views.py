@@ -25,6 +25,7 @@ from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import AlertOut, SeriesOut, WireFloat
 from logitwatch.server.store import queries
 from logitwatch.server.store.downsample import minmax_downsample
+from logitwatch.server.store.incidents import locus
 from logitwatch.server.store.pruning import prune_frames, prune_join, prune_points, run_bounds
 from logitwatch.server.store.runs_view import (
     RunSummaryOut,
@@ -150,9 +151,12 @@ def worst_heads(
     order = np.argsort(_worst_key(now, low), kind="stable")[:k]
     newest: dict[tuple[int, int], str] = {}  # firing wins over any other state
     for a in alerts or ():
-        if a.layer is not None and a.head is not None and a.rank == rank:
-            if newest.get((a.layer, a.head)) != "firing":
-                newest[(a.layer, a.head)] = a.state
+        layer, head, heads = locus(a)  # over: max alerts name the head that held the max
+        if layer is None or a.rank != rank:
+            continue
+        for one in heads or ([head] if head is not None else []):
+            if newest.get((layer, one)) != "firing":
+                newest[(layer, one)] = a.state
     out = []
     for idx in order.tolist():
         layer, head = divmod(idx, m.heads)
