@@ -254,3 +254,20 @@ def test_an_alert_over_every_head_marks_the_head_that_held_the_max(sqlite_url: s
             assert marks["y"] == [y] and marks["x"] == [mx[0]["fired_step"]], layer
         other = c.get("/api/v1/runs/1/figures/heads_time", params={"layer": 0}).json()
         assert next(t for t in other["data"] if t.get("meta") == "alerts")["y"] == []
+
+
+def test_run_page_by_name_and_search_of_non_ascii_config(sqlite_url: str) -> None:
+    """The API takes a run's name wherever it takes its id, and so does the run page's URL;
+    what cannot name a run gets the 404 page. The runs list's filter matches a config value
+    as typed ("wikipédia"), not as JSON's escape of it."""
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+        assert c.post("/api/v1/ingest", json={"frames": [frame(0)]}).status_code == 200
+        assert c.put("/api/v1/runs/d/config",
+                     json={"data": "wikipédia", "note": "日本"}).status_code == 200
+        page = c.get("/runs/d", headers={"Accept": "text/html"})
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        bad = c.get("/runs/no such run!", headers={"Accept": "text/html"})
+        assert bad.status_code == 404 and "every run" in bad.text
+        for q in ("wikipédia", "日本", "WIKIP"):
+            found = c.get("/api/v1/dashboard/runs", params={"q": q}).json()
+            assert [r["name"] for r in found] == ["d"], q

@@ -167,7 +167,8 @@ def _status(run: RunOut, last_loss: float | None) -> str:
 
 def _searchable(r: RunOut) -> str:
     """What the runs list's filter box matches: name, project, tags and configuration."""
-    config = json.dumps(r.config, separators=(",", ":")) if r.config else ""
+    config = (json.dumps(r.config, separators=(",", ":"), ensure_ascii=False)
+              if r.config else "")  # "wikipédia" must match as typed, not as \u00e9
     return " ".join([r.name, r.project, *r.tags, config]).lower()
 
 

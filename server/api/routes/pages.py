@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
@@ -47,6 +48,9 @@ def not_found_page() -> FileResponse:
     return FileResponse(WEB / "404.html", status_code=404)
 
 
+_RUN_REF = re.compile(r"[A-Za-z0-9._:-]+")  # as the API's run references (deps.RunRef)
+
+
 @router.get("/")
 def index() -> FileResponse:
     return FileResponse(WEB / "index.html")
@@ -59,5 +63,9 @@ def api_docs() -> FileResponse:
 
 
 @router.get("/runs/{run_id}")
-def run_page(run_id: int) -> FileResponse:
+def run_page(run_id: str) -> FileResponse:
+    """The run page, for a run id or name (the page asks the API, which resolves either);
+    what cannot name a run gets the 404 page, not a JSON validation error."""
+    if not _RUN_REF.fullmatch(run_id) or len(run_id) > 128:
+        return not_found_page()
     return FileResponse(WEB / "run.html")
