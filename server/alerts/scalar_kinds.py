@@ -40,7 +40,7 @@ def spike(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
            cell: tuple[int | None, int | None]) -> Verdict | None:
     """The value's robust z against its recent range (:func:`_center_and_scale`); no verdict
     before the series has ``min_history`` steps behind it (its first sample included), as
-    :func:`~.detectors._departure`: a recent range of a few warm-up steps is no range."""
+    :func:`~.departure.departure`: a recent range of a few warm-up steps is no range."""
     history = int(r.param("min_history"))
     if history and (m.first_step is None or m.first_step > step - history):
         return None
