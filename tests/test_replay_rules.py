@@ -92,6 +92,28 @@ def test_settings_apply(files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatc
     assert "defaults with alert_for_samples" in got.rules
 
 
+
+def test_the_ingest_limits_of_serve_apply(files: tuple[Path, Path],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file the collector would refuse (more metric names than a run may have) is refused
+    by replay too, the lines named, not replayed; its batches keep to the frame limit."""
+    data, _ = files
+    monkeypatch.delenv(RULES_ENV, raising=False)
+    wide = [{**f, "scalars": {**f["scalars"], **{f"m{k}": 1.0 for k in range(6)}}}
+            for f in frames()]
+    monkeypatch.setenv("LOGITWATCH_MAX_METRICS_PER_RUN", "5")
+    with pytest.raises(Exception, match=r"frame 1 to frame 16: .*max_metrics_per_run"):
+        replay(wide)
+    monkeypatch.delenv("LOGITWATCH_MAX_METRICS_PER_RUN")
+    whole = [(a.rule, a.fired_step) for a in replay(frames()).alerts]
+    monkeypatch.setenv("LOGITWATCH_MAX_FRAMES_PER_REQUEST", "8")  # batches of 8, not 16
+    assert [(a.rule, a.fired_step) for a in replay(frames()).alerts] == whole != []
+    monkeypatch.delenv("LOGITWATCH_MAX_FRAMES_PER_REQUEST")
+    data.write_text("\n".join(json.dumps(f) for f in wide) + "\n")
+    r = CliRunner().invoke(cli, ["replay", str(data)],
+                           env={"LOGITWATCH_MAX_METRICS_PER_RUN": "5"})
+    assert r.exit_code != 0 and "max_metrics_per_run" in r.output + r.stderr, r.output
+
 def test_api_rules_of_the_database_apply(files: tuple[Path, Path], tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(RULES_ENV, raising=False)

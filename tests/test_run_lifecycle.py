@@ -181,6 +181,53 @@ def test_rank_0_decides(sessions: sessionmaker[Session]) -> None:
     assert feed.run().status == "finished"
 
 
+
+def test_a_finished_run_gets_no_alert_for_what_came_after_its_end(
+        sessions: sessionmaker[Session]) -> None:
+    """Ranks 1 and 2 outlive rank 0's end frame and send a NaN loss: stored, judged by no
+    rule (the run said it ended at step 20); data from before the end is still judged."""
+    feed = Feed(sessions)
+    feed(*[frame(i, rank=r) for i in range(3) for r in (0, 1, 2)], end(2, rank=0))
+    assert feed.run().status == "finished"
+    feed2 = Feed(sessions)  # a fresh engine, as after a collector restart
+    for rank, f in ((1, feed), (2, feed2)):
+        assert f(frame(3, rank=rank, seq=200, loss="NaN"))[2] == []  # step 30: after it
+    assert feed.alerts("loss_nonfinite") == [] and feed.run().status == "finished"
+    # a late frame from before the end (step 20) is judged as if it had come in time
+    assert feed(frame(2, rank=2, seq=150, loss="NaN"))[2] != []
+    assert [(a.rank, a.fired_step) for a in feed.alerts("loss_nonfinite")] == [(2, 20)]
+    assert feed.run().status == "diverged"  # by its data before the end
+
+
+def test_a_restart_on_a_clock_behind_resumes_past_the_end_step(
+        sessions: sessionmaker[Session]) -> None:
+    """A job restarted under the same name on a host whose clock is behind its first life's
+    end frame: its seqs are lower, but its steps go past the end step: resumed, judged, and
+    reported stopped if it then goes silent."""
+    feed = Feed(sessions)
+    feed(*[frame(i, seq=1_000 + i) for i in range(5)], end(4, seq=1_005))
+    assert feed.run().status == "finished"
+    feed(*[frame(i, seq=500 + i) for i in range(5, 10)])
+    assert (feed.run().status, feed.run().end_step) == ("running", None)
+    assert [a.fired_step for a in feed.stale(now=1009.0 + HOUR)] == [90]
+
+
+def test_a_run_resumed_below_its_last_step_is_stopped_again(
+        sessions: sessionmaker[Session]) -> None:
+    """no_data fired at step 40; the job resumes from a checkpoint at step 20 (below the
+    last step stored), then goes silent again: a new silence at the same last step, a new
+    alert (the old one counted as this silence's, and the run stayed "running" for good)."""
+    feed = Feed(sessions)
+    feed(*[frame(i) for i in range(5)])
+    assert [a.fired_step for a in feed.stale(now=1004.0 + HOUR)] == [40]
+    feed(frame(2, seq=100), frame(3, seq=101), now=1004.0 + HOUR + 10)
+    assert feed.run().status == "running"
+    assert feed.stale(now=1004.0 + HOUR + 20) == []  # not silent long enough
+    again = feed.stale(now=1004.0 + 2 * HOUR + 20)
+    assert [a.fired_step for a in again] == [40] and feed.run().status == "stopped"
+    assert feed.stale(now=1004.0 + 3 * HOUR) == []  # one alert for one silence
+    assert [a.state for a in feed.alerts()] == ["resolved", "firing"]
+
 def test_diverged_stays_diverged(sessions: sessionmaker[Session]) -> None:
     feed = Feed(sessions)
     feed(*[frame(i, loss=2.0 if i < 8 else "NaN") for i in range(10)])

@@ -42,6 +42,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
@@ -63,7 +64,7 @@ from logitwatch.server.alerts.state import (  # noqa: F401  (re-exported)
     Cell,
     Key,
 )
-from logitwatch.server.db.models import Alert
+from logitwatch.server.db.models import Alert, Run
 from logitwatch.server.store.ingest import NewFrame
 
 __all__ = ["AlertEngine"]
@@ -104,9 +105,14 @@ class AlertEngine(EvaluationMixin, NoDataMixin):
         """Advance the rules over ``frames`` (in step order); return alerts created or
         changed that people should hear about (suppressed ones are stored, not returned)."""
         changed: list[Alert] = []
+        ended = dict(session.execute(select(Run.id, Run.end_step).where(
+            Run.id.in_({f.run_id for f in frames}), Run.status == "finished",
+            Run.end_step.is_not(None))).all()) if frames else {}
         with self._lock:
             seen_runs: set[int] = set()
             for f in sorted(frames, key=lambda f: (f.run_id, f.rank, f.step)):
+                if f.run_id in ended and f.step > ended[f.run_id]:
+                    continue  # after the run said it ended (another rank outlived rank 0)
                 if (f.run_id, f.rank) not in self._loaded:
                     self._restore(session, f.run_id, f.rank, before_step=f.step)
                 if f.run_id not in seen_runs:  # the run's first frame resolves no_data

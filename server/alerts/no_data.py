@@ -70,8 +70,11 @@ class NoDataMixin(LifecycleMixin):
                     continue
                 if session.scalar(select(Alert.id).where(
                         Alert.run_id == run.id, Alert.rule == rule.name,
-                        Alert.fired_step == (run.last_step or 0)).limit(1)) is not None:
-                    continue  # already alerted for this silence of the run
+                        Alert.fired_at >= run.seen_at).limit(1)) is not None:
+                    # already alerted for this silence (raised since its last frame came:
+                    # not by step, since a job resumed from a checkpoint below its last
+                    # step, then silent again, is a new silence at the same last step)
+                    continue
                 if run.status == "running" and not session.execute(
                         update(Run).where(Run.id == run.id, Run.status == "running",
                                           Run.seen_at == run.seen_at)

@@ -30,6 +30,7 @@ from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.alerts.rules import RuleSpec
 from logitwatch.server.db.models import Run
 from logitwatch.server.db.session import make_engine, migrate, session_scope
+from logitwatch.server.limits import check_batch
 from logitwatch.server.schemas import AlertOut, IngestIn
 from logitwatch.server.store import lifecycle
 from logitwatch.server.store.alerts import alert_out, list_alerts
@@ -176,7 +177,9 @@ def replay(
         db_url: Database to write to (migrated first); default a temporary SQLite file.
         rules: Rule set, used as given. Default: :func:`replay_rules` (what ``logitwatch
             serve`` on that database would apply).
-        settings: ``Settings`` for the default rules (default: from the environment).
+        settings: ``Settings`` for the default rules and the ingest limits (frames per
+            batch, values per matrix, metrics per run) that ``serve`` holds a batch to
+            (default: from the environment).
         rules_file: YAML rules file for the default rules (default:
             ``$LOGITWATCH_ALERT_RULES``).
         batch: Frames per ingest transaction (the client sends up to 256).
@@ -196,6 +199,10 @@ def replay(
             migrate(engine)
             sessions = sessionmaker(engine, expire_on_commit=False)
             result = ReplayResult()
+            if settings is None:
+                from logitwatch.server.settings import Settings
+
+                settings = Settings()
             if rules is None:
                 with session_scope(sessions) as s:
                     rules, result.rules = replay_rules(settings, path=rules_file, session=s)
@@ -204,14 +211,17 @@ def replay(
                 result.rules = f"as given: {sum(1 for r in rules if r.enabled)} rules"
             alerts = AlertEngine(rules)
             run_ids: set[int] = set()
+            batch = max(1, min(batch, settings.max_frames_per_request))  # as a client must
             for i in range(0, len(items), batch):
                 try:
                     body = IngestIn.model_validate({"frames": items[i:i + batch]})
                 except ValidationError as e:
                     raise _refusal(e, i, lines) from None
                 try:
+                    check_batch(body, settings)  # the limits `serve` holds a batch to
                     with session_scope(sessions) as s:
-                        stored, finished = lifecycle.ingest(s, body.frames)
+                        stored, finished = lifecycle.ingest(
+                            s, body.frames, max_metrics_per_run=settings.max_metrics_per_run)
                         run_ids |= stored.run_ids
                         fired = alerts.process(s, stored.new_frames)
                         if finished:
