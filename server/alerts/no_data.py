@@ -66,7 +66,12 @@ class NoDataMixin(LifecycleMixin):
                 q = q.where(Run.id.in_(list(runs)))
             for run in session.scalars(q).all():
                 if self._open_alert(session, run.id, 0, rule.name, None) is not None:
-                    run.status = "stopped"  # (a run alerted before statuses were stored)
+                    # (a run alerted before statuses were stored); conditional, so that a
+                    # run another collector's ingest just finished stays finished
+                    session.execute(update(Run).where(Run.id == run.id,
+                                                      Run.status == "running")
+                                    .values(status="stopped")
+                                    .execution_options(synchronize_session=False))
                     continue
                 if session.scalar(select(Alert.id).where(
                         Alert.run_id == run.id, Alert.rule == rule.name,
