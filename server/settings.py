@@ -183,21 +183,27 @@ class Settings(BaseSettings):
         description="Mark the dashboard's session cookie Secure even when the request did "
         "not arrive over https (it is Secure on https requests anyway).",
     )
-    # Alert rule defaults (see server/alerts/rules.py for their meaning).
+    # The parameters of the rule attn_logit_rising, which is off by default (enable it in a
+    # rules file); the default rules that judge logits are attn_logit_departure and
+    # attn_logit_forecast (server/alerts/defaults.py), tuned by a rules file.
     alert_logit_threshold: float = Field(
-        1000.0, gt=0, description="A head's max logit above this is alarming on any model."
+        1000.0, gt=0, description="attn_logit_rising (off by default): a head's max logit "
+        "above this is alarming on any model."
     )
     alert_logit_factor: float = Field(
-        4.0, gt=1, description="Max logit above factor x its own baseline is alarming."
+        4.0, gt=1, description="attn_logit_rising (off by default): a max logit above "
+        "factor x its own baseline is alarming."
     )
     alert_logit_floor: float = Field(
         30.0,
         ge=0,
-        description="Relative alarms only above this level: healthy heads sit around 5-20 "
+        description="attn_logit_rising (off by default): relative alarms only above this "
+        "level: healthy heads sit around 5-20 "
         "(see README), so a head growing 4x from 2 to 8 is not news; from 10 to 40 it is.",
     )
     alert_for_samples: int = Field(
-        3, ge=1, description="Consecutive sampled steps a condition must hold before firing."
+        3, ge=1, description="attn_logit_rising (off by default): consecutive samples its "
+        "condition must hold before firing."
     )
     alert_sample_every: int = Field(
         1, ge=0,

@@ -53,3 +53,15 @@ def test_the_design_document_holds_every_signal() -> None:
     for topic in ("softmax", "entropy", "QK-norm", "QK-clip", "soft-cap", "z-loss",
                   "log Z", "final.hidden_rms", "clip rate", "warm-up", "bias refuge"):
         assert topic in design, topic
+
+
+def test_the_settings_reference_is_current() -> None:
+    """docs/SETTINGS.md is generated from Settings and ClientConfig: every setting the
+    collector or the client reads is there, with the code's default and text."""
+    from logitwatch._settings_doc import render
+    from logitwatch.cli import _OTHER_ENV
+
+    text = (ROOT / "docs" / "SETTINGS.md").read_text()
+    assert text == render(), "run: python -m logitwatch._settings_doc > docs/SETTINGS.md"
+    for name in _OTHER_ENV:
+        assert f"LOGITWATCH_{name}" in text, name
