@@ -38,16 +38,19 @@ build it from these variables (`ClientConfig.from_env`); in code, pass
 """
 
 
-OTHER = """
-## Other variables
-
-| variable | read by | meaning |
-| --- | --- | --- |
-| `LOGITWATCH_HOME` | every command, the client | where the default store (`logitwatch.db`) and the spool live (default: `~/.local/share/logitwatch` for the store, `~/.cache/logitwatch/spool` for the spool) |
-| `LOGITWATCH_ALERT_RULES` | `serve`, `replay`, `demo` | a YAML rules file merged over the default rules (docs/ALERTS.md) |
-| `LOGITWATCH_TORCH_INDEX` | `scripts/demo.sh` | the index the CPU torch build comes from (empty: your pip configuration only) |
-| `LOGITWATCH_TEST_PG_URL`, `LOGITWATCH_REQUIRE_PG`, `LOGITWATCH_REQUIRE_BROWSER` | the tests | the PostgreSQL the tests use (`scripts/test.sh` starts one), and whether a missing PostgreSQL or Chromium fails the tests instead of skipping them |
-"""
+#: (variable, read by, meaning) of the variables that are not settings.
+OTHER = (
+    ("`LOGITWATCH_HOME`", "every command, the client",
+     "where the default store (`logitwatch.db`) and the spool live (default: "
+     "`~/.local/share/logitwatch` for the store, `~/.cache/logitwatch/spool` for the spool)"),
+    ("`LOGITWATCH_ALERT_RULES`", "`serve`, `replay`, `demo`",
+     "a YAML rules file merged over the default rules (docs/ALERTS.md)"),
+    ("`LOGITWATCH_TORCH_INDEX`", "`scripts/demo.sh`",
+     "the index the CPU torch build comes from (empty: your pip configuration only)"),
+    ("`LOGITWATCH_TEST_PG_URL`, `LOGITWATCH_REQUIRE_PG`, `LOGITWATCH_REQUIRE_BROWSER`",
+     "the tests", "the PostgreSQL the tests use (`scripts/test.sh` starts one), and whether "
+     "a missing PostgreSQL or Chromium fails the tests instead of skipping them"),
+)
 
 
 def _cell(text: str) -> str:
@@ -90,7 +93,9 @@ def render() -> str:
     for f in dataclasses.fields(ClientConfig):
         lines.append(f"| `LOGITWATCH_{f.name.upper()}` | {_default(f.default)} | "
                      f"{_cell(docs.get(f.name, ''))} |\n")
-    lines.append(OTHER)
+    lines.append("\n## Other variables\n\n| variable | read by | meaning |\n"
+                 "| --- | --- | --- |\n")
+    lines += [f"| {var} | {who} | {what} |\n" for var, who, what in OTHER]
     return "".join(lines)
 
 
