@@ -283,8 +283,8 @@ class CaptureMixin:
         """A fuse's rewrite of one HF eager attention call (None: unchanged)."""
         if not self._rewriting():
             return None
-        layer = getattr(module, "layer_idx", None)
-        layer = layer if isinstance(layer, int) and not isinstance(layer, bool) else self._calls
+        layer = self._eager_row(module)
+        layer = self._calls if layer is None else layer
         return self.attn_rewrite.eager(layer, original, module, query, key, value,
                                        attention_mask, args, kwargs)
 
@@ -300,9 +300,18 @@ class CaptureMixin:
         """Called by the eager-attention wrapper while :attr:`capturing`."""
         if "attention" in self.disabled:
             return
+        self._record(self._eager_row(module), query, key, attention_mask, False, scaling,
+                     softcap)
+
+    def _eager_row(self, module: torch.nn.Module) -> int | None:
+        """An eager attention module's row (``_eager.attention_rows``); its ``layer_idx``
+        for a module found after attach; None (call order) without either."""
+        token = getattr(self, "_eager_token", None)
+        row = token.rows.get(id(module)) if token is not None else None
+        if row is not None:
+            return row
         layer = getattr(module, "layer_idx", None)
-        layer = layer if isinstance(layer, int) and not isinstance(layer, bool) else None
-        self._record(layer, query, key, attention_mask, False, scaling, softcap)
+        return layer if isinstance(layer, int) and not isinstance(layer, bool) else None
 
     def _record(
         self,

@@ -54,6 +54,8 @@ class EagerToken:
         self.owner = owner
         self.module_ids: list[int] = []
         self.patched: list[str] = []
+        #: id(attention module) -> its row in the per-head matrices (:func:`attention_rows`)
+        self.rows: dict[int, int] = {}
 
 
 class _Patch:
@@ -116,9 +118,26 @@ def _home_module(module: torch.nn.Module) -> ModuleType | None:
     return home
 
 
+def attention_rows(modules: list[torch.nn.Module]) -> dict[int, int]:
+    """Each attention module's row: its ``layer_idx`` when every attention module has a
+    distinct one (a decoder: what the SDPA path's call order gives too), else its place in
+    module order (an encoder-decoder such as T5 numbers its encoder's, its decoder's and its
+    cross-attention's layers each from 0: keyed by ``layer_idx`` they were pooled into
+    one row). Attention modules: those whose ``forward`` calls ``eager_attention_forward``."""
+    attn = [m for m in modules
+            if _NAME in getattr(getattr(inspect.unwrap(type(m).forward), "__code__", None),
+                                "co_names", ())]
+    idx = [getattr(m, "layer_idx", None) for m in attn]
+    if all(isinstance(i, int) and not isinstance(i, bool) for i in idx) \
+            and len(set(idx)) == len(idx):
+        return {id(m): int(i) for m, i in zip(attn, idx, strict=True)}  # type: ignore[arg-type]
+    return {id(m): row for row, m in enumerate(attn)}
+
+
 def install(model: torch.nn.Module, owner: EagerOwner) -> EagerToken:
     """Patch the eager attention of every HF-style attention module found in ``model``."""
     token = EagerToken(owner)
+    homed: list[torch.nn.Module] = []
     with _lock:
         for module in model.modules():
             home = _home_module(module)
@@ -126,6 +145,7 @@ def install(model: torch.nn.Module, owner: EagerOwner) -> EagerToken:
                 continue
             _owners.setdefault(id(module), []).append(owner)
             token.module_ids.append(id(module))
+            homed.append(module)
             name = home.__name__
             if name in token.patched:
                 continue
@@ -136,6 +156,7 @@ def install(model: torch.nn.Module, owner: EagerOwner) -> EagerToken:
                 _patches[name] = patch
             patch.users += 1
             token.patched.append(name)
+    token.rows = attention_rows(homed)
     return token
 
 

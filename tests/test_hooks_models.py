@@ -366,3 +366,29 @@ def test_bf16_llama_sdpa_matches_the_reference_on_the_same_inputs(how: str) -> N
                                        rtol=1e-5 if tight else 5e-2,
                                        atol=1e-6 if tight else 5e-2,
                                        err_msg=f"{how} {metric} layer {layer}")
+
+
+def test_an_encoder_decoder_keeps_one_row_per_attention_on_both_paths() -> None:
+    """T5 numbers the layers of its encoder, its decoder and its cross-attention each from
+    0: keyed by ``layer_idx`` the eager path pooled three attentions into one row (2 rows
+    for 6 attentions, beside 6 rows of q/k norms). Each attention has its own row, in module
+    order, as the SDPA path's call order gives, with the same values."""
+    cfg = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=64,
+               decoder_start_token_id=0, pad_token_id=0, dropout_rate=0.0)
+    got = {}
+    for impl in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        model = transformers.T5ForConditionalGeneration(
+            transformers.T5Config(**cfg, attn_implementation=impl))
+        gen = torch.Generator().manual_seed(1)
+        ids, labels = (torch.randint(3, 64, (2, n), generator=gen) for n in (10, 6))
+        client, frames = capturing_client()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        with attach(model, opt, run="r", client=client, overhead_budget=None,
+                    sample_every=5):
+            model(input_ids=ids, labels=labels).loss.backward()
+            opt.step()
+        got[impl] = frames[0]["heads"]
+        assert len(got[impl]["attn.logit_max"]) == len(got[impl]["qk.q_weight_norm"]) == 6
+    np.testing.assert_allclose(got["eager"]["attn.logit_max"], got["sdpa"]["attn.logit_max"],
+                               rtol=1e-4, atol=1e-5)
