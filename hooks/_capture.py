@@ -5,6 +5,7 @@ mode, HF eager attention and ``record_attention`` calls, the LM head (see
 from __future__ import annotations
 
 import copy
+import logging
 import sys
 from typing import Any
 
@@ -16,6 +17,8 @@ from ._final import final_stats, step_final
 from ._logits import attention_head_stats
 from ._maxlogit import head_max
 from ._sdpa import SdpaCapture, parse_call
+
+log = logging.getLogger("logitwatch.hooks")
 
 __all__ = ["CaptureMixin", "attention_dtype_max"]
 
@@ -166,6 +169,8 @@ class CaptureMixin:
                 return
             t0 = thread_clock()
             self._stop_capture()
+            if self._calls == 0:
+                self._no_attention_seen(module)
             loss = getattr(output, "loss", None)
             if loss is None and isinstance(output, dict):
                 loss = output.get("loss")
@@ -174,6 +179,26 @@ class CaptureMixin:
             self._cost.add_host(thread_clock() - t0)
         except Exception:
             self._fail("loss")
+
+    def _no_attention_seen(self, model: torch.nn.Module) -> None:
+        """A measured forward recorded no attention call: say so once, when the model has
+        attention modules the hooks know of (their rows or q/k projections). Its attention
+        goes neither through torch's scaled_dot_product_attention nor HF's
+        ``eager_attention_forward`` (GPT-2 with ``reorder_and_upcast_attn``, a hand-written
+        softmax), so the per-head attention statistics are missing from every frame."""
+        if getattr(self, "_warned_no_attention", False) or "attention" in self.disabled:
+            return
+        token = getattr(self, "_eager_token", None)
+        if not (token is not None and token.rows) and not getattr(self, "_qk", None):
+            return
+        self._warned_no_attention = True
+        log.warning(
+            "logitwatch: a measured forward of %s made no attention call the hooks can see "
+            "(neither torch's scaled_dot_product_attention nor transformers' "
+            "eager_attention_forward), so per-head attention statistics (attn.*) are "
+            "missing; use attn_implementation='sdpa', or call "
+            "logitwatch.record_attention(q, k, ...) in the attention (docs/HOOKS.md)",
+            type(model).__name__)
 
     def _keeps_history(self) -> bool:
         """Whether the current step's scalars go to the next frame's history: a step

@@ -392,3 +392,32 @@ def test_an_encoder_decoder_keeps_one_row_per_attention_on_both_paths() -> None:
         assert len(got[impl]["attn.logit_max"]) == len(got[impl]["qk.q_weight_norm"]) == 6
     np.testing.assert_allclose(got["eager"]["attn.logit_max"], got["sdpa"]["attn.logit_max"],
                                rtol=1e-4, atol=1e-5)
+
+
+def test_an_attention_the_hooks_cannot_see_is_said_once(caplog: pytest.LogCaptureFixture
+                                                         ) -> None:
+    """GPT-2 with ``reorder_and_upcast_attn`` computes its attention in its own method, not
+    through SDPA or ``eager_attention_forward``: its frames carry q/k norms but no attn.*
+    statistics, which a warning now says (once) instead of an info line reading as full
+    coverage. The default GPT-2 says nothing."""
+    seen = {}
+    for upcast in (False, True):
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=32,
+            reorder_and_upcast_attn=upcast, attn_implementation="eager"))
+        ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+        client, frames = capturing_client()
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="logitwatch.hooks"), attach(
+                model, opt, run="r", client=client, overhead_budget=None, sample_every=1):
+            for _ in range(3):
+                model(input_ids=ids, labels=ids).loss.backward()
+                opt.step()
+        seen[upcast] = [r.getMessage() for r in caplog.records
+                        if "no attention call" in r.getMessage()]
+        assert ("attn.logit_max" in frames[0]["heads"]) is not upcast
+        assert "qk.q_weight_norm" in frames[0]["heads"]
+    assert seen[False] == [] and len(seen[True]) == 1
+    assert "GPT2LMHeadModel" in seen[True][0] and "record_attention" in seen[True][0]
