@@ -69,11 +69,13 @@ were read; ``fresh45`` (3,072 tokens, fixed after those replays) once with the s
 Round thirty-three was chosen on ``--split read44`` and replayed once on ``fresh46`` (1,024
 tokens, fixed before ``fresh45`` was read). Round thirty-four was chosen on ``--split
 read46`` (every run through ``fresh46``) and replayed once on ``fresh47`` (6,144 tokens,
-fixed after ``fresh45`` and ``fresh46`` were read). The next change is chosen on ``--split
-read47`` and replayed once on ``fresh48`` (bytes, fixed after ``fresh47`` was read); the
-one after it on ``--split read48`` and ``fresh49`` (1,536 tokens, fixed before ``fresh48``
-was read), and the one after that on ``--split read49`` and ``fresh50`` (2,560 tokens, fixed
-after ``fresh48`` was read, before ``fresh49`` is).
+fixed after ``fresh45`` and ``fresh46`` were read). Round thirty-five was chosen on
+``--split read47`` and replayed once on ``fresh48`` (bytes, fixed after ``fresh47`` was
+read); ``fresh49`` (1,536 tokens, fixed before ``fresh48`` was read) was then replayed once
+with the same rules, no change made. The next change is chosen on ``--split read49`` and
+replayed once on ``fresh50`` (2,560 tokens, fixed after ``fresh48`` was read, before
+``fresh49`` was); the one after it on ``--split read50`` and ``fresh51`` (5,120 tokens,
+fixed after ``fresh49`` was read, before ``fresh50`` is).
 
 Usage::
 
@@ -410,7 +412,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 50
+NEWEST = 51
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
