@@ -5,9 +5,18 @@ The payload is JSON: ``{"kind": "logitwatch.alert", "text": ..., "alert": {...}}
 
 With a database (``sessions=``), every notification is first written to the
 ``alert_outbox`` table and deleted once delivered: retries with exponential backoff
-survive a collector restart (the next collector on the same database delivers what is left).
-Without one, notifications wait in a bounded in-memory queue. The outbox is bounded too
-(``max_queue`` per URL): past it the oldest notification is dropped, logged.
+(capped at 30 s) survive a collector restart (the next collector on the same database
+delivers what is left), and a receiver that is down is retried until the notification is
+``give_up_after`` old (an hour), not for a fixed number of attempts (five took 15 s: a
+receiver restarting for a minute lost every alert meanwhile). Several collectors on one
+database share the outbox: each claims a row (a conditional UPDATE of its ``next_at``)
+before it posts, so one of them sends it. Notifications of one alert go out in the order
+they were queued (its resolve never before its fire); other alerts are not held up by a
+notification being retried. Each POST carries an ``Idempotency-Key`` header (the outbox
+row's id), the same on every retry: delivery is at least once (a POST that timed out but
+was processed is sent again), and a receiver can drop the repeats. Without a database,
+notifications wait in a bounded in-memory queue, with ``retries`` retries each. The outbox
+is bounded too (``max_queue`` per URL): past it the oldest notification is dropped, logged.
 
 A receiver that throttles (HTTP 429, or 503 with ``Retry-After``: Slack takes about one
 message a second) is waited for, as long as ``Retry-After`` says (capped at 10 minutes), and
@@ -23,10 +32,11 @@ import queue
 import random
 import threading
 import time
+import uuid
 from typing import Any
 
 import httpx
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.server.db.models import OutboxItem
@@ -86,13 +96,15 @@ class WebhookNotifier:
     Args:
         url: The webhook URL.
         timeout: Seconds per HTTP request.
-        retries: Retries after failed attempts (errors, 5xx) before a notification is given
-            up; throttled answers (429, 503 with ``Retry-After``) do not count.
+        retries: Without a database: retries after failed attempts (errors, 5xx) before a
+            notification is given up; throttled answers (429, 503 with ``Retry-After``)
+            do not count. The outbox retries until ``give_up_after`` instead.
         max_queue: Bound of the queue: in memory, or of the outbox for this URL (the oldest
             is dropped past it).
         sessions: A session factory: use the persistent outbox.
         base_delay: First retry delay in seconds (doubles each retry, capped at 30 s).
-        give_up_after: Seconds after which a notification still throttled is given up.
+        give_up_after: Seconds after which a notification still throttled (in the outbox:
+            still failing) is given up.
     """
 
     def __init__(self, url: str, *, timeout: float = 5.0, retries: int = 5,
@@ -152,10 +164,12 @@ class WebhookNotifier:
             self._deliver(payload(alert), alert.id)
             self._q.task_done()
 
-    def _post(self, body: dict[str, Any]) -> _Outcome:
-        """One attempt, once any ``Retry-After`` of the receiver has passed."""
+    def _post(self, body: dict[str, Any], key: str | None = None) -> _Outcome:
+        """One attempt, once any ``Retry-After`` of the receiver has passed; ``key``: the
+        ``Idempotency-Key`` (the same on every attempt at one notification)."""
         try:
-            r = self._http.post(self.url, json=body)
+            r = self._http.post(self.url, json=body,
+                                headers={"Idempotency-Key": key} if key else None)
         except httpx.HTTPError as e:
             return _Outcome(repr(e))
         if r.status_code < 300:
@@ -170,22 +184,27 @@ class WebhookNotifier:
             return _Outcome(f"fatal: {why}", fatal=True)
         return _Outcome(why)
 
-    def _next_delay(self, out: _Outcome, failures: int, created: float) -> float | None:
+    def _next_delay(self, out: _Outcome, failures: int, created: float,
+                    by_age: bool = False) -> float | None:
         """Seconds before the next attempt at a notification queued at ``created`` whose
         attempt answered ``out``, after ``failures`` failed attempts (throttled answers do
-        not count); None to give it up: a fatal answer, retries spent, or throttled past
-        ``give_up_after``. The one retry policy of both modes."""
-        if out.fatal or failures > self.retries:
+        not count); None to give it up: a fatal answer, retries spent (``by_age``, the
+        outbox: once ``give_up_after`` old instead), or throttled past ``give_up_after``.
+        The one retry policy of both modes."""
+        if out.fatal or (failures > self.retries and not by_age):
             return None
-        if out.wait is not None:
-            return None if time.time() + out.wait - created > self.give_up_after else out.wait
-        return backoff(failures - 1, self.base_delay)
+        delay = out.wait if out.wait is not None else backoff(failures - 1, self.base_delay)
+        if (out.wait is not None or by_age) and \
+                time.time() + delay - created > self.give_up_after:
+            return None
+        return delay
 
     def _deliver(self, body: dict[str, Any], alert_id: object) -> None:
         created, attempt, failures = time.time(), 0, 0
+        key = f"logitwatch-{uuid.uuid4().hex}"
         while True:
             attempt += 1
-            out = self._post(body)
+            out = self._post(body, key=key)
             if out.why is None:
                 self.sent += 1
                 return
@@ -225,28 +244,38 @@ class WebhookNotifier:
             self._wake.clear()
 
     def _drain(self) -> float:
-        """Try every due item once, in order, until the receiver throttles; return seconds
-        until the next one is due (max 1 s)."""
+        """Try the due items once, oldest first, until the receiver throttles; return
+        seconds until the next one is due (max 1 s). An item waiting for a retry (or
+        claimed by another collector) holds back the later items of its alert only."""
         assert self._sessions is not None
         now = time.time()
         if now < self._hold_until:
             return max(0.01, min(1.0, self._hold_until - now))
         with self._sessions() as s:
-            due = s.scalars(select(OutboxItem).where(OutboxItem.url == self.url,
-                                                     OutboxItem.next_at <= now)
-                            .order_by(OutboxItem.id).limit(50)).all()
+            head = s.scalars(select(OutboxItem).where(OutboxItem.url == self.url)
+                             .order_by(OutboxItem.id).limit(200)).all()
             s.expunge_all()
-        for item in due:
+        held: set[object] = set()  # alerts with an earlier notification still pending
+        for item in head:
             if self._stop.is_set():
                 break
-            out = self._post(item.body)
+            alert = (item.body.get("alert") or {}).get("id") if isinstance(item.body, dict) \
+                else None
+            if item.next_at > time.time() or (alert is not None and alert in held):
+                held.add(alert)
+                continue
+            if not self._claim(item):
+                held.add(alert)  # another collector is sending it
+                continue
+            out = self._post(item.body, key=f"logitwatch-outbox-{item.id}")
             with self._sessions.begin() as s:
                 if out.why is None:
                     self.sent += 1
                     s.execute(delete(OutboxItem).where(OutboxItem.id == item.id))
                     continue
+                held.add(alert)
                 attempts = item.attempts + (out.wait is None)
-                delay = self._next_delay(out, attempts, item.created_at)
+                delay = self._next_delay(out, attempts, item.created_at, by_age=True)
                 if delay is None:
                     self.failed += 1
                     log.error("webhook delivery to %s failed for good after %d failed "
@@ -254,11 +283,8 @@ class WebhookNotifier:
                               time.time() - item.created_at, out.why)
                     s.execute(delete(OutboxItem).where(OutboxItem.id == item.id))
                 else:
-                    row = s.get(OutboxItem, item.id)
-                    if row is not None:
-                        row.attempts = attempts
-                        row.next_at = time.time() + delay
-                        row.last_error = out.why
+                    s.execute(update(OutboxItem).where(OutboxItem.id == item.id).values(
+                        attempts=attempts, next_at=time.time() + delay, last_error=out.why))
                     log.warning("webhook attempt %d failed (%s); retrying in %.3g s",
                                 attempts, out.why, delay)
             if out.wait is not None:
@@ -268,6 +294,17 @@ class WebhookNotifier:
                            .order_by(OutboxItem.next_at).limit(1))
         nxt = None if nxt is None else max(nxt, self._hold_until)
         return 1.0 if nxt is None else max(0.01, min(1.0, nxt - time.time()))
+
+    def _claim(self, item: OutboxItem) -> bool:
+        """Take ``item`` for one attempt: move its ``next_at`` past the attempt's longest
+        time, if no other collector moved it first (its ``next_at`` is still the one read)."""
+        assert self._sessions is not None
+        lease = time.time() + 2 * float(self._http.timeout.read or 5.0) + 5.0
+        with self._sessions.begin() as s:
+            got = s.execute(update(OutboxItem).where(
+                OutboxItem.id == item.id, OutboxItem.next_at == item.next_at)
+                .values(next_at=lease).execution_options(synchronize_session=False))
+            return bool(got.rowcount)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the sender (undelivered outbox items stay for the next collector)."""

@@ -38,7 +38,9 @@ class Settings(BaseSettings):
         None, description="If set, every alert that fires or resolves is POSTed here as JSON."
     )
     webhook_timeout: float = Field(5.0, gt=0, description="Seconds per webhook attempt.")
-    webhook_retries: int = Field(5, ge=0, description="Retries per webhook delivery.")
+    webhook_retries: int = Field(
+        5, ge=0, description="Retries per webhook delivery without a database (the "
+        "collector's outbox retries a failing receiver for an hour instead).")
     # --- database connections (see docs/ARCHITECTURE.md, "Storage") ----------------------
     pool_size: int = Field(
         5, ge=1,
