@@ -402,3 +402,38 @@ def test_other_bad_requests_answer_code_and_message(open_client: TestClient) -> 
     assert r.status_code == 405 and r.json()["code"] == "method-not-allowed"
     r = open_client.get("/api/v1/runs/1/series", params={"name": "loss", "start": 2**70})
     assert r.status_code == 422 and "start" in r.json()["message"]
+
+
+def test_the_live_stream_sends_an_alert_again_when_what_it_shows_changes(
+        sqlite_url: str) -> None:
+    """An alert acknowledged (or escalated from info) stays ``firing``: the stream sent an
+    alert again only when its state changed, so an open dashboard kept the old card."""
+    ingest, read = mint(sqlite_url, "alpha", "ingest"), mint(sqlite_url, "alpha", "read")
+    nan = {**frame(1), "scalars": {"loss": "NaN"}}
+    with TestClient(create_app(settings(sqlite_url))) as c:
+        c.post("/api/v1/ingest", headers=bearer(ingest), json={"frames": [frame(0), nan]})
+        with c.stream("GET", "/api/v1/runs/1/stream", headers=bearer(read)) as r:
+            events, event, polls = [], None, 0
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    event = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and event == "alert":
+                    events.append(json.loads(line[5:]))
+                    if len(events) > 1:
+                        break
+                    assert events[0]["state"] == "firing" and not events[0]["acked_at"]
+                    ack = c.post(f"/api/v1/alerts/{events[0]['id']}/ack",
+                                 headers=bearer(ingest))
+                    assert ack.status_code == 200, ack.text
+                    polls = 1
+                    c.post("/api/v1/ingest", headers=bearer(ingest), json={"frames": [
+                        {**frame(2), "scalars": {"loss": "NaN"}}]})
+                elif line.startswith("data:") and event == "frame" and polls:
+                    if polls > 3:  # three polls after the ack and no new alert event
+                        break
+                    polls += 1  # a new frame, so that the stream polls again
+                    c.post("/api/v1/ingest", headers=bearer(ingest), json={"frames": [
+                        {**frame(2 + polls), "scalars": {"loss": "NaN"}}]})
+        assert len(events) == 2, events
+        assert events[1]["id"] == events[0]["id"] and events[1]["acked_at"]
+        assert events[1]["state"] == "firing"

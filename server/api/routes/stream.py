@@ -24,7 +24,7 @@ from sse_starlette import EventSourceResponse
 from logitwatch.server.api.deps import ReadDep, RunIdDep, client_address, credentials
 from logitwatch.server.db.session import session_scope
 from logitwatch.server.errors import ApiError, RateLimited
-from logitwatch.server.schemas import MAX_RANK, MAX_STEP
+from logitwatch.server.schemas import MAX_RANK, MAX_STEP, AlertOut
 from logitwatch.server.store import queries
 from logitwatch.server.store.alerts import list_alerts
 from logitwatch.server.store.live import frames_since
@@ -67,6 +67,13 @@ class StreamSlots:
             self.total -= 1
 
 
+def _shown(a: AlertOut) -> tuple[Any, ...]:
+    """What the dashboard shows of an alert: a change of any of it is sent again (its state,
+    and an escalation from info, an acknowledgement or a silence while it stays firing)."""
+    return (a.state, a.severity, a.paged_step, a.acked_at, a.suppressed, a.resolved_step,
+            a.message)
+
+
 def _slots(app: Any) -> StreamSlots:
     slots: StreamSlots | None = getattr(app.state, "stream_slots", None)
     if slots is None:  # one event loop: no race between the check and the set
@@ -107,16 +114,13 @@ async def stream(
     secret = credentials(request)
     address = client_address(request)
 
-    def poll(after_id: int, alerts_seen: dict[int, str]) -> tuple[int, list[Any], Any, list[Any]]:
+    def poll(after_id: int, alerts_seen: dict[int, Any]) -> tuple[int, list[Any], Any, list[Any]]:
         state.auth.authorize(secret, scope="read", charge=False)
         with session_scope(state.sessions) as s:
             queries.get_run(s, run_id)
             last, frames, latest = frames_since(s, run_id=run_id, after_id=after_id, rank=rank)
-            alerts = [
-                a.model_dump(mode="json")
-                for a in list_alerts(s, run_id)
-                if alerts_seen.get(a.id) != a.state
-            ]
+            alerts = [(a.model_dump(mode="json"), _shown(a)) for a in list_alerts(s, run_id)
+                      if alerts_seen.get(a.id) != _shown(a)]
         return last, frames, latest, alerts
 
     who = (f"client {address or 'unknown'}" if principal.open
@@ -128,7 +132,7 @@ async def stream(
 
     async def events() -> AsyncIterator[dict[str, str]]:
         after_id = after
-        seen: dict[int, str] = {}
+        seen: dict[int, Any] = {}
         while not await request.is_disconnected():
             try:
                 after_id, frames, latest, alerts = await anyio.to_thread.run_sync(
@@ -140,8 +144,8 @@ async def stream(
             if frames:
                 yield {"event": "frame", "id": str(after_id),
                        "data": json.dumps({"frames": frames, "latest": latest})}
-            for a in alerts:
-                seen[a["id"]] = a["state"]
+            for a, shown in alerts:
+                seen[a["id"]] = shown
                 yield {"event": "alert", "data": json.dumps(a)}
             await anyio.sleep(state.settings.stream_interval)
 
