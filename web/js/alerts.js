@@ -57,7 +57,9 @@ export class AlertsPanel {
     let changed = false;
     for (const a of alerts) {
       const old = this.alerts.get(a.id);
-      if (!old || old.state !== a.state || old.acked_at !== a.acked_at || old._silenced !== a._silenced || JSON.stringify(old.fuses) !== JSON.stringify(a.fuses)) {
+      // what a card shows: an escalation from info changes severity, paged step and message
+      const shown = ["state", "severity", "paged_step", "message", "acked_at", "suppressed", "_silenced"];
+      if (!old || shown.some((k) => old[k] !== a[k]) || JSON.stringify(old.fuses) !== JSON.stringify(a.fuses)) {
         changed = true;
       }
       this.alerts.set(a.id, a);
