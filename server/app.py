@@ -68,7 +68,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RuntimeError(refusal)
         app.state.notifier = (
             WebhookNotifier(settings.webhook_url, timeout=settings.webhook_timeout,
-                            retries=settings.webhook_retries, sessions=app.state.sessions)
+                            retries=settings.webhook_retries, sessions=app.state.sessions,
+                            info=settings.webhook_info)
             if settings.webhook_url else None
         )
         # PostgreSQL: the day partitions of frames and points, made ahead of time.

@@ -105,12 +105,18 @@ class WebhookNotifier:
         base_delay: First retry delay in seconds (doubles each retry, capped at 30 s).
         give_up_after: Seconds after which a notification still throttled (in the outbox:
             still failing) is given up.
+        info: Also send the alerts that never paged (``paged_step`` None: info, shown on
+            the dashboard); by default only an alert that pages is sent, when it fires or
+            escalates to a paging severity and when it resolves.
     """
 
     def __init__(self, url: str, *, timeout: float = 5.0, retries: int = 5,
                  max_queue: int = 1000, sessions: sessionmaker[Session] | None = None,
-                 base_delay: float = 0.5, give_up_after: float = 3600.0) -> None:
+                 base_delay: float = 0.5, give_up_after: float = 3600.0,
+                 info: bool = False) -> None:
         self.url = url
+        self.info = info
+        self.skipped = 0  # alerts that never paged, not sent (``info`` False)
         self.retries = retries
         self.base_delay = base_delay
         self.max_queue = max_queue
@@ -128,7 +134,11 @@ class WebhookNotifier:
         self._thread.start()
 
     def notify(self, alert: AlertOut) -> None:
-        """Queue ``alert`` for delivery; never raises."""
+        """Queue ``alert`` for delivery (unless it never paged and ``info`` is off); never
+        raises."""
+        if not self.info and alert.paged_step is None:
+            self.skipped += 1  # info: the dashboard shows it; a page is for what pages
+            return
         if self._sessions is not None:
             try:
                 with self._sessions.begin() as s:

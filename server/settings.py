@@ -35,7 +35,12 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Interface to bind.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port to bind.")
     webhook_url: str | None = Field(
-        None, description="If set, every alert that fires or resolves is POSTed here as JSON."
+        None, description="If set, every alert that pages (warning or critical, at once or "
+        "once escalated) is POSTed here as JSON when it fires, escalates and resolves."
+    )
+    webhook_info: bool = Field(
+        False, description="Also POST the alerts that never paged (info: shown on the "
+        "dashboard, such as a loss bump that recovered) to the webhook."
     )
     webhook_timeout: float = Field(5.0, gt=0, description="Seconds per webhook attempt.")
     webhook_retries: int = Field(

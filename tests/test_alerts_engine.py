@@ -161,7 +161,8 @@ def test_webhook_retries_survive_a_collector_restart(sqlite_url: str) -> None:
         run = s.get(Run, a.run_id)
         assert run is not None
         out = alert_out(a, run)
-    first = WebhookNotifier(url, retries=50, sessions=sessions, base_delay=0.05)
+    first = WebhookNotifier(url, retries=50, sessions=sessions, base_delay=0.05,
+                             info=True)  # this rule set's alert is info
     first.notify(out)
     deadline = time.time() + 10
     while time.time() < deadline:
@@ -176,7 +177,7 @@ def test_webhook_retries_survive_a_collector_restart(sqlite_url: str) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", port), _Hook)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
-    second = WebhookNotifier(url, retries=50, sessions=sessions, base_delay=0.05)
+    second = WebhookNotifier(url, retries=50, sessions=sessions, base_delay=0.05, info=True)
     try:
         deadline = time.time() + 15
         while time.time() < deadline and not _Hook.received:

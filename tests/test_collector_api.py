@@ -182,7 +182,8 @@ def test_webhook_receives_alert_json(sqlite_url: str) -> None:
     t.start()
     try:
         url = f"http://127.0.0.1:{srv.server_address[1]}/hook"
-        with TestClient(create_app(Settings(db_url=sqlite_url, webhook_url=url))) as c:
+        with TestClient(create_app(Settings(db_url=sqlite_url, webhook_url=url,
+                                            webhook_info=True))) as c:  # info too
             for i in range(30):
                 c.post("/api/v1/ingest", json={"frames": [frame(i, heads=growing(i))]})
             assert _Hook.got.wait(10), "no webhook call arrived"

@@ -280,3 +280,34 @@ def test_collectors_sharing_an_outbox_send_each_notification_once(sqlite_url: st
         second.close()
         sink.close()
         engine.dispose()
+
+
+def test_only_alerts_that_page_are_sent_unless_info_is_asked_for(sqlite_url: str) -> None:
+    """An info alert (``paged_step`` None: a bump shown on the dashboard) is not a page: it
+    is not posted by default (every one went to the Slack channel), and is with ``info``.
+    A paging alert's fire and resolve are posted."""
+    sink = Sink(throttle=0)
+    engine = make_engine(sqlite_url)
+    migrate(engine)
+    paged = _alerts(sqlite_url, 1)[0]
+    info = paged.model_copy(update={"id": paged.id + 100, "severity": "info",
+                                    "paged_step": None})
+    assert paged.paged_step is not None
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    try:
+        for asked in (False, True):
+            sink.posts.clear()
+            n = WebhookNotifier(sink.url, sessions=sessions, info=asked)
+            try:
+                for a in (info, paged, paged.model_copy(update={"state": "resolved"})):
+                    n.notify(a)
+                assert wait_until(lambda: n.pending() == 0 and len(sink.posts) >= 2, 30)
+            finally:
+                n.close()
+            got = sorted((i, st) for i, st, *_ in sink.posts)
+            want = [(paged.id, "firing"), (paged.id, "resolved")]
+            assert got == sorted(want + ([(info.id, "firing")] if asked else [])), asked
+            assert n.skipped == (0 if asked else 1)
+    finally:
+        sink.close()
+        engine.dispose()
