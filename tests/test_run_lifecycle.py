@@ -199,17 +199,19 @@ def test_a_finished_run_gets_no_alert_for_what_came_after_its_end(
     assert feed.run().status == "diverged"  # by its data before the end
 
 
-def test_a_restart_on_a_clock_behind_resumes_past_the_end_step(
+def test_an_old_spool_past_the_last_lifes_end_step_does_not_resume_it(
         sessions: sessionmaker[Session]) -> None:
-    """A job restarted under the same name on a host whose clock is behind its first life's
-    end frame: its seqs are lower, but its steps go past the end step: resumed, judged, and
-    reported stopped if it then goes silent."""
+    """Life 1 stores steps 0-40 and crashes with steps 50-90 in its spool; life 2 resumes
+    from step 20 and finishes at step 40. Life 1's spool, pushed late, goes past the end
+    step but is numbered before the end frame: the run stays finished (a step rule resumed
+    it, and a no_data page followed)."""
     feed = Feed(sessions)
-    feed(*[frame(i, seq=1_000 + i) for i in range(5)], end(4, seq=1_005))
-    assert feed.run().status == "finished"
-    feed(*[frame(i, seq=500 + i) for i in range(5, 10)])
-    assert (feed.run().status, feed.run().end_step) == ("running", None)
-    assert [a.fired_step for a in feed.stale(now=1009.0 + HOUR)] == [90]
+    feed(*[frame(i, seq=1_000 + i) for i in range(5)])
+    feed(*[frame(i, seq=2_000 + i) for i in range(2, 5)], end(4, seq=2_005))
+    assert (feed.run().status, feed.run().end_step) == ("finished", 40)
+    feed(*[frame(i, seq=1_000 + i) for i in range(5, 10)])
+    assert (feed.run().status, feed.run().end_step) == ("finished", 40)
+    assert feed.stale(now=1009.0 + HOUR) == []
 
 
 def test_a_run_resumed_below_its_last_step_is_stopped_again(
@@ -227,6 +229,12 @@ def test_a_run_resumed_below_its_last_step_is_stopped_again(
     assert [a.fired_step for a in again] == [40] and feed.run().status == "stopped"
     assert feed.stale(now=1004.0 + 3 * HOUR) == []  # one alert for one silence
     assert [a.state for a in feed.alerts()] == ["resolved", "firing"]
+    # a checker whose clock is an hour ahead of the collector that takes the frames: the
+    # next silence is a new one all the same (a check by fired_at >= seen_at missed it)
+    feed(frame(5, seq=102), now=1004.0 + 2 * HOUR + 30)
+    assert [a.fired_step for a in feed.stale(now=1004.0 + 4 * HOUR)] == [50]
+    feed(frame(6, seq=103), now=1004.0 + 4 * HOUR - 100)  # behind the last check's clock
+    assert [a.fired_step for a in feed.stale(now=1004.0 + 5 * HOUR + 20)] == [60]
 
 def test_diverged_stays_diverged(sessions: sessionmaker[Session]) -> None:
     feed = Feed(sessions)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time as _time
 from collections.abc import Collection
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from logitwatch.server.alerts.lifecycle import PAGING, LifecycleMixin
@@ -75,10 +75,12 @@ class NoDataMixin(LifecycleMixin):
                     continue
                 if session.scalar(select(Alert.id).where(
                         Alert.run_id == run.id, Alert.rule == rule.name,
-                        Alert.fired_at >= run.seen_at).limit(1)) is not None:
-                    # already alerted for this silence (raised since its last frame came:
-                    # not by step, since a job resumed from a checkpoint below its last
-                    # step, then silent again, is a new silence at the same last step)
+                        func.abs(Alert.fired_at - Alert.value - run.seen_at) < 1e-3
+                ).limit(1)) is not None:
+                    # already alerted for this silence: an alert's fired_at - value (its
+                    # silence) is the seen_at it was raised for, whichever collector's clock
+                    # raised it; not by step, since a job resumed from a checkpoint below its
+                    # last step, then silent again, is a new silence at the same last step
                     continue
                 if run.status == "running" and not session.execute(
                         update(Run).where(Run.id == run.id, Run.status == "running",

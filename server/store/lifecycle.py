@@ -7,9 +7,10 @@
   ranks' end frames are accepted and change nothing.
 * back to ``running``: a frame of rank 0 numbered after the end frame (``seq > end_seq``:
   the job was resumed; seqs follow the clock, so a restarted job's frames come after its
-  earlier end frame), or past its step (``step > end_step``: a job restarted on a host whose
-  clock is behind). An end frame numbered before a frame of rank 0 already stored (an old
-  spool pushed late) changes nothing. While a run is finished, the alert engine judges none
+  earlier end frame). An end frame numbered before a frame of rank 0 already stored (an old
+  spool pushed late) changes nothing. (A job restarted under the same name on a host whose
+  clock is behind the first life's end frame stays finished: its frames look like an old
+  spool's.) While a run is finished, the alert engine judges none
   of its frames past the end step (another rank that outlived rank 0's end): a finished run
   gets no alert for what came after it said it ended.
 * ``stopped``: the ``no_data`` alert fired (``AlertEngine.check_stale``: nothing received
@@ -83,18 +84,18 @@ def _by_run(frames: Sequence[FrameIn]) -> dict[tuple[str, str], list[FrameIn]]:
 
 
 def _resume(session: Session, data: Sequence[FrameIn]) -> None:
-    """A finished run that gets a frame of rank 0 numbered after its end frame, or past its
-    end step: resumed."""
+    """A finished run that gets a frame of rank 0 numbered after its end frame: resumed."""
     for (project, name), group in sorted(_by_run(data).items()):
         rank0 = [f for f in group if f.rank == 0]
         if not rank0:
             continue
+        # By seq only: a step past the end step is also what an old spool looks like when
+        # the run's last life started from an earlier checkpoint (it must change nothing).
         t = max(f.time for f in group)
         session.execute(
             update(Run)
             .where(Run.project == project, Run.name == name, Run.status == "finished",
-                   or_(Run.end_seq < max(f.seq for f in rank0),
-                       Run.end_step < max(f.step for f in rank0)))
+                   Run.end_seq < max(f.seq for f in rank0))
             .values(status="running", ended_at=None, end_step=None, end_seq=None,
                     # a job resumed from an earlier checkpoint sends steps below last_step,
                     # which do not move last_time: without this, the runs list would sort
