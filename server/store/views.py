@@ -318,9 +318,13 @@ def heads_over_time(
     low = lower_is_worse(name)
     reduce = "min" if low else "max"
     m = _heads_metric(session, run_id, name)
-    if m is None:
-        return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=0, heads=0,
+
+    def empty(layers: int = 0, heads: int = 0) -> HeadsTimeOut:
+        return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=layers, heads=heads,
                             reduce=reduce, total=0, bucket=1, steps=[], values=[])
+
+    if m is None:
+        return empty()
     if layer is not None and not 0 <= layer < m.layers:
         raise BadRequest("bad-selector", f"layer: {name!r} has layers 0..{m.layers - 1}",
                          field="layer")
@@ -338,8 +342,7 @@ def heads_over_time(
     bounds = run_bounds(session, run_id)
     n = session.scalar(prune_join(q.with_only_columns(func.count()).order_by(None), bounds))
     if not n:
-        return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=m.layers, heads=m.heads,
-                            reduce=reduce, total=0, bucket=1, steps=[], values=[])
+        return empty(m.layers, m.heads)
     cols = max(1, max_cols)
     edges = np.unique(np.linspace(0, n, cols + 1).astype(np.int64)) if n > cols \
         else np.arange(n + 1, dtype=np.int64)
@@ -376,8 +379,7 @@ def heads_over_time(
         i += k
     result.close()
     if carry is None:  # deleted since the count
-        return HeadsTimeOut(name=name, rank=rank, layer=layer, layers=m.layers, heads=m.heads,
-                            reduce=reduce, total=0, bucket=1, steps=[], values=[])
+        return empty(m.layers, m.heads)
     done.append(carry[1])
     mat = np.vstack(done)
     steps = np.asarray(first_steps, dtype=np.int64)
