@@ -25,14 +25,23 @@ Per detector, over the runs of a split at an interval:
 * **expect_alert**: runs whose header names a rule that should fire (``qk_bias_refuge``:
   ``q_bias_refuge`` or ``k_bias_refuge``), and how many got it (any severity / paged).
 
-The peers, implemented as their projects describe them:
+The peers, as their projects' code has them (the parameters are their defaults):
 
-* Megatron-LM: loss or grad norm above 10x the maximum of the first 100 values, or a
-  NaN/Inf loss (its check_for_nan_in_loss_and_grad);
-* OLMo-core: loss or grad norm above mean + 6 sigma of the previous 128 values;
+* Megatron-LM (``megatron/core/rerun_state_machine.py``): a NaN/Inf loss or grad norm (its
+  check_for_nan_in_loss_and_grad, on by default), or the loss or grad norm above 10x the
+  maximum of its first 100 values (``is_unexpectedly_large``: the spiky-loss and
+  large-grads checks, opt-in there, counted here as on);
+* OLMo-core (``StabilityMonitorCallback``): the loss or grad norm above mean + 6 sigma
+  (population) of the previous 128 values. OLMo-core only logs such a spike (a
+  ``SpikeScore`` metric) and never stops or pages: counted here as if a person were paged
+  on each spike it logs, which gives it more catches and more false alarms than the tool
+  has;
 * llm-foundry KillLossSpike: loss above 2x the running mean (window 100) for more than 4
   consecutive values;
-* Lightning SpikeDetection: loss above 2x the 10-value running mean, or non-finite;
+* Lightning SpikeDetection (``lightning_fabric/utilities/spike.py``): from the second
+  batch, a non-finite loss, or a loss above the previous good one and ``rtol`` (2) x the
+  running mean of the last 10 good losses away from it (3x the mean); the first spike
+  stops training (``TrainingSpikeException``): nothing after it is counted;
 * fixed max-logit threshold: any head's max attention logit above 100 (QK-clip's tau).
 
 Loss and grad-norm peers see EVERY step (the header holds them), as they would in a training
@@ -173,14 +182,22 @@ def kill_loss_spike(s: Series, window: int = 100, mult: float = 2.0,
             hist.append(v)
 
 
-def lightning(s: Series, window: int = 10, threshold: float = 2.0) -> Iterator[int]:
+def lightning(s: Series, window: int = 10, rtol: float = 2.0, warmup: int = 1
+              ) -> Iterator[int]:
+    """Lightning's ``SpikeDetection`` with its defaults: a spike is a non-finite loss, or
+    one above the last good loss with ``|loss - mean| >= rtol * |mean|`` (mean of the last
+    ``window`` good losses); spikes do not enter the mean; the first one ends training."""
     hist: list[float] = []
-    for step, v in s:
-        if not math.isfinite(v):
-            yield step
-        elif len(hist) >= window and v > threshold * statistics.fmean(hist[-window:]):
-            yield step
-        hist.append(v)
+    last = 0.0
+    for i, (step, v) in enumerate(s):
+        if i >= warmup:
+            mean = statistics.fmean(hist[-window:]) if hist else math.nan
+            if not math.isfinite(v) or (v - last > 0 and abs(v - mean) >= abs(rtol * mean)):
+                yield step
+                return  # TrainingSpikeException: the run stops
+        if math.isfinite(v):
+            hist.append(v)
+            last = v
 
 
 def fixed_logit(s: Series, tau: float = 100.0) -> Iterator[int]:
