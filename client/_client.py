@@ -21,7 +21,7 @@ from logitwatch.wire import NAME_RE
 from ._codec import NameBudget, Packed, encode, pack
 from ._http import IngestTransport
 from ._process import LIVE, exiting_on_exception
-from ._queue import Backlog
+from ._queue import Backlog, warn_once
 from ._runconfig import ConfigSender, clean_config
 from ._spool import WriterDir
 from ._url import normalize_url
@@ -473,8 +473,4 @@ class Client:
                     )
 
     def _warn_once(self, key: str, msg: str, *args: Any, exc_info: bool = False) -> None:
-        if key in self._warned:
-            return
-        if len(self._warned) < 100:
-            self._warned.add(key)
-        log.warning(msg, *args, exc_info=exc_info)
+        warn_once(self._warned, key, msg, *args, exc_info=exc_info)
