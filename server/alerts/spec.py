@@ -34,7 +34,7 @@ from logitwatch.server.alerts.hold_spec import (  # re-exported
     _from_mapping,
 )
 
-__all__ = ["FP16_MAX", "REMEDIES", "SEVERITIES", "Downgrade", "Page",
+__all__ = ["FP16_MAX", "REMEDIES", "SERIES_PARAMS", "SEVERITIES", "Downgrade", "Page",
            "RuleError", "RuleSpec", "State", "remedies_for"]
 
 #: Remedies from the field notes (docs/DESIGN.md), by topic; alerts carry the relevant ones.
@@ -238,6 +238,9 @@ _MARGINS = frozenset({"noise_margin", "climb", "slow_margin", "fast_margin", "fa
 #: parameters that name another series, or are null (not used)
 _METRIC_OR_NULL = frozenset({"logit", "while_rising", "also_metric", "capped_metric",
                              "fast_not_falling"})
+#: every parameter that names a series a rule reads beside its own (what rebuilding its
+#: state after a restart must read back too)
+SERIES_PARAMS = _METRIC_OR_NULL | {"other", "critical_metric"}
 
 
 def _param_problem(kind: str, key: str, v: Any) -> str:

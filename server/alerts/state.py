@@ -34,6 +34,7 @@ from logitwatch.server.alerts.rules import (
     State,
     Track,
 )
+from logitwatch.server.alerts.spec import SERIES_PARAMS
 from logitwatch.server.db.models import Alert, Frame, Metric, Point
 
 __all__ = [
@@ -306,10 +307,6 @@ class RankState:
         for r in self._rules:
             if r.kind == "loss_jump":
                 names |= {"lr", "grad.norm"}
-            if r.kind == "ratio":
-                names.add(str(r.param("other")))
-                if r.param("logit"):
-                    names.add(str(r.param("logit")))
             if r.downgrade is not None:
                 names |= {r.downgrade.metric, "loss"}
                 if r.downgrade.lr_climb is not None:
@@ -318,13 +315,9 @@ class RankState:
                     names.add(r.downgrade.capped_metric)
             if r.kind == "spike" and r.param("only_unclipped"):
                 names |= {"grad.clipped", STICKY}
-            if r.kind == "forecast":
-                names.add(str(r.param("critical_metric")))
-            if r.kind in ("forecast", "departure") and r.param("capped_metric"):
-                names.add(str(r.param("capped_metric")))
-            # another series a rule reads beside its own
-            for other in ("while_rising", "also_metric", "fast_not_falling"):
-                if other in KINDS[r.kind].defaults and r.param(other):
+            # the series its kind's parameters name (spec.SERIES_PARAMS)
+            for other in SERIES_PARAMS & KINDS[r.kind].defaults.keys():
+                if r.param(other):
                     names.add(str(r.param(other)))
         metrics = session.execute(
             select(Metric.id, Metric.name, Metric.layers, Metric.heads)
