@@ -187,7 +187,7 @@ def test_heads_over_time_reads_a_chunk_at_a_time(sqlite_url: str, monkeypatch: A
     from sqlalchemy.orm import sessionmaker
 
     from logitwatch.server.db.session import make_engine, session_scope
-    from logitwatch.server.store import views
+    from logitwatch.server.store import queries, views
 
     rng = np.random.default_rng(3)
     with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
@@ -210,9 +210,9 @@ def test_heads_over_time_reads_a_chunk_at_a_time(sqlite_url: str, monkeypatch: A
                        {"name": "attn.logit_max", "layer": 5, "max_cols": 7},
                        {"name": "attn.entropy", "start": 301, "end": 4_099, "max_cols": 1999},
                        {"name": "attn.logit_max", "max_cols": 5_000}):
-                monkeypatch.setattr(views, "HEADS_CHUNK", 10**9)
+                monkeypatch.setattr(queries, "CHUNK_VALUES", 10**9)
                 whole = views.heads_over_time(s, run_id=1, **kw)
-                monkeypatch.setattr(views, "HEADS_CHUNK", 256 * 37)
+                monkeypatch.setattr(queries, "CHUNK_VALUES", 256 * 37)
                 tracemalloc.start()
                 got = views.heads_over_time(s, run_id=1, **kw)
                 peak = tracemalloc.get_traced_memory()[1]

@@ -202,7 +202,7 @@ def test_heatmap_over_the_whole_run(client: TestClient, monkeypatch: pytest.Monk
     """Reduced a chunk of matrices at a time (3: across four chunks), the same figures."""
     from logitwatch.server.store import queries
 
-    monkeypatch.setattr(queries, "HEATMAP_CHUNK", chunk)
+    monkeypatch.setattr(queries, "CHUNK_VALUES", chunk * 6)  # matrices of 2 x 3 values
     frames = [frame(i, heads={"attn.logit_max": mat(i)}) for i in range(10)]
     spike = mat(4)
     spike[0][1] = 999.0

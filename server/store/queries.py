@@ -426,8 +426,15 @@ def _envelope(mat: np.ndarray) -> np.ndarray:
         return np.max(mat, axis=1)  # type: ignore[no-any-return]
 
 
-#: Matrices read and reduced at a time by an aggregated heatmap.
-HEATMAP_CHUNK = 2_000
+#: Values (matrices x layers x heads) read and reduced at a time by a read over a run's
+#: per-head matrices (an aggregated heatmap, heads over steps): ~10 MB of working arrays,
+#: whatever the run's length and the model's number of heads.
+CHUNK_VALUES = 250_000
+
+
+def chunk_rows(width: int) -> int:
+    """How many matrices of ``width`` values one chunk holds (at least one)."""
+    return max(1, CHUNK_VALUES // max(1, width))
 
 
 def get_heatmap(
@@ -471,7 +478,7 @@ def get_heatmap(
     count = np.zeros(width, dtype=np.int64)
     frames, first, last = 0, None, None
     result = session.execute(q.where(Frame.run_id == run_id).execution_options(
-        yield_per=HEATMAP_CHUNK))
+        yield_per=chunk_rows(width)))
     for chunk in result.partitions():
         stack = np.frombuffer(b"".join([r[1] for r in chunk]), dtype="<f4").reshape(
             len(chunk), width)

@@ -289,12 +289,7 @@ def _bucket_reduce(mat: np.ndarray, edges: np.ndarray, low: bool) -> np.ndarray:
     return red
 
 
-#: Values (layers x heads x frames) read and reduced at a time by :func:`heads_over_time`:
-#: ~10 MB of working arrays, whatever the run's length and the model's number of heads.
-HEADS_CHUNK = 250_000
-
-
-def _envelope(per: np.ndarray, low: bool) -> np.ndarray:
+def _layers_worst(per: np.ndarray, low: bool) -> np.ndarray:
     """(n, layers, heads) to (n, layers): each layer's worst head (NaN only when all are)."""
     nan = np.isnan(per)
     if low:
@@ -353,14 +348,14 @@ def heads_over_time(
     first_steps: list[int] = []
     carry: tuple[int, np.ndarray] | None = None  # the column still open, partly reduced
     i = 0
-    chunk = max(1, HEADS_CHUNK // (m.layers * m.heads))
+    chunk = queries.chunk_rows(m.layers * m.heads)
     result = session.execute(prune_join(q.limit(n), bounds).execution_options(yield_per=chunk))
     for part in result.partitions(chunk):
         k = len(part)
         mat = np.frombuffer(b"".join(bytes(r.data) for r in part), dtype="<f4")
         mat = mat.reshape(k, width).astype(np.float64)
         if layer is None:
-            mat = _envelope(mat.reshape(k, m.layers, m.heads), low)
+            mat = _layers_worst(mat.reshape(k, m.layers, m.heads), low)
         b0 = int(np.searchsorted(edges, i, "right")) - 1
         b1 = int(np.searchsorted(edges, i + k - 1, "right")) - 1
         local = np.clip(edges[b0:b1 + 2], i, i + k) - i
