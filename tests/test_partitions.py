@@ -169,6 +169,19 @@ def test_ingest_and_queries_on_partitions(pg_url: str, pg: Engine) -> None:
     assert count(pg, "frames") == 0 and count(pg, "points") == 0
 
 
+def test_a_frame_resent_with_another_time_is_a_duplicate(db_url: str) -> None:
+    """The wire contract deduplicates on (run, rank, seq): a frame sent again with another
+    time (a retry re-stamped, a spool pushed after the live send got through) is counted
+    as a duplicate on both stores; PostgreSQL's dedup index carries the time, and stored
+    the frame twice (the loss series showed step 10 twice)."""
+    with TestClient(create_app(Settings(db_url=db_url, rate_limit_per_second=0))) as c:
+        assert post(c, [frame(0, NOW - 20), frame(1, NOW - 10)])["accepted"] == 2
+        again = post(c, [frame(1, NOW - 5), frame(2, NOW - 4)])
+        assert (again["accepted"], again["duplicates"]) == (1, 1)
+        loss = c.get("/api/v1/runs/1/series", params={"name": "loss"}).json()
+        assert loss["steps"] == [0, 10, 20]
+
+
 def test_reads_plan_only_the_runs_days(pg_url: str, pg: Engine) -> None:
     """The reads carry the run's time bounds: PostgreSQL plans only the partitions of the
     days the run covers (here yesterday's), not the week ahead nor the default one."""

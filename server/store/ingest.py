@@ -25,7 +25,7 @@ import time as _time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import case, column, func, insert, or_, select, table, update
@@ -209,20 +209,23 @@ def _history_steps(f: FrameIn) -> list[_Step]:
     return out
 
 
+_R = TypeVar("_R")
+
 #: ``points`` with its ``time`` column, which only the partitioned PostgreSQL store has.
 TIMED_POINTS = table("points", column("metric_id"), column("frame_id"), column("time"),
                      column("data"))
 
 
-def _unstored_history(session: Session, run_id: int,
-                      history: dict[tuple[int, int], _Step]) -> dict[tuple[int, int], _Step]:
-    """``history`` without the steps stored already. With time in the dedup key, a step
-    sent again by a later frame (a job restarted from a checkpoint) would not conflict
-    with its first row, whose carrying frame had another time: the first values stored
-    are kept, as on SQLite. Two collectors storing one step from two different frames at
-    the same instant may both keep it (a series then shows that step twice)."""
+def _unstored(session: Session, run_id: int, rows: dict[tuple[int, int], _R]
+              ) -> dict[tuple[int, int], _R]:
+    """``rows`` (keyed by rank and seq) without those stored already. With time in the
+    dedup key, a frame sent again with another time (a client's retry re-stamped, a spool
+    pushed again) or a history step sent again by a later frame (a job restarted from a
+    checkpoint) would not conflict with its first row: the first values stored are kept,
+    as on SQLite. Two collectors storing one seq from two different sends at the same
+    instant may both keep it (a series then shows that step twice)."""
     by_rank: dict[int, list[int]] = defaultdict(list)
-    for rank, seq in sorted(history):
+    for rank, seq in sorted(rows):
         by_rank[rank].append(seq)
     stored: set[tuple[int, int]] = set()
     for rank, seqs in by_rank.items():  # (run, rank, seq...): the dedup index's prefix
@@ -230,7 +233,7 @@ def _unstored_history(session: Session, run_id: int,
             stored.update((rank, s) for s in session.scalars(
                 select(Frame.seq).where(Frame.run_id == run_id, Frame.rank == rank,
                                         Frame.seq.in_(seqs[i:i + 5000]))))
-    return {k: h for k, h in history.items() if k not in stored}
+    return {k: r for k, r in rows.items() if k not in stored}
 
 
 def ingest_frames(
@@ -281,9 +284,11 @@ def ingest_frames(
             for k in h.scalars:
                 _want(shapes, k, (0, 0))
         metric_ids = _metric_ids(session, run_id, shapes, max_metrics_per_run)
-        if history and by_time:
-            history = _unstored_history(session, run_id, history)
-        rows: list[FrameIn | _Step] = [*unique.values(), *history.values()]
+        sent = unique
+        if by_time:  # the time in the dedup key would let a resent frame in again
+            sent = _unstored(session, run_id, unique)
+            history = _unstored(session, run_id, history) if history else history
+        rows: list[FrameIn | _Step] = [*sent.values(), *history.values()]
         rows.sort(key=lambda f: (f.rank, f.step, f.seq))
         inserted = session.execute(
             _insert(session, Frame)
