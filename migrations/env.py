@@ -5,14 +5,21 @@ The URL comes from, in order: a connection passed in ``config.attributes["connec
 ``LOGITWATCH_DB_URL`` environment variable (for the ``alembic`` command line).
 ``render_as_batch`` keeps ALTERs workable on SQLite; ``include_object`` leaves out what time
 partitioning adds on PostgreSQL (``server/db/partitions.py``), which the models do not say.
+
+On SQLite, foreign keys are off while migrating: a batch operation rebuilds a table by
+copying it and dropping the old one, and the collector's connections enforce foreign keys
+(``PRAGMA foreign_keys=ON``), under which dropping the old ``runs`` cascaded into every
+metric, frame and value of every run.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 from logitwatch.server.db.models import Base
 from logitwatch.server.db.partitions import include_object
@@ -30,6 +37,23 @@ def _url() -> str:
     return url
 
 
+@contextmanager
+def _foreign_keys_off(conn: Connection) -> Iterator[None]:
+    """SQLite: foreign keys off while migrating (the module's docstring), as they were.
+    The pragma is a no-op inside a transaction: this runs before the first write, when the
+    driver has not begun one yet."""
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    was = conn.exec_driver_sql("PRAGMA foreign_keys").scalar()
+    conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+    finally:
+        if was:
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+
+
 def run_migrations_offline() -> None:
     context.configure(url=_url(), target_metadata=target_metadata, render_as_batch=True,
                       literal_binds=True)
@@ -43,14 +67,14 @@ def run_migrations_online() -> None:
         context.configure(connection=connection, target_metadata=target_metadata,
                           render_as_batch=True,
                           include_object=include_object(connection.dialect.name))
-        with context.begin_transaction():
+        with _foreign_keys_off(connection), context.begin_transaction():
             context.run_migrations()
         return
     engine = create_engine(_url())
     with engine.connect() as conn:
         context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True,
                           include_object=include_object(conn.dialect.name))
-        with context.begin_transaction():
+        with _foreign_keys_off(conn), context.begin_transaction():
             context.run_migrations()
     engine.dispose()
 

@@ -72,6 +72,36 @@ def test_seeded_data_survives_migrate(db_url: str) -> None:
         engine.dispose()
 
 
+def test_a_sqlite_downgrade_keeps_the_runs_data(sqlite_url: str) -> None:
+    """Downgrades rebuild ``runs`` (a batch operation copies the table and drops the old
+    one); on the collector's engine, which enforces foreign keys, the drop cascaded into
+    every metric, frame and value of every run. Foreign keys are off while migrating."""
+    engine = make_engine(sqlite_url)
+    q = ("SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM metrics), "
+         "(SELECT count(*) FROM frames), (SELECT count(*) FROM points)")
+    try:
+        migrate(engine)
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO runs (project, name, created_at) "
+                              "VALUES ('p', 'r', 1.0)"))
+            conn.execute(text("INSERT INTO metrics (run_id, name, layers, heads) "
+                              "VALUES (1, 'loss', 0, 0)"))
+            conn.execute(text("INSERT INTO frames (run_id, rank, seq, step, time) "
+                              "VALUES (1, 0, 0, 3, 1.0)"))
+            conn.execute(text("INSERT INTO points (metric_id, frame_id, data) "
+                              "VALUES (1, 1, x'0000803f')"))
+        for target in ("0012", "0005"):
+            _downgrade(engine, target)
+            with engine.connect() as conn:
+                assert tuple(conn.execute(text(q)).one()) == (1, 1, 1, 1), target
+        migrate(engine)
+        with engine.connect() as conn:
+            assert tuple(conn.execute(text(q)).one()) == (1, 1, 1, 1)
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        engine.dispose()
+
+
 def test_refuses_unknown_revision(sqlite_url: str) -> None:
     engine = make_engine(sqlite_url)
     try:

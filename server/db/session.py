@@ -84,6 +84,12 @@ def make_engine(
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
 
+        @event.listens_for(engine, "checkout")
+        def _foreign_keys(dbapi_conn: Any, *_: Any) -> None:
+            # Again at each checkout: a migration turns them off on its connection
+            # (migrations/env.py) and cannot turn them on inside the caller's transaction.
+            dbapi_conn.execute("PRAGMA foreign_keys=ON")
+
         return engine
     return create_engine(
         url, pool_size=pool_size, max_overflow=max_overflow, pool_timeout=pool_timeout,
