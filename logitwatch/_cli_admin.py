@@ -77,7 +77,7 @@ def token_list(project: str | None, db_url: str | None) -> None:
 
 
 @token.command("revoke")
-@click.argument("token_id", type=int)
+@click.argument("token_id", type=click.IntRange(1, 2**63 - 1))
 @_DB
 def token_revoke(token_id: int, db_url: str | None) -> None:
     """Revoke token TOKEN_ID (see `token list`); a running collector stops accepting it

@@ -164,7 +164,8 @@ def find_run(s: Session, run: str, project: str | None) -> int:
             f"{', '.join(sorted(r.project for r in rows))}): pass --project or the run id")
     named = int(rows[0].id) if rows else None
     by_id = None
-    if run.isdigit() and int(run) <= 2**31 - 1:
+    digits = run.isascii() and run.isdigit()  # "²".isdigit(), and int("١") == 1
+    if digits and int(run) <= 2**31 - 1:
         q = select(Run.id, Run.project, Run.name).where(Run.id == int(run))
         if project is not None:
             q = q.where(Run.project == project)
@@ -177,7 +178,7 @@ def find_run(s: Session, run: str, project: str | None) -> int:
                     f"run {named}: pass {named} for the run named {run!r} (see `logitwatch "
                     "runs list`)")
     if by_id is None and named is None:
-        raise click.ClickException(f"no run {'with id or ' if run.isdigit() else ''}named "
+        raise click.ClickException(f"no run {'with id or ' if digits else ''}named "
                                    f"{run!r}{where} (see `logitwatch runs list`)")
     return by_id if by_id is not None else int(named)  # type: ignore[arg-type]
 

@@ -42,6 +42,7 @@ def test_create_list_revoke(sqlite_url: str) -> None:
     [
         (["--project", "a b", "--scope", "read"], "project must be"),
         (["--project", "alpha", "--scope", "admin"], "Invalid value for '--scope'"),
+        (["--project", "foo\n", "--scope", "read"], "project must be"),
     ],
 )
 def test_create_refuses_bad_arguments(sqlite_url: str, args: list[str], message: str) -> None:
@@ -58,6 +59,9 @@ def test_revoke_unknown_token(sqlite_url: str) -> None:
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["token", "revoke", "42", "--db", sqlite_url])
     assert r.exit_code == 1 and "no token with id 42" in r.output, r.output
+    # an id past what a database integer holds: a usage error, not a traceback
+    r = CliRunner().invoke(main, ["token", "revoke", "9" * 20, "--db", sqlite_url])
+    assert r.exit_code == 2 and "Invalid value for 'TOKEN_ID'" in r.output, r.output
 
 
 def test_serve_on_all_interfaces_without_tokens_is_refused(

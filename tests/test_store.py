@@ -7,6 +7,7 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -297,6 +298,36 @@ def test_cli_digits_name_a_run_too(client: TestClient, db_url: str) -> None:
     assert r.exit_code == 0 and "(b/7)" in r.output, r.output
     r = runner.invoke(cli, ["runs", "delete", "2", "--yes", "--db", db_url])
     assert r.exit_code == 0 and "(a/1)" in r.output, r.output
+    assert count(db_url, Run) == 1
+
+
+def test_config_that_is_not_text_or_nests_too_deep_is_refused(client: TestClient) -> None:
+    """A config with a lone surrogate (not text: PostgreSQL answered 500, SQLite stored a
+    mangled key) or nested 500 deep (a 500 when the answer was serialised) is a 422
+    ``bad-config``; nothing is stored."""
+    post(client, [frame(0)])
+    put = partial(client.put, "/api/v1/runs/1/config",
+                  headers={"Content-Type": "application/json"})
+    deep = "[" * 500 + "]" * 500
+    for body in ('{"a":"\\ud800"}', '{"\\ud800":1}', '{"a":' + deep + "}"):
+        r = put(content=body)
+        assert r.status_code == 422 and r.json()["code"] == "bad-config", (body[:20], r.text)
+    assert client.get("/api/v1/runs").json()[0]["config"] is None
+    ok = {"a": {"b": [1, 2, {"c": "\u00e9"}]}}
+    assert put(json=ok).status_code == 200
+    assert client.get("/api/v1/runs").json()[0]["config"] == ok
+
+
+def test_cli_run_digits_outside_ascii_are_a_name(client: TestClient, db_url: str) -> None:
+    """``runs delete`` / ``tag`` with digits outside ASCII ("²", Arabic-Indic "١") took them
+    for an id (a traceback from int("²"); "١" deleted run id 1). They are a name, and no
+    run has it."""
+    post(client, [frame(0)])
+    runner = CliRunner()
+    for arg in ("\u00b2", "\u0661"):
+        for cmd in (["runs", "delete", arg, "--yes"], ["runs", "tag", arg, "x"]):
+            r = runner.invoke(cli, [*cmd, "--db", db_url])
+            assert r.exit_code == 1 and f"no run named {arg!r}" in r.output, r.output
     assert count(db_url, Run) == 1
 
 

@@ -166,16 +166,37 @@ def get_run(session: Session, run_id: int, *, active_seconds: float = 600.0) -> 
                     active_seconds=active_seconds)
 
 
-#: Bounds of a run's configuration (``set_config``): its JSON text, and its keys.
+#: Bounds of a run's configuration (``set_config``): its JSON text, its keys, its nesting.
 MAX_CONFIG_BYTES = 16_384
 MAX_CONFIG_KEYS = 256
+MAX_CONFIG_DEPTH = 32
+
+
+def _depth(v: Any, limit: int) -> int:
+    """How deep ``v`` nests (a scalar 0), counted no further than past ``limit``."""
+    if limit < 0 or not isinstance(v, (dict, list)):
+        return 0
+    items = v.values() if isinstance(v, dict) else v
+    return 1 + max((_depth(x, limit - 1) for x in items), default=0)
 
 
 def set_config(session: Session, run_id: int, config: dict[str, Any]) -> dict[str, Any]:
-    """Set a run's configuration (a JSON object, replacing the previous one); return it."""
+    """Set a run's configuration (a JSON object, replacing the previous one); return it.
+    Raises :class:`BadRequest` ``bad-config`` for text that is not UTF-8 (a lone
+    surrogate escape), nesting deeper than ``MAX_CONFIG_DEPTH``, or a non-finite number
+    (``ValueError``, which the route names)."""
     get_run(session, run_id)
-    text = json.dumps(config, allow_nan=False, separators=(",", ":"))
-    if len(text.encode()) > MAX_CONFIG_BYTES or len(config) > MAX_CONFIG_KEYS:
+    if _depth(config, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
+        raise BadRequest("bad-config", f"config: nested deeper than {MAX_CONFIG_DEPTH} levels",
+                         field="config")
+    text = json.dumps(config, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadRequest("bad-config", "config: a key or value holds a lone surrogate "
+                         "(\\ud800-\\udfff not in a pair), which is not text",
+                         field="config") from None
+    if size > MAX_CONFIG_BYTES or len(config) > MAX_CONFIG_KEYS:
         raise BadRequest("config-too-large", f"config: at most {MAX_CONFIG_KEYS} keys and "
                          f"{MAX_CONFIG_BYTES} bytes of JSON", field="config")
     run = session.get(Run, run_id)

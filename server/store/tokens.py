@@ -80,7 +80,7 @@ def create_token(session: Session, *, project: str, scope: str, name: str = "") 
     """Create a token of ``scope`` for ``project``; the returned secret is never stored."""
     if scope not in SCOPES:
         raise BadRequest("bad-scope", f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
-    if not NAME_RE.match(project):
+    if not NAME_RE.fullmatch(project):
         raise BadRequest("bad-project",
                          f"project must be 1-128 characters of [A-Za-z0-9._:-], got {project!r}")
     if len(name) > 128:
