@@ -37,6 +37,7 @@ def test_off_and_suggest_do_nothing_until_control_applies_then_undo() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
                  sample_every=1, fuses=[QKClip(tau=3.0)])  # suggest: the default
+    client._handle_answer({"control": {}})  # the first answer: the control's baseline
 
     def step() -> None:
         loss = model(IDS)

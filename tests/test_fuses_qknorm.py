@@ -391,6 +391,7 @@ def test_suggest_carries_the_fuse_in_alerts_control_applies_and_undo_anneals() -
     model = Net(layers=2, std=0.5)
     fuse = QKNorm(limit=3.0, patience=2, anneal=4, rescale=False)  # suggest: the default
     mon, opt, frames, client = attached(model, [fuse])
+    client._handle_answer({"control": {}})  # the first answer: the control's baseline
     received: list[dict] = []
     client.on_alert(received.append)
 

@@ -242,7 +242,8 @@ def test_snapshots_on_disk(tmp_path) -> None:
     mon.close()
     assert_same(state_of(model, opt, None), {**seen[3], "rng": torch.get_rng_state(),
                                              "py": random.getstate()})
-    assert len(os.listdir(tmp_path)) == 1  # snapshot 6 dropped with its trajectory
+    names = os.listdir(tmp_path)  # snapshot 6 dropped with its trajectory; the undo copy
+    assert len(names) == 2 and sum(n.startswith("rollback-undo-") for n in names) == 1
 
 
 @pytest.mark.filterwarnings("ignore:.*does not have many workers.*")

@@ -35,7 +35,7 @@ import torch
 if TYPE_CHECKING:
     from .._monitor import Monitor
 
-__all__ = ["MODES", "Event", "Fuse", "FuseSet", "FusesArg"]
+__all__ = ["MODES", "Event", "Fuse", "FuseSet", "FusesArg", "alert_step"]
 
 log = logging.getLogger("logitwatch.hooks")
 
@@ -61,6 +61,18 @@ class Event:
 
     def as_dict(self) -> dict[str, Any]:
         return {"step": self.step, "fuse": self.fuse, "action": self.action, **self.detail}
+
+
+def alert_step(alert: Mapping[str, Any]) -> int | None:
+    """The step a collector alert speaks of: the latest of its ``fired_step``, its
+    ``paged_step``, ``evidence.escalated_step`` (and a plain ``step``), i.e. the step of
+    the frames that made it what it is now; None when it names none."""
+    ev = alert.get("evidence")
+    values = [alert.get("step"), alert.get("fired_step"), alert.get("paged_step"),
+              ev.get("escalated_step") if isinstance(ev, Mapping) else None]
+    steps = [int(v) for v in values
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+    return max(steps) if steps else None
 
 
 class Fuse:
@@ -188,6 +200,17 @@ class FuseSet:
         self.events: deque[Event] = deque(maxlen=MAX_EVENTS)
         self._fuses = list(fuses)
         self._control: dict[str, str] = {}  # the last control value seen per fuse
+        # the first control seen after attach is the baseline, not acted on (a resumed
+        # job's collector still carries what a person asked of its previous process):
+        # until an answer replaces the client's control object, none has been seen
+        client = getattr(monitor, "client", None) if monitor is not None else None
+        answered = getattr(client, "_answered", None)  # the client's "an answer came"
+        self._control_at_attach: Any = (
+            None if callable(getattr(answered, "is_set", None)) and answered.is_set()
+            else getattr(client, "control", None))  # None: the first read is the baseline
+        self._baselined = False
+        self._in_step = False  # inside step_end
+        self._stale = False  # weights restored inside this step_end
         self._step = 0
         self.optimizer: torch.optim.Optimizer | None = (
             getattr(monitor, "_step_optimizer", None) if monitor is not None else None)
@@ -250,7 +273,10 @@ class FuseSet:
         return out
 
     def load_weight_states(self, states: Mapping[str, Any] | None) -> None:
-        """The weights went back to a snapshot taken with ``states``: tell every fuse."""
+        """The weights went back to a snapshot taken with ``states``: tell every fuse.
+        Inside :meth:`step_end` this makes the step's measurements :attr:`stale`."""
+        if self._in_step:
+            self._stale = True
         for fuse in self._fuses:
             self._guard(fuse, fuse.load_weight_state, (states or {}).get(fuse.name))
 
@@ -318,16 +344,28 @@ class FuseSet:
             if fuse.live:
                 self._guard(fuse, fuse.bind_optimizer, optimizer)
 
+    @property
+    def stale(self) -> bool:
+        """Whether a rollback (or its undo) restored the weights during this step's end:
+        the step's measurements (max logits, raw maxima) are of weights that are gone, so
+        the fuses that change weights from them (QK-clip, QK-norm's rescale) skip them."""
+        return self._stale
+
     def step_end(self, step: int, sampled: bool) -> None:
         """End of a step, after the optimizer's update: control first, then each fuse."""
         self._step = step + 1
+        self._in_step, self._stale = True, False
         try:
-            self._read_control(step)
-        except Exception:
-            log.warning("logitwatch: the fuses' control could not be read", exc_info=True)
-        for fuse in self._fuses:
-            if fuse.live:
-                self._guard(fuse, fuse.step_end, step, sampled)
+            try:
+                self._read_control(step)
+            except Exception:
+                log.warning("logitwatch: the fuses' control could not be read",
+                            exc_info=True)
+            for fuse in self._fuses:
+                if fuse.live:
+                    self._guard(fuse, fuse.step_end, step, sampled)
+        finally:
+            self._in_step, self._stale = False, False
 
     def before_frame(self, scalars: dict[str, Any], heads: dict[str, list[torch.Tensor]]
                      ) -> None:
@@ -368,11 +406,32 @@ class FuseSet:
 
     def _read_control(self, step: int) -> None:
         """``control["fuses"] = {name: "apply" | "undo"}`` from the collector's answer:
-        acted on when the value changes (a control repeated in every answer acts once)."""
+        acted on when the value changes (a control repeated in every answer acts once).
+
+        The first answer's control after attach is the baseline: recorded, not acted on.
+        The collector carries a run's control in every answer for as long as the run
+        exists, so a job restarted or resumed under the same run name would otherwise
+        redo what a person asked of its previous process (a rollback, an undo)."""
         monitor = self.monitor
         if monitor is None:
             return
-        control = monitor.client.control.get("fuses")
+        current = monitor.client.control
+        if not self._baselined:
+            if current is self._control_at_attach and self._control_at_attach is not None:
+                return  # no answer yet (the client replaces its control at each answer)
+            self._baselined = True
+            self._control_at_attach = None
+            control = current.get("fuses") if isinstance(current, Mapping) else None
+            base = {f.name: control.get(f.name) for f in self._fuses} \
+                if isinstance(control, Mapping) else {}
+            self._control = {k: v for k, v in base.items() if isinstance(v, str)}
+            if self._control:
+                log.info("logitwatch: fuses: the collector's control %s was there before "
+                         "this job's first answer (asked of an earlier process of this "
+                         "run): recorded, not acted on; a new apply or undo acts",
+                         self._control)
+            return
+        control = current.get("fuses") if isinstance(current, Mapping) else None
         if not isinstance(control, Mapping):
             self._control = {}
             return

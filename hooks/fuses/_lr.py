@@ -7,7 +7,9 @@ back, so a scheduler (or a loop assigning ``group["lr"]``) never sees the multip
 nothing compounds; undo is immediate. ``m`` goes from ``factor`` at the trigger to 1 after
 ``steps`` optimizer steps: ``factor + (1 - factor) * r(k / steps)`` with ``r(x) = x``
 (linear) or ``(1 - cos(pi x)) / 2`` (cosine). A new trigger while backing off starts the
-window again (from ``factor``, never below it).
+window again (from ``factor``, never below it). An alert whose step (its ``fired_step``,
+``paged_step``, escalation step) is at or before the step of the last backoff's start is
+about what that backoff already answers (a rollback's, say): it does not start it again.
 
 Triggers: QK-clip acting (or, in suggest mode, its suggestion), a collector alert on the
 learning rate, the gradient norm or the loss (``rules``), and people (``apply``). Host
@@ -26,7 +28,7 @@ import torch
 
 from logitwatch.wire import FUSE_RULES
 
-from ._base import Fuse, log, multi_rank
+from ._base import Fuse, alert_step, log, multi_rank
 
 __all__ = ["LRBackoff"]
 
@@ -69,9 +71,11 @@ class LRBackoff(Fuse):
         self._k: int | None = None  # optimizer steps since the trigger; None: not backing off
         self._saved: list[tuple[dict[str, Any], float]] | None = None
         self._handles: list[Any] = []
-        self._requests: deque[str] = deque(maxlen=16)  # alerts (sender thread)
+        # alerts (sender thread): (reason, the step the alert speaks of)
+        self._requests: deque[tuple[str, int | None]] = deque(maxlen=16)
         self._last_suggest: int | None = None
         self._last_start = -(10**9)
+        self._started_at: int | None = None  # the step the last backoff started for
         self._applied = False  # the pre-hook scaled this step's lr
         self._step = 0
 
@@ -119,7 +123,7 @@ class LRBackoff(Fuse):
 
     def on_alert(self, alert: Mapping[str, Any]) -> None:
         if str(alert.get("severity", "")) in ("warning", "critical"):
-            self._requests.append(f"alert {alert.get('rule')}")
+            self._requests.append((f"alert {alert.get('rule')}", alert_step(alert)))
 
     def trigger(self, step: int, reason: str) -> None:
         """Back off now (acting), or suggest it (at most once per 100 steps)."""
@@ -148,6 +152,7 @@ class LRBackoff(Fuse):
                         "callback, gives it one)")
             return
         restart = self._k is not None
+        self._started_at = step
         self._k = 0  # the next optimizer step runs at ``factor``
         if not restart or self._step - self._last_start >= 10:
             self.record(step, "backoff", factor=self.factor, steps=self.steps,
@@ -159,7 +164,11 @@ class LRBackoff(Fuse):
     def step_end(self, step: int, sampled: bool) -> None:
         self._step = step + 1
         while self._requests:
-            self.trigger(step, self._requests.popleft())
+            reason, about = self._requests.popleft()
+            if about is not None and self._started_at is not None \
+                    and about <= self._started_at:
+                continue  # the backoff started at that step (or after) answers it
+            self.trigger(step, reason)
 
     def _pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:

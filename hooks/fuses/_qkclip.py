@@ -154,7 +154,8 @@ class QKClip(Fuse):
         mon = self.fuses.monitor if self.fuses is not None else None
         if mon is None:
             return
-        self._measured(step, sampled, mon)
+        if self.fuses is None or not self.fuses.stale:  # restored weights: not theirs
+            self._measured(step, sampled, mon)
         if not self.engaged or self.unavailable is not None:
             return
         self._calm.poll()  # accelerator readings whose copies completed (no sync)

@@ -184,7 +184,8 @@ class QKNorm(LayerFuse, Fuse):
         rw = self.rewrite
         if rw is None:
             return
-        if sampled and rw.raw_max:
+        stale = self.fuses is not None and self.fuses.stale  # weights restored: not theirs
+        if sampled and rw.raw_max and not stale:
             self._raw_frame = dict(rw.raw_max)
             if self.rescale:
                 self._rescale(step, rw.raw_max)

@@ -6,14 +6,18 @@ model's ``state_dict``, the optimizer's, the LR scheduler's (when it has one: ``
 or the HF/Lightning callbacks hand theirs) and the torch/CUDA/numpy/Python RNG states to
 CPU memory (copies, ``hooks/fuses/_snapshots.py``), or to files under ``path``. At most
 ``keep`` snapshots are held, fewer if ``budget`` (bytes) says so; ``fuse.rollback.bytes``
-reports what is held. A copy is taken only of a state whose weights are finite and whose
-losses since the previous snapshot were finite.
+reports what is held in memory. A copy is taken only of a state whose weights and
+optimizer state are finite and whose losses since the previous snapshot were finite (checked
+on the live tensors before an older copy is dropped to make room: a bad state never costs
+the ring a good snapshot).
 
 Triggers: a non-finite loss seen by the monitor (the loss of a step it samples, or the one
 it keeps for the history of the others, read where that costs no device sync), a loss past
 ``loss_limit``, a critical collector alert in ``rules`` (``on_alert``), a person
 (``apply``). In ``auto`` mode the trigger rolls back; in ``suggest`` mode the snapshots are
-kept and the fuse says what it would do until a person applies it.
+kept and the fuse says what it would do until a person applies it. An alert whose step (its
+``fired_step``, ``paged_step``, escalation step) is at or before the step of the last
+rollback is about what that rollback already handled: ignored.
 
 A rollback, at the end of the step that triggered it (inside ``optimizer.step()``, after
 the update): the newest snapshot at least ``back`` steps old (else the oldest) is restored
@@ -24,6 +28,16 @@ drops their update (gradients set to None before ``optimizer.step()``: parameter
 optimizer state untouched; the scheduler and the loop's counters still advance). The data
 is not rewound: ``mon.fuses.rollback_pending()`` says once where the job went back to, for
 a loop that wants to. The monitor's step index is not rewound either (the steps a run ran).
+
+The RNG states are restored with the rest (``restore_rng=True``, the default). A loop that
+draws its batches from the global RNG (nanoGPT's ``torch.randint`` ``get_batch``) then
+draws, after the rollback, the very batches it drew after the snapshot, in the same order:
+the bad batch comes again about ``from_step - to_step`` steps later, and ``skip_batch()``
+(asked before drawing) skips iterations, not it. ``restore_rng=False`` leaves the RNG where
+it is (fresh batches, fresh dropout masks; the run no longer replays the snapshot's draws).
+
+A restore at a step's end makes that step's measurements stale (``FuseSet.stale``): QK-clip
+and QK-norm's rescale skip them, whatever the fuses' order.
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ import torch
 
 from logitwatch.wire import FUSE_RULES
 
-from ._base import Fuse, log, multi_rank
+from ._base import Fuse, alert_step, log, multi_rank
 from ._snapshots import Ring, Snapshot, capture, restore, tensor_bytes
 
 __all__ = ["Rollback"]
@@ -57,15 +71,21 @@ class Rollback(Fuse):
         skip: Batches skipped after a rollback (default 50).
         budget: Bytes the snapshots may hold (None: ``keep`` of them); fewer are kept if
             ``keep`` would not fit, and the fuse says it cannot apply if one does not.
-        path: A directory to write the snapshots to instead of memory (None: memory).
+        path: A directory to write the snapshots (and the undo copy) to instead of memory
+            (None: memory).
         scheduler: The LR scheduler to snapshot and restore with the optimizer.
         mode: ``"off"``, ``"suggest"`` (default) or ``"auto"``.
         rules: Collector alert rules that trigger it at severity critical.
         loss_limit: A loss above this triggers it too (None: non-finite losses only).
         limit: Rollbacks at most in a run (default 5); then it says it cannot help.
         undo_state: Keep the state before a rollback, so that undo returns to it (one more
-            snapshot's memory, within ``budget``; default True).
+            snapshot's memory, within ``budget``, counted in ``fuse.rollback.bytes``; with
+            ``path``, a file there; default True).
         backoff: Trigger the LR backoff fuse, when present, after a rollback (default True).
+        restore_rng: Restore the torch/CUDA/numpy/Python RNG states with the snapshot
+            (default True). A loop drawing its batches from the global RNG then replays the
+            batches drawn after the snapshot, the bad one included (``skip`` skips the first
+            ones of the replay); False: the RNG goes on (new batches).
     """
 
     name = "rollback"
@@ -74,7 +94,7 @@ class Rollback(Fuse):
                  budget: int | None = None, path: str | None = None, scheduler: Any = None,
                  mode: str = "suggest", rules: Collection[str] = DEFAULT_RULES,
                  loss_limit: float | None = None, limit: int = 5, undo_state: bool = True,
-                 backoff: bool = True) -> None:
+                 backoff: bool = True, restore_rng: bool = True) -> None:
         super().__init__(mode)
         for what, value, low in (("every", every, 1), ("keep", keep, 1), ("back", back, 0),
                                  ("skip", skip, 0), ("limit", limit, 1)):
@@ -88,6 +108,7 @@ class Rollback(Fuse):
         self.rules = frozenset(rules)
         self.loss_limit = None if loss_limit is None else float(loss_limit)
         self.limit, self.undo_state, self.backoff = limit, undo_state, backoff
+        self.restore_rng = bool(restore_rng)
         self.ring = Ring(keep)
         self.model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -100,7 +121,8 @@ class Rollback(Fuse):
         self._undo: Snapshot | None = None
         self._pending: dict[str, Any] | None = None
         self._bad: str | None = None  # a bad loss seen since the last snapshot
-        self._requests: deque[str] = deque(maxlen=16)  # critical alerts (sender thread)
+        # critical alerts (sender thread): (reason, the step the alert speaks of)
+        self._requests: deque[tuple[str, int | None]] = deque(maxlen=16)
         self._handle: Any = None
         self._last_suggest: int | None = None
         self._frame_lost = 0
@@ -199,7 +221,7 @@ class Rollback(Fuse):
 
     def on_alert(self, alert: Mapping[str, Any]) -> None:
         if str(alert.get("severity", "")) == "critical":
-            self._requests.append(f"alert {alert.get('rule')}")
+            self._requests.append((f"alert {alert.get('rule')}", alert_step(alert)))
 
     def observe(self, step: int, loss: float | None) -> None:
         """A step's loss, read by the monitor without a device sync."""
@@ -238,7 +260,12 @@ class Rollback(Fuse):
     def step_end(self, step: int, sampled: bool) -> None:
         self._step = step + 1
         while self._requests:
-            self.trigger(step, self._requests.popleft())
+            reason, about = self._requests.popleft()
+            if about is not None and about <= self._rolled_at:
+                log.info("logitwatch: fuse rollback: %s about step %d: the rollback at step "
+                         "%d handled it; ignored", reason, about, self._rolled_at)
+                continue
+            self.trigger(step, reason)
         if step % self.every == 0 and self.model is not None:
             self._snapshot(step)
 
@@ -257,22 +284,24 @@ class Rollback(Fuse):
             self._bad = None  # a loss went bad since the last copy: this state is not kept
             return
         assert self.model is not None
-        with torch.no_grad():
-            flags = [torch.isfinite(p).all() for p in self.model.parameters()
-                     if p.is_floating_point()]
-            if flags and not bool(torch.stack([f.to(flags[0].device) for f in flags]).all()):
-                self.trigger(step, f"non-finite weights at step {step}")
-                return
+        weights_ok, state_ok = self._live_finite()
+        if not weights_ok:
+            self.trigger(step, f"non-finite weights at step {step}")
+            return
+        if not state_ok:  # (Adam's exp_avg_sq overflowed, the weights still finite)
+            self.trigger(step, f"non-finite optimizer state at step {step}")
+            return
         first = self.snapshot_bytes == 0
         self.snapshot_bytes = max(self.snapshot_bytes, self._live_bytes())
         held = self._room()
         if held is None:
             return
-        while len(self.ring) >= held:  # make room first: never more than `held` copies
+        # the live state is finite (above): make room first, never more than `held` copies
+        while len(self.ring) >= held:
             self.ring.items.pop(0).drop()
         snap = capture(step, self.model, self.optimizer, self.scheduler, lrs=self._lrs(),
                        path=self.path, fuses=self._fuse_states())
-        if not snap.finite:
+        if not snap.finite:  # (not after the check above, unless the state changed since)
             snap.drop()
             self.trigger(step, f"non-finite optimizer state at step {step}")
             return
@@ -285,6 +314,22 @@ class Rollback(Fuse):
             log.info("logitwatch: fuse rollback (%s): a snapshot every %d steps takes %.1f "
                      "MiB, %d kept", self.mode, self.every, snap.bytes / 2**20,
                      self._room() or 0)
+
+    def _live_finite(self) -> tuple[bool, bool]:
+        """Whether the live weights, and the optimizer's live state, are finite (one device
+        sync for both, before anything is copied or dropped)."""
+        assert self.model is not None
+        weights = [p for p in self.model.parameters() if p.is_floating_point()]
+        state = [t for per in (self.optimizer.state.values() if self.optimizer is not None
+                               else ())
+                 for t in (per.values() if isinstance(per, Mapping) else ())
+                 if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        with torch.no_grad():
+            flags = [torch.stack([torch.isfinite(t).all() for t in group]).all()
+                     if group else torch.ones((), dtype=torch.bool) for group in (weights, state)]
+            device = flags[0].device
+            ok = torch.stack([f.to(device) for f in flags]).tolist()
+        return bool(ok[0]), bool(ok[1])
 
     def _live_bytes(self) -> int:
         """What a copy of the state takes, from the live tensors (nothing copied)."""
@@ -308,10 +353,14 @@ class Rollback(Fuse):
             return None
         return n
 
-    def _note_memory(self) -> None:
-        held = self.ring.bytes + (self._undo.bytes if self._undo is not None
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the fuse holds in memory now: the ring's and the undo copy's (on disk: 0)."""
+        return self.ring.bytes + (self._undo.bytes if self._undo is not None
                                   and self._undo.state is not None else 0)
-        self.peak_bytes = max(self.peak_bytes, held)
+
+    def _note_memory(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
 
     # -- the rollback ------------------------------------------------------------------------
 
@@ -332,13 +381,16 @@ class Rollback(Fuse):
                 log.warning("logitwatch: fuse rollback: rolled back %d times already (its "
                             "limit); no more rollbacks (%s)", self.rollbacks, reason)
             return
-        self._undo = None
+        self._drop_undo()
         room = self._room() or 0
         if self.undo_state and (self.budget is None or self.path is not None
                                 or (room + 1) * self.snapshot_bytes <= self.budget):
+            # with `path`, on disk like the ring (memory: nothing), under its own name
             self._undo = capture(step, self.model, self.optimizer, self.scheduler,
-                                 lrs=self._lrs(), fuses=self._fuse_states())
-        self._load_fuse_states(restore(snap, self.model, self.optimizer, self.scheduler))
+                                 lrs=self._lrs(), fuses=self._fuse_states(), path=self.path,
+                                 tag="rollback-undo")
+        self._load_fuse_states(restore(snap, self.model, self.optimizer, self.scheduler,
+                                       rng=self.restore_rng))
         self.ring.drop_after(snap.step)
         self._note_memory()
         self.rollbacks += 1
@@ -363,6 +415,11 @@ class Rollback(Fuse):
         rollback divides by the factors the restored weights carry."""
         return self.fuses.weight_states() if self.fuses is not None else None
 
+    def _drop_undo(self) -> None:
+        if self._undo is not None:
+            self._undo.drop()
+            self._undo = None
+
     def _load_fuse_states(self, states: dict[str, Any] | None) -> None:
         if self.fuses is not None:
             self.fuses.load_weight_states(states)
@@ -373,8 +430,8 @@ class Rollback(Fuse):
         restored = False
         if self._undo is not None and self.model is not None:
             self._load_fuse_states(restore(self._undo, self.model, self.optimizer,
-                                           self.scheduler))
-            self._undo = None
+                                           self.scheduler, rng=self.restore_rng))
+            self._drop_undo()
             restored = True
         self.engaged = False
         self.record(step, "undo", by=by, restored=restored)
@@ -385,7 +442,7 @@ class Rollback(Fuse):
         if isinstance(loss, float):
             self.observe(step, loss)
         scalars["fuse.rollback.snapshots"] = float(len(self.ring))
-        scalars["fuse.rollback.bytes"] = float(self.ring.bytes)
+        scalars["fuse.rollback.bytes"] = float(self.held_bytes)
         scalars["fuse.rollback.skipping"] = float(self.skipping)
         scalars["fuse.rollback.steps_lost"] = float(self._frame_lost)
         self._frame_lost = 0

@@ -112,8 +112,12 @@ class Snapshot:
 
 def capture(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
             scheduler: Any, *, lrs: list[float] | None = None,
-            path: str | None = None, fuses: dict[str, Any] | None = None) -> Snapshot:
+            path: str | None = None, fuses: dict[str, Any] | None = None,
+            tag: str = "rollback") -> Snapshot:
     """Copy the job's state now (after step ``step``'s update).
+
+    ``path``: a directory to write the copy to (file ``{tag}-{pid}-{step}.pt``; the copy
+    then holds no memory), else it stays in memory.
 
     ``lrs``: the scheduled learning rate of each param group, when something (the LR
     backoff) scales the groups' ``lr`` around the step: the copy keeps the schedule's.
@@ -135,19 +139,20 @@ def capture(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer 
     size = tensor_bytes({k: v for k, v in state.items() if k not in ("rng", "fuses")})
     finite = _finite(state["model"]) and _finite(state.get("optimizer", {}).get("state"))
     snap = Snapshot(step, size, state, finite=finite)
-    if path is not None and finite:
+    if path is not None:
         os.makedirs(path, exist_ok=True)
-        file = os.path.join(path, f"rollback-{os.getpid()}-{step:09d}.pt")
+        file = os.path.join(path, f"{tag}-{os.getpid()}-{step:09d}.pt")
         torch.save(state, file)
         snap.state, snap.path = None, file
     return snap
 
 
 def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
-            scheduler: Any) -> dict[str, Any] | None:
+            scheduler: Any, *, rng: bool = True) -> dict[str, Any] | None:
     """Put the job back to ``snap``: weights copied into the live parameters (their
     identity, so the optimizer's references, stays), the optimizer's state and groups,
-    the scheduler's state, the RNG states. Returns the fuses' states taken with it."""
+    the scheduler's state, the RNG states (``rng=False``: left as they are). Returns the
+    fuses' states taken with it."""
     state = snap.load()
     with torch.no_grad():
         model.load_state_dict(state["model"])
@@ -157,7 +162,8 @@ def restore(snap: Snapshot, model: torch.nn.Module, optimizer: torch.optim.Optim
         optimizer.load_state_dict(_copy(state["optimizer"]))
     if scheduler is not None and "scheduler" in state:
         scheduler.load_state_dict(_copy(state["scheduler"]))
-    _set_rng_state(state["rng"])
+    if rng:
+        _set_rng_state(state["rng"])
     return state.get("fuses")
 
 
