@@ -68,22 +68,31 @@ class SpoolSide:
     _reserved: int
     _inflight: Batch | None
     _spilling: int | None
+    _spilling_n: int
     _counts: dict[str, int]
     _lost: Callable[[int], None]
     _warn_once: Callable[..., None]
 
     # -- spooler thread (and shutdown) ---------------------------------------------------
 
-    def spill(self, keep_frames: int, keep_bytes: int, through: int | None = None) -> int:
+    def spill(self, keep_frames: int, keep_bytes: int, through: int | None = None,
+              wait_until: float | None = None) -> int:
         """Write the oldest frames in memory to the spool until at most ``keep_frames``
         frames and ``keep_bytes`` bytes remain there, or, with ``through``, every frame
-        numbered up to it. Returns the frames written."""
+        numbered up to it. Returns the frames written.
+
+        While another thread spills, it returns at once; with ``wait_until`` (a
+        ``time.monotonic()`` deadline: shutdown) it waits for that thread until then, and
+        goes on with what is left."""
         if self.spool is None:
             return 0
         written = 0
         while True:
             with self._cond:
                 mem = self._mem
+                while (self._spilling is not None and wait_until is not None
+                       and (left := wait_until - time.monotonic()) > 0):
+                    self._cond.wait(left)
                 if self._spilling is not None or not mem:
                     return written
                 if through is not None:
@@ -97,6 +106,7 @@ class SpoolSide:
                 frames = [mem.popleft() for _ in range(head_count(mem, min(n, self._max_batch)))]
                 self.mem_bytes -= sum(f[1] for f in frames)
                 self._spilling = frames[0][0]
+                self._spilling_n = len(frames)
             result: StoreResult = "failed"
             try:
                 lines = self._encode_all(frames)
@@ -106,6 +116,7 @@ class SpoolSide:
                                 exc_info=True)
             with self._cond:
                 self._spilling = None
+                self._spilling_n = 0
                 if result == "failed":  # back to the front of memory, in order
                     mem.extendleft(reversed(frames))
                     self.mem_bytes += sum(f[1] for f in frames)

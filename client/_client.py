@@ -378,8 +378,10 @@ class Client:
             if config is not None and not config.done.is_set():
                 config.finish(deadline)  # the frames are in: one last try
             assert self._spooler is not None
-            self._spooler.stop(max(0.5, deadline - _time.monotonic()))
-            spooled, lost = self._backlog.close()
+            # at least half a second for the spooler to finish the segment it is writing
+            deadline = max(deadline, _time.monotonic() + 0.5)
+            self._spooler.stop(deadline - _time.monotonic())
+            spooled, lost = self._backlog.close(deadline)
             self._report(spooled, lost, timeout)
             self._spool.release()
         except Exception:
@@ -403,7 +405,8 @@ class Client:
         if lost:
             log.warning(
                 "logitwatch: %d frame(s) of %s were NOT delivered to %s and could not be "
-                "spooled (spool off or disk failing); they are lost",
+                "spooled (spool off, disk failing, or still being written to it at the "
+                "shutdown deadline); they are lost",
                 lost, where, self.url,
             )
         if drops:

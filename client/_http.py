@@ -19,6 +19,14 @@ compressed with gzip from 1 KiB on when ``gzip_level`` > 0.
 
 from __future__ import annotations
 
+# What the sender thread would otherwise import on its first request, imported here, on
+# the thread that imports the client: httpx imports httpcore (and certifi, h11) only when
+# its first Client is built, and the socket module imports the "idna" codec on the first
+# connection to a host name. A process forked while another thread is inside an import
+# leaves the child with that module's import lock held by a thread it does not have: the
+# child's own sender then blocks for ever on its first import (a DataLoader worker forked
+# while the parent's sender was starting).
+import encodings.idna  # noqa: F401
 import gzip
 import random
 import ssl
@@ -26,6 +34,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import certifi  # noqa: F401
+import httpcore  # noqa: F401
 import httpx
 
 from logitwatch.wire import parse_retry_after

@@ -149,6 +149,7 @@ class Backlog(SpoolSide):
         self._reserved = 0
         self._inflight: Batch | None = None
         self._spilling: int | None = None  # first seq of frames being written by spill()
+        self._spilling_n = 0  # how many frames that spill() is writing
         self._last_seq = -1
         self._waiters: list[_Waiter] = []
         self._counts = dict.fromkeys(COUNTERS, 0)
@@ -355,13 +356,21 @@ class Backlog(SpoolSide):
 
     # -- shutdown ------------------------------------------------------------------------
 
-    def close(self) -> tuple[int, int]:
+    def close(self, deadline: float | None = None) -> tuple[int, int]:
         """Write what is left in memory, and a batch still stuck in flight, to the spool.
+
+        A spill of the spooler thread still under way (its frames are out of memory, not
+        yet on disk) is waited for until ``deadline`` (``time.monotonic()``; default: 5 s
+        from now); frames still in its hands then are counted lost: shutdown used to spill
+        nothing while the spooler was writing, and its frames were counted nowhere, lost
+        when the process exited under it.
 
         Returns ``(frames now in the spool, frames lost)``; lost frames (no spool, or the
         disk refused) are counted in ``undelivered_at_shutdown``.
         """
-        self.spill(0, 0)
+        if deadline is None:
+            deadline = time.monotonic() + 5.0
+        self.spill(0, 0, wait_until=deadline)
         with self._cond:
             batch = self._inflight
         if batch is not None and batch.frames and not batch.segments:
@@ -382,6 +391,9 @@ class Backlog(SpoolSide):
                     self._inflight = None
         with self._cond:
             lost = len(self._mem)
+            if self._spilling is not None:  # the spooler thread's, past the deadline
+                lost += self._spilling_n
+                self._lost(self._spilling)
             if self._inflight is not None and not self._inflight.segments:
                 lost += len(self._inflight.lines or self._inflight.frames)
                 self._lost(self._inflight.first)

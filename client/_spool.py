@@ -295,8 +295,12 @@ def is_locked(path: Path) -> bool:
 
 
 def find_writer_dirs(path: Path) -> list[Path]:
-    """Every directory at or below ``path`` that holds segments, sorted."""
-    found = {p.parent for p in path.rglob(f"*{SUFFIX}") if not p.name.startswith(".tmp-")}
+    """Every directory at or below ``path`` that holds segments, sorted.
+
+    A directory removed while it is listed (another push emptied it) is left out, where
+    ``Path.rglob`` raised ``FileNotFoundError``."""
+    found = {Path(top) for top, _, names in os.walk(path)
+             if any(n.endswith(SUFFIX) and not n.startswith(".tmp-") for n in names)}
     return sorted(found)
 
 
