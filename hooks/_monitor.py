@@ -133,6 +133,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._buffer = StepBuffer()
         self._depth = 0
         self._forwards = 0  # outermost forwards seen: new gradients may follow each
+        self._step_forwards = 0  # ``_forwards`` when the current step began
         self._mode: SdpaCapture | None = None
         self._forward_state: Any = None  # restored if the measured forward raises
         self._forward_exc: int | None = None
@@ -251,7 +252,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"sample_every must be an int >= 1, got {value!r}")
         self._sample_every = value
-        self._reschedule()
+        self._interval_changed()
 
     @property
     def effective_sample_every(self) -> int:
@@ -268,7 +269,25 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
             raise ValueError(f"overhead_budget must be in (0, 1] or None, got {value!r}")
         self._cost.budget = None if value is None else float(value)
-        self._reschedule()
+        self._interval_changed()
+
+    def _interval_changed(self) -> None:
+        """A setter changed the requested interval or the budget. Under sharding or
+        reduction the interval state only: whether the current step is sampled was agreed
+        by every rank when the previous step ended and is never changed here (a step
+        un-sampled, or sampled, on one rank only would make the ranks' collectives
+        mismatch); the new value is proposed at the next agreement. On one process the
+        schedule is decided again only between steps (no forward of the current step
+        yet), never for a step in progress."""
+        if self._shard is not None or self._ranks is not None:
+            return
+        if self._forwards == self._step_forwards and not self._depth:
+            self._reschedule()
+            return
+        try:
+            self._effective_every = self._cost.interval(self.sample_every)
+        except Exception:
+            self._fail("step")
 
     def request_sample(self) -> None:
         """Sample the next step to start, whatever the interval (e.g. after an alert)."""
@@ -467,11 +486,17 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         if self.fuses:  # after the update, before the frame (never raises)
             self.fuses.step_end(step, sampled)
         try:
+            # the collectives, each entered by every rank whatever failed here: a failure
+            # before one of them must never make this rank skip it (gloo would pair it with
+            # the job's next collective, or the other ranks would wait until the timeout)
             if scheduled and self._shard is not None:
-                vec = self._exchange()
+                try:
+                    vec = self._exchange()
+                except Exception:
+                    vec = None
+                    self._warn_once("exchange", "the end-of-step exchange failed")
             if scheduled and self._ranks is not None:  # every rank, whatever failed here
-                self._reduced = self._ranks.reduce(
-                    self._buffer.attn, self._buffer.scalars(), self._warn_once)
+                self._reduced = self._reduce_step()
             if sampled and "step" not in self.disabled:
                 self._emit(step, vec)
         except Exception:
@@ -483,6 +508,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
             self._grad_local = None
             self.maxima = {}
             self._step = step + 1
+            self._step_forwards = self._forwards
         try:
             self._cost.step_end(scheduled)
         except Exception:
@@ -491,6 +517,30 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._watch_spikes()
         self._reschedule(agree=scheduled)
         self._max_step, self._max_next = self._max_next and not self._sampled, False
+
+    def _reduce_step(self) -> Reduced | None:
+        """The end-of-step reduction (``_reduce``), entered by every rank: this rank's
+        scalars are read in their own ``try`` (a rank-local failure there, an OOM in a final
+        statistic, gathers nothing from this rank) so that ``reduce()`` is always entered."""
+        ranks = self._ranks
+        if ranks is None:
+            return None
+        try:
+            attn = self._buffer.attn
+        except Exception:
+            attn = {}
+            self._warn_once("reduce-local", "this rank's attention statistics could not be "
+                            "reduced")
+        try:
+            scalars = self._buffer.scalars()
+        except Exception:
+            scalars = {}
+            self._warn_once("reduce-scalars", "this rank's scalars could not be gathered")
+        try:
+            return ranks.reduce(attn, scalars, self._warn_once)
+        except Exception:  # reduce() enters its collectives whatever fails; never expected
+            self._warn_once("reduce", "the end-of-step reduction across ranks failed")
+            return None
 
     # -- failures ------------------------------------------------------------------------
 

@@ -291,15 +291,7 @@ class OptimizerStepMixin:
         if self._shard is None and ranks is None:
             self._effective_every = proposal
         elif agree:  # the end of a sampled step, on every rank alike
-            try:
-                if ranks is not None:  # requests to sample are agreed too (``_reduce``)
-                    self._effective_every, self._force_next = ranks.agree(
-                        proposal, self._force_next, self.client.control)
-                else:
-                    self._effective_every = self._shard.agree_interval(proposal)
-            except Exception:
-                self._force_next = self._force_next and ranks is None
-                self._warn_once("interval", "the ranks' interval agreement failed")
+            self._agree(proposal)
         if ranks is not None and not agree:
             force = False  # waits for the next agreement: every rank samples alike
         else:
@@ -312,3 +304,29 @@ class OptimizerStepMixin:
             or self._last_sampled is None
             or self._step >= self._last_sampled + self._effective_every
         )
+
+    def _agree(self, proposal: int) -> None:
+        """The end of a sampled step under sharding or reduction, on every rank alike: the
+        next interval and requests to sample, agreed over the reduce group (``_reduce``),
+        then over the sharding group where it is wider than the reduce group (its exchange
+        needs every rank of it to sample alike), each collective entered whatever failed."""
+        ranks, shard = self._ranks, self._shard
+        if ranks is not None:  # requests to sample are agreed too (``_reduce``)
+            try:
+                floor = self._cost.interval(1)  # what this rank's budget needs
+            except Exception:
+                floor = 1
+            try:
+                self._effective_every, self._force_next = ranks.agree(
+                    proposal, self._force_next, self.client.control, floor)
+            except Exception:
+                self._force_next = False
+                self._warn_once("interval", "the ranks' interval agreement failed")
+        if shard is not None and (ranks is None or ranks.agree_shard):
+            every = proposal if ranks is None else self._effective_every
+            try:
+                self._effective_every, force = shard.agree_schedule(every, self._force_next)
+                self._force_next = force
+            except Exception:
+                self._force_next = self._force_next and ranks is None
+                self._warn_once("interval", "the ranks' interval agreement failed")

@@ -53,7 +53,9 @@ header (the attention layout), one ``all_reduce(MAX)`` of the packed maxima (int
 float's order-preserving bits in the high half and the rank in the low half, so one
 collective gives both the max and who held it), one ``all_reduce(SUM)`` (float64) of the
 pooled sums and the gathered scalars, and, in place of the sharded exchange's interval
-agreement, one ``all_reduce(MAX)`` of ``[interval, requested sample, detail ranks...]``:
+agreement, one ``all_reduce(MAX)`` of ``[interval, requested sample, the leader's control
+sample_every, budget floor, detail ranks...]`` (over the sharding group too where it is
+wider, :func:`find_reduce`):
 a rank's request to sample the next step (a spike, ``request_sample``) waits for that
 agreement, so every rank samples the same steps. Two host reads per sampled step (the
 header and the agreement). A rank whose attention failed contributes "missing" marks.
@@ -123,10 +125,13 @@ class Reduced:
 
     def apply(self, scalars: dict[str, Any], heads: dict[str, list[torch.Tensor]]) -> None:
         """Put the reduced values into a frame's (device) scalars and heads, in place."""
-        if self.heads:
+        if any(n.startswith("attn.") for n in self.heads):
+            # the group's attention replaces this rank's own; where the ranks' layouts
+            # disagreed there is none (only the gathered ``ranks.*``), and the sender's own
+            # attention statistics stay, as the layout warning says
             for name in [n for n in heads if n.startswith("attn.")]:
                 del heads[name]
-            heads.update(self.heads)
+        heads.update(self.heads)
         scalars.update(self.scalars)
 
 
@@ -153,14 +158,29 @@ class RankReduce:
         self.detail = False
         #: Host reads per sampled step that wait for the device (an accelerator only).
         self.syncs = 0 if device.type == "cpu" else 2
+        #: Whether the sharding group is wider than this group (``find_reduce``): the
+        #: agreed schedule is then agreed over it too (``Sharding.agree_schedule``).
+        self.agree_shard = False
 
     # -- the end-of-step agreement ------------------------------------------------------
 
-    def agree(self, proposal: int, force: bool, control: Mapping[str, Any]) -> tuple[int, bool]:
-        """Every rank, end of a sampled step: the widest interval, whether some rank asked
+    def agree(self, proposal: int, force: bool, control: Mapping[str, Any],
+              floor: int = 1) -> tuple[int, bool]:
+        """Every rank, end of a sampled step: the next interval, whether some rank asked
         to sample the next step, and which ranks send their own frames (the leader's
-        ``control``). One ``all_reduce(MAX)``."""
+        ``control``). One ``all_reduce(MAX)``.
+
+        The interval is the widest ``proposal`` unless the leader's collector asks for one
+        (``control["sample_every"]``: only the leader hears the collector's answers): that
+        one then overrides every rank's requested interval, still widened as far as the
+        widest ``floor`` (what each rank's overhead budget needs), so the collector can make
+        the job sample more often as well as less."""
         slots = [-1] * DETAIL_SLOTS
+        asked_every = -1
+        if self.leader and isinstance(control, Mapping):
+            every = control.get("sample_every")
+            if isinstance(every, int) and not isinstance(every, bool) and every >= 1:
+                asked_every = min(every, 2**62)
         if self.leader:
             asked = control.get(CONTROL_KEY) if isinstance(control, Mapping) else None
             if isinstance(asked, list):
@@ -168,13 +188,14 @@ class RankReduce:
                       and 0 <= r < 2**31 and r != self.rank]
                 for i, r in enumerate(sorted(set(ok))[:DETAIL_SLOTS]):
                     slots[i] = r
-        t = torch.tensor([int(proposal), int(bool(force)), *slots], dtype=torch.int64,
-                         device=self.device)
+        t = torch.tensor([int(proposal), int(bool(force)), asked_every, max(1, int(floor)),
+                          *slots], dtype=torch.int64, device=self.device)
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
         values = t.tolist()
-        self.detail = not self.leader and self.rank in values[2:]
+        self.detail = not self.leader and self.rank in values[4:]
         self.sends = self.leader or self.detail
-        return max(1, int(values[0])), bool(values[1])
+        interval = values[0] if values[2] < 1 else max(values[2], values[3])
+        return max(1, int(interval)), bool(values[1])
 
     # -- the reduction ------------------------------------------------------------------
 
@@ -328,9 +349,25 @@ def _header(attn: Mapping[int, HeadStats], layers: list[int],
               for layer in layers]
     capped = int(all(attn[layer].capped_max is not None and attn[layer].capped_p99 is not None
                      for layer in layers))
-    check = sum((layer + 1) * 65_537 + w for layer, w in zip(layers, widths, strict=True))
-    head = [len(layers), max(widths), capped, check]
+    head = [len(layers), max(widths), capped, _checksum(layers, widths)]
     return head + [-v for v in head] + present
+
+
+#: A prime below 2**61 and a base for :func:`_checksum` (fixed: every rank computes alike).
+_PRIME = (1 << 61) - 1
+_BASE = 1_000_003
+
+
+def _checksum(layers: list[int], widths: list[int]) -> int:
+    """A position-sensitive hash of the ``(layer, width)`` sequence, in ``[0, 2**61)``: a
+    polynomial hash modulo a Mersenne prime, so that different layer sets (``{0, 3}`` and
+    ``{1, 2}``, whose sums agree) or widths give different checksums but by a ~2**-61
+    chance. Deterministic across processes (no ``hash()``)."""
+    h = len(layers) + 1
+    for layer, width in zip(layers, widths, strict=True):
+        h = (h * _BASE + int(layer) + 1) % _PRIME
+        h = (h * _BASE + int(width) + 1) % _PRIME
+    return h
 
 
 def _attn_metrics(packed: torch.Tensor, sums: torch.Tensor, n_layers: int, width: int,
@@ -371,8 +408,15 @@ def find_reduce(arg: Any, device: torch.device, shard: Any = None,
     over the whole job, except for DTensor parameters on a mesh of more than one dimension
     with no tensor-parallel placement found (``tp``; pipeline parallel: layers differ by
     rank; pass the data-parallel group); ``True``: on over the whole job; ``False``: off; a
-    process group: on over it (with ``tp``: a group that holds whole TP groups). Decide
-    alike on every rank.
+    process group: on over it. Decide alike on every rank.
+
+    A process group is checked at attach, by one ``all_reduce(MAX)`` over it (every member
+    decides alike): with tensor parallelism (``tp``) it must hold each member's whole TP
+    group (the data-parallel group does not: its ranks hold one slice of the heads each,
+    and each TP rank's group would have its own leader sending a half-missing matrix);
+    with sharding (``shard``) the sharding group must be within it, or be the whole job
+    (then the agreed schedule is agreed over the whole job too: ``agree_shard``). Otherwise
+    reduction is off, with a warning, and every rank sends its own frames.
     """
     if arg is False:
         return None
@@ -386,4 +430,38 @@ def find_reduce(arg: Any, device: torch.device, shard: Any = None,
         return None
     if dist.get_world_size(group) < 2:
         return None
-    return RankReduce(group, device, tp)
+    red = RankReduce(group, device, tp)
+    if group is not None and (shard is not None or tp is not None):
+        return _check_group(red, shard, tp)
+    return red
+
+
+def _check_group(red: RankReduce, shard: Any, tp: TensorParallel | None) -> RankReduce | None:
+    """The attach-time check of an explicit reduce group (see :func:`find_reduce`)."""
+    dist = red._dist
+    members = set(dist.get_process_group_ranks(red.group))
+    wide = cross = tp_out = 0
+    if shard is not None:
+        inner = shard.group
+        if inner is None:  # the whole job
+            wide = int(int(dist.get_world_size()) > len(members))
+        elif not set(dist.get_process_group_ranks(inner)) <= members:
+            cross = 1  # a sharding group across reduce groups: the schedules cannot agree
+    if tp is not None and tp.members is not None and not set(tp.members) <= members:
+        tp_out = 1
+    t = torch.tensor([wide, cross, tp_out], dtype=torch.int64, device=red.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=red.group)
+    wide, cross, tp_out = t.tolist()
+    if tp_out:
+        log.warning("logitwatch: ranks not reduced: under tensor parallelism the reduce_ranks "
+                    "group must hold each rank's whole tensor-parallel group (pass the "
+                    "default or True: the whole job, or a group of whole TP groups), not the "
+                    "data-parallel group; every rank sends its own frames (its own heads)")
+        return None
+    if cross:
+        log.warning("logitwatch: ranks not reduced: the reduce_ranks group does not hold the "
+                    "sharding group of one of its ranks, so the two could not sample the "
+                    "same steps; every rank sends its own frames")
+        return None
+    red.agree_shard = bool(wide)
+    return red

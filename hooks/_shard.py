@@ -23,8 +23,10 @@ runs at one place, the end of a sampled step, in a fixed order, whatever failed:
    per-index squared sums...]``. A rank whose part is off or fails writes zeros and
    counts itself missing; values some rank did not contribute are then left out on every
    rank (a NaN *value*, e.g. a diverged gradient, still propagates as a real signal);
-2. :meth:`Sharding.agree_interval`: one ``all_reduce(MAX)``, the next sampling interval,
-   so all ranks schedule the same next sampled step.
+2. :meth:`Sharding.agree_schedule`: one ``all_reduce(MAX)``, the next sampling interval
+   and whether some rank asks to sample the next step, so all ranks schedule the same
+   next sampled step (under reduction over a group that is the sharding group or holds
+   it, the reduce group's agreement takes its place, ``_reduce``).
 
 Everything else here is local (no collective) and nothing here runs on a non-sampled step.
 """
@@ -236,14 +238,24 @@ class Sharding:
         return out
 
     def agree_interval(self, proposal: int) -> int:
-        """The widest of every rank's proposed interval (a collective, sampled steps only).
+        """The widest of every rank's proposed interval (:meth:`agree_schedule`)."""
+        return self.agree_schedule(proposal, False)[0]
+
+    def agree_schedule(self, proposal: int, force: bool) -> tuple[int, bool]:
+        """The widest of every rank's proposed interval, and whether some rank asks to
+        sample the next step (a collective, sampled steps only, one ``all_reduce(MAX)`` of
+        two int64s).
 
         Each rank proposes what its overhead budget and its collector's ``sample_every``
-        ask for; all ranks then schedule the same next sampled step.
+        ask for; all ranks then schedule the same next sampled step. Under reduction over a
+        group narrower than this one (``_reduce``), the reduce group's agreed values are
+        agreed here again, so that every rank of the sharding group samples alike.
         """
-        t = torch.tensor([proposal], dtype=torch.int64, device=self.device)
+        t = torch.tensor([int(proposal), int(bool(force))], dtype=torch.int64,
+                         device=self.device)
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
-        return int(t.item())
+        interval, forced = t.tolist()
+        return max(1, int(interval)), bool(forced)
 
     # -- gradient: local pieces only ----------------------------------------------------
 

@@ -25,7 +25,7 @@ sharding does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -45,6 +45,9 @@ class TensorParallel:
 
     size: int
     rank: int
+    #: The global ranks of this rank's TP group, when known (``find_reduce`` checks that
+    #: the reduce group holds them all).
+    members: tuple[int, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -60,7 +63,7 @@ def find_tp(model: nn.Module, tp_group: Any = None, tp_rank: int | None = None
 
         size = int(dist.get_world_size(tp_group))
         rank = int(dist.get_rank(tp_group)) if tp_rank is None else int(tp_rank)
-        return TensorParallel(size, rank) if size > 1 else None
+        return TensorParallel(size, rank, _members(tp_group)) if size > 1 else None
     if tp_rank is not None:
         raise ValueError("attach: tp_rank needs tp_group")
     fsdp2 = any(type(m).__name__.startswith("FSDP") for m in model.modules())
@@ -86,5 +89,19 @@ def _from_placements(param: Any, fsdp2: bool) -> TensorParallel | None:
             continue
         named = names[dim].lower() if names else ""
         if named.startswith(_TP_NAMES) or (not names and mesh.ndim == 1 and not fsdp2):
-            return TensorParallel(int(mesh.size(dim)), int(mesh.get_local_rank(dim)))
+            try:
+                members = _members(mesh.get_group(dim))
+            except Exception:
+                members = None
+            return TensorParallel(int(mesh.size(dim)), int(mesh.get_local_rank(dim)), members)
     return None
+
+
+def _members(group: Any) -> tuple[int, ...] | None:
+    """The global ranks of ``group``, or None where they cannot be read."""
+    try:
+        import torch.distributed as dist
+
+        return tuple(int(r) for r in dist.get_process_group_ranks(group))
+    except Exception:
+        return None
