@@ -193,7 +193,8 @@ def push(spool: str | None, url: str | None, token: str | None, max_batch: int,
         return
     total, ready, locked = spool_frames(Path(spool))
     for d in locked:
-        click.echo(f"skipped {d}: its job is still running and sends it itself", err=True)
+        click.echo(f"skipped {d}: in use by its job, still running (it sends it itself), or "
+                   "by another push", err=True)
     if not ready:
         click.echo(f"nothing to push under {spool}")
         return
@@ -211,6 +212,8 @@ def push(spool: str | None, url: str | None, token: str | None, max_batch: int,
         raise click.ClickException(str(e)) from e
     click.echo(f"sent {result.sent} frame(s): {result.accepted} stored, {result.duplicates} "
                "already there")
+    for d in sorted(set(result.skipped) - {str(x) for x in locked}):  # taken since listed
+        click.echo(f"skipped {d}: another push (or its job) took it meanwhile", err=True)
     for line in result.damaged:
         click.echo(f"damaged segment set aside: {line}", err=True)
     if result.rejected or result.damaged:

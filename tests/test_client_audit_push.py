@@ -224,3 +224,28 @@ def test_push_of_long_histories_to_a_real_collector(serve, tmp_path: Path) -> No
     assert (result.sent, result.accepted, result.rejected) == (300, 300, 0)
     assert col.steps("hist-real") == list(range(1, 30_001))  # every frame, every history
     assert not d.exists()
+
+
+def test_the_cli_names_a_directory_another_push_took(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`logitwatch push` says which directory it left to another push: one taken after
+    the listing was only in a log record, and one seen taken was said to be a running
+    job's."""
+    from click.testing import CliRunner
+
+    from logitwatch.cli import main
+
+    d = writer_dir(tmp_path, "taken")
+    segment(d, [frame_line("taken", 10, 0)])
+    fd = os.open(d / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = CliRunner().invoke(main, ["push", str(tmp_path), "--url", "http://127.0.0.1:9"])
+        assert r.exit_code == 0 and f"skipped {d}: in use by its job" in r.output, r.output
+        assert "or by another push" in r.output
+        monkeypatch.setattr(_push, "is_locked", lambda path: False)  # free when listed
+        r = CliRunner().invoke(main, ["push", str(tmp_path), "--url", "http://127.0.0.1:9"])
+    finally:
+        os.close(fd)
+    assert r.exit_code == 0 and "sent 0 frame(s)" in r.output, r.output
+    assert f"skipped {d}: another push (or its job) took it meanwhile" in r.output
