@@ -280,6 +280,12 @@ class FramesMixin:
         if reduced is not None and self._ranks is not None and not self._ranks.detail:
             reduced.apply(scalars, heads)  # the group's values (``_reduce``)
         block = self._take_history()
+        if self._ranks is not None and not self._ranks.sends and not self.fuses:
+            # reduce-before-send: the group's leader sends, and no fuse reads this frame;
+            # nothing of it is read back (a host read of every matrix, to be thrown away)
+            self._cost.add_host(thread_clock() - t0)
+            self._frames += 1
+            return
         if self.fuses:
             self.fuses.before_frame(scalars, heads)
         host_ms = 1e3 * (self._cost.host_seconds + thread_clock() - t0)

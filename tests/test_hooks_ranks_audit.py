@@ -90,6 +90,16 @@ TWO = NET + textwrap.dedent('''
                        "heads": heads})
 
     mon.client.send = record
+    reads = []
+    if mode == "reads":  # what each rank reads back of its frames (a host read each)
+        from logitwatch.hooks import _frames
+        orig_collect = _frames.collect
+
+        def collect(*args, **kwargs):
+            reads.append(mon.step_index)
+            return orig_collect(*args, **kwargs)
+
+        _frames.collect = collect
     if mode == "ctrl" and rank == 0:  # the collector's answer (heard by the leader only)
         mon.client._control = {"sample_every": 1}
     if mode == "raise" and rank == 1:  # a rank-local failure (an OOM) in final.* at step 1
@@ -120,7 +130,7 @@ TWO = NET + textwrap.dedent('''
         opt.zero_grad()
     mon.close()
     with open(out, "w") as f:
-        json.dump({"frames": frames, "sampled": sampled}, f)
+        json.dump({"frames": frames, "sampled": sampled, "reads": reads}, f)
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
@@ -253,6 +263,15 @@ def test_a_rank_whose_scalars_fail_still_enters_the_reduction(tmp_path, gloo_pai
     # rank 1 gathered nothing at step 1 (NaN: not measured), its attention still pooled
     assert math.isnan(step1["heads"]["ranks.loss"][0][1])
     assert step1["scalars"]["reduce.attn_ranks"] == 2.0
+
+
+@pytest.mark.slow
+def test_ranks_that_do_not_send_read_nothing_back(tmp_path, gloo_pair) -> None:  # type: ignore[no-untyped-def]
+    """Reduce-before-send: only the leader reads its frame back from the device; the other
+    ranks' read-back (a host read of every matrix on an accelerator) was thrown away."""
+    out = _run(tmp_path, gloo_pair, TWO, "reads", 2)
+    assert _steps(out[0]) == [0, 1, 2] and out[1]["frames"] == []
+    assert out[0]["reads"] == [0, 1, 2] and out[1]["reads"] == []
 
 
 @pytest.mark.slow
