@@ -319,3 +319,27 @@ def test_restored_rng_replays_the_batches_by_default() -> None:
 def test_restore_rng_false_draws_fresh_batches() -> None:
     before, after = _rng_loop(False)
     assert after and not set(after) & set(before)
+
+
+def test_a_fuse_failing_in_its_optimizer_hook_records_a_failed_event() -> None:
+    """docs/FUSES.md, *Safety*: a failing fuse is off for the rest of the run and leaves a
+    ``failed`` event. The LR backoff's and the rollback's own optimizer hooks (outside
+    FuseSet's guard) turned the fuse off without one: the run's events never said."""
+    model = Net()
+    client, _ = capturing_client()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    backoff, rollback = LRBackoff(mode="auto"), Rollback(every=5, mode="auto")
+    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
+                 sample_every=100, fuses=[backoff, rollback])
+    train(model, opt, mon, 2)
+    backoff._saved = [1]  # what the post-step hook restores: not (group, lr) pairs
+    rollback.skipping, rollback.optimizer = 1, None  # its pre-step hook skips this one
+    rollback.drop_update = None  # ... and cannot
+    model(IDS).backward()  # a loop that does not ask skip_batch()
+    opt.step()
+    opt.zero_grad()
+    assert backoff.failed and rollback.failed
+    failed = sorted(e.fuse for e in mon.fuses.events if e.action == "failed")
+    assert failed == ["lr_backoff", "rollback"]
+    train(model, opt, mon, 2)  # training goes on
+    assert len([e for e in mon.fuses.events if e.action == "failed"]) == 2

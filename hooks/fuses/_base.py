@@ -126,6 +126,17 @@ class Fuse:
                     self.name, reason)
         self.record(step, "unavailable", reason=reason)
 
+    def fail(self, step: int, why: str = "") -> None:
+        """This fuse failed where :class:`FuseSet`'s guard does not reach (an optimizer hook
+        of its own): off for the rest of the run, logged once with the traceback, a
+        ``failed`` event recorded, as the guard does. ``why``: what it leaves behind."""
+        if self.failed:
+            return
+        self.failed = True
+        log.warning("logitwatch: fuse %s failed and is off for the rest of the run%s; "
+                    "training continues unaffected", self.name, why, exc_info=True)
+        self.record(step, "failed")
+
     def record(self, step: int, action: str, **detail: Any) -> None:
         """Add an event of the run (counted in the next frame)."""
         if action not in ("suggest", "unavailable", "failed", "armed", "no_snapshot",

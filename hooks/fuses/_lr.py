@@ -28,7 +28,7 @@ import torch
 
 from logitwatch.wire import FUSE_RULES
 
-from ._base import Fuse, alert_step, log, multi_rank
+from ._base import Fuse, alert_step, multi_rank
 
 __all__ = ["LRBackoff"]
 
@@ -220,11 +220,7 @@ class LRBackoff(Fuse):
         finally:
             self._k = None
             self.multiplier = 1.0
-            if not self.failed:
-                self.failed = True
-                log.warning("logitwatch: fuse lr_backoff failed and is off for the rest of "
-                            "the run; the lr is the schedule's; training continues "
-                            "unaffected", exc_info=True)
+            self.fail(self._step, "; the lr is the schedule's")
 
     def after_frame(self, step: int, scalars: dict[str, float],
                     heads: dict[str, list[list[float]]]) -> None:

@@ -201,9 +201,7 @@ class Rollback(Fuse):
                 # callback drops them itself)
             self.drop_update(optimizer)
         except Exception:
-            self.failed = True
-            log.warning("logitwatch: fuse rollback failed and is off for the rest of the "
-                        "run; training continues unaffected", exc_info=True)
+            self.fail(self._step)
 
     def drop_update(self, optimizer: Any = None) -> bool:
         """If a batch is to be skipped: set every gradient of ``optimizer``'s parameters to
