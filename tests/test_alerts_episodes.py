@@ -210,3 +210,34 @@ def test_the_loss_guard_of_a_log_z_ramp_survives_a_restart(sessions: sessionmake
     feed(sessions, AlertEngine(rules), frames[cut:])  # a restarted collector
     (a,) = [a for a in alerts(sessions) if a.rule == "final_logz_departure"]
     assert a.fired_step == 446 and a.evidence.get("running_away"), (a.fired_step, a.evidence)
+
+
+# -- what a replay of the newest frames cannot rebuild (rule_memory) -----------------------
+
+GN_RISING = [RuleSpec("gn_rising", "level_rise", "grad.norm", severity="warning",
+                      params={"window": 20, "factor": 3.0, "min_history": 50})]
+
+
+def _gn(step: int) -> dict[str, float]:
+    """The gradient norm settles to 0.5 (steps 100-199), sits at 1.2 for 700 steps (2.4x
+    its lowest level: under the rule's 3x), then rises to 1.6 at step 900 (3.2x)."""
+    return {"grad.norm": 1.0 if step < 100 else 0.5 if step < 200 else
+            1.2 if step < 900 else 1.6}
+
+
+@pytest.mark.parametrize("restart_at", [None, 850])
+def test_the_lowest_settled_level_survives_a_restart(sessions: sessionmaker[Session],
+                                                     restart_at: int | None) -> None:
+    """A restart replays the newest 400 frames: the lowest level the gradient norm settled
+    to (0.5, 650 steps before) is not among them. Rebuilt from them it read 1.2, and the
+    rise to 3.2x its lowest level at step 900 never fired (a level_rise that had fired
+    resolved at a restart and fired again, paging twice). The engine keeps it in
+    rule_memory, with the batch that set it."""
+    from tests.alert_frames import frames_at
+
+    frames = frames_at(1, 960, _gn)
+    cut = restart_at or len(frames)
+    feed(sessions, AlertEngine(GN_RISING), frames[:cut])
+    feed(sessions, AlertEngine(GN_RISING), frames[cut:])  # a restarted collector
+    got = [(a.rule, a.fired_step, a.evidence["lowest_level"]) for a in alerts(sessions)]
+    assert got == [("gn_rising", 910, 0.5)]

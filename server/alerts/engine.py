@@ -122,7 +122,9 @@ class AlertEngine(EvaluationMixin, NoDataMixin):
                 changed.extend(self._persist(session, f, pending))
                 if self._down.get((f.run_id, f.rank)):
                     changed.extend(self._escalate(session, f))
-            self._evict({(f.run_id, f.rank) for f in frames})
+            touched = {(f.run_id, f.rank) for f in frames}
+            self._save_long_state(session, touched)
+            self._evict(touched)
         return changed
 
     def _restore(self, session: Session, run_id: int, rank: int, before_step: int) -> None:
@@ -133,4 +135,5 @@ class AlertEngine(EvaluationMixin, NoDataMixin):
             return
         for step, scalars, heads in history:
             self._advance(run_id, rank, step, scalars, heads)  # transitions dropped: replay
+        self._load_long_state(session, run_id, rank)
         self._resume(session, run_id, rank)

@@ -14,6 +14,7 @@ lifecycles up with the alerts the store holds open (:meth:`RankState._resume`).
 
 from __future__ import annotations
 
+import json
 import math
 import time as _time
 from collections import OrderedDict, deque
@@ -23,6 +24,8 @@ from statistics import median
 
 import numpy as np
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from logitwatch.server.alerts.rules import (
@@ -35,7 +38,7 @@ from logitwatch.server.alerts.rules import (
     Track,
 )
 from logitwatch.server.alerts.spec import SERIES_PARAMS
-from logitwatch.server.db.models import Alert, Frame, Metric, Point
+from logitwatch.server.db.models import Alert, Frame, Metric, Point, RuleMemory
 
 __all__ = [
     "HEAD_EVERY",
@@ -53,6 +56,13 @@ Cell = tuple[int | None, int | None]  # (layer, head), (None, None) for a run-le
 Key = tuple[str, int, int, int | None, int | None]  # rule, run_id, rank, layer, head
 
 RESTORE_FRAMES = 400  # frames of history replayed to rebuild state after a restart
+#: The run's first steps replayed too (its early baselines: every cell's first
+#: ``EARLY_MAX`` samples, per-head cells judged once every ``HEAD_EVERY`` steps).
+RESTORE_FIRST_STEPS = 320
+#: What a scalar rule's memory holds of the whole run, which no replay of its newest
+#: frames rebuilds: ``level_rise``'s lowest settled levels, ``above_peak``'s settled peak.
+#: Written to ``rule_memory`` with each batch that changed it, restored after the replay.
+LONG_EXTRA = ("low", "also_low", "high", "high_step", "settled", "settled_step")
 #: In-memory state is kept for this many (run, rank)s at most, and dropped after this many
 #: seconds without a frame (rebuilt from the store if it comes back).
 MAX_RANKS = 2000
@@ -251,6 +261,8 @@ class RankState:
         # (rule, run, rank) whose rule raised there: skipped until the rules change
         self._broken: set[tuple[str, int, int]] = set()
         self._loaded: set[tuple[int, int]] = set()
+        # (run_id, rank) -> the rule_memory text last written or read (written on change)
+        self._saved: dict[tuple[int, int], str] = {}
 
     def _clear_state(self) -> None:
         """Forget every (run, rank) (each is rebuilt from the store when it sends again)."""
@@ -266,6 +278,7 @@ class RankState:
         self._broken.clear()
         self._loaded.clear()
         self._seen.clear()
+        self._saved.clear()
 
     def _evict(self, seen: Iterable[tuple[int, int]], now: float | None = None) -> None:
         """Note that ``seen`` (run, rank)s sent frames now; forget every in-memory state
@@ -290,6 +303,7 @@ class RankState:
             self._thin.pop(key, None)
             self._sticky.pop(key, None)
             self._down.pop(key, None)
+            self._saved.pop(key, None)
         self._loss = {k: v for k, v in self._loss.items() if k[:2] not in gone}
         self._levels = {k: v for k, v in self._levels.items() if k[:2] not in gone}
         self._mem = {k: v for k, v in self._mem.items() if k[1:3] not in gone}
@@ -297,6 +311,76 @@ class RankState:
         self._cells_of = {k: v for k, v in self._cells_of.items() if k[1:] not in gone}
         self._per_cell = {k for k in self._per_cell if k[1:] not in gone}
         self._broken = {k for k in self._broken if k[1:] not in gone}
+
+    # -- what a replay cannot rebuild (rule_memory) -------------------------------------
+
+    def _long_state(self, run_id: int, rank: int) -> dict[str, dict[str, object]]:
+        """What (run, rank)'s memory holds of its whole run (:data:`LONG_EXTRA` of each
+        run-level rule, the best loss of each loss-rise tracker)."""
+        mem: dict[str, object] = {}
+        loss: dict[str, object] = {}
+        for r in self._rules:
+            m = self._mem.get((r.name, run_id, rank, None, None))
+            if m is not None:
+                kept = {k: m.extra[k] for k in LONG_EXTRA if k in m.extra}
+                if kept:
+                    mem[r.name] = kept
+            if r.downgrade is not None:
+                key = _loss_key(run_id, rank, r.downgrade)
+                t = self._loss.get(key)
+                if t is not None:
+                    loss[f"{key[2]}:{key[3]}"] = {"first": t.first, "best": t.best,
+                                                  "best_level": t.best_level}
+        return {"mem": mem, "loss": loss}
+
+    def _save_long_state(self, session: Session, keys: Iterable[tuple[int, int]]) -> None:
+        """Write the :meth:`_long_state` of ``keys`` that changed since last written, in the
+        caller's (ingest) transaction."""
+        rows = []
+        for run_id, rank in keys:
+            if (run_id, rank) not in self._loaded:
+                continue
+            text = json.dumps(self._long_state(run_id, rank), sort_keys=True)
+            if self._saved.get((run_id, rank)) != text:
+                self._saved[(run_id, rank)] = text
+                rows.append({"run_id": run_id, "rank": rank, "data": text})
+        if not rows:
+            return
+        dialect = session.get_bind().dialect.name
+        insert = pg_insert if dialect == "postgresql" else sqlite_insert
+        stmt = insert(RuleMemory)
+        session.execute(stmt.on_conflict_do_update(
+            index_elements=["run_id", "rank"], set_={"data": stmt.excluded.data}), rows)
+
+    def _load_long_state(self, session: Session, run_id: int, rank: int) -> None:
+        """After a replay: put back what (run, rank)'s memory held of its whole run, as last
+        written (none written: what the replay gave stays)."""
+        text = session.scalar(select(RuleMemory.data).where(RuleMemory.run_id == run_id,
+                                                            RuleMemory.rank == rank))
+        if text is None:
+            return
+        try:
+            saved = json.loads(text)
+            mem, loss = saved["mem"], saved["loss"]
+        except (ValueError, KeyError, TypeError):
+            return
+        for r in self._rules:
+            m = self._mem.get((r.name, run_id, rank, None, None))
+            if m is not None:
+                kept = mem.get(r.name) or {}
+                for k in LONG_EXTRA:
+                    if k in kept:
+                        m.extra[k] = kept[k]
+                    else:
+                        m.extra.pop(k, None)
+            if r.downgrade is not None:
+                key = _loss_key(run_id, rank, r.downgrade)
+                t, was = self._loss.get(key), loss.get(f"{key[2]}:{key[3]}")
+                if t is not None and isinstance(was, dict):
+                    t.first, t.best, t.best_level = (was.get("first"), float(was["best"]),
+                                                     float(was["best_level"]))
+        self._saved[(run_id, rank)] = json.dumps(self._long_state(run_id, rank),
+                                                 sort_keys=True)
 
     def _stored_frames(self, session: Session, run_id: int, rank: int, before_step: int
                        ) -> list[tuple[int, dict[str, float], dict[str, list[list[float]]]]]:
@@ -326,7 +410,8 @@ class RankState:
         if not metrics:
             return []
         # the newest sampled frames, and every step's scalars (history rows, seq < 0) since
-        # the oldest of them
+        # the oldest of them; and the run's first steps (its early baselines), the steps
+        # between left out (what they did to the lowest levels is in rule_memory)
         frames = session.execute(
             select(Frame.id, Frame.step).where(Frame.run_id == run_id, Frame.rank == rank,
                                                Frame.step < before_step, Frame.seq >= 0)
@@ -339,7 +424,18 @@ class RankState:
                                                Frame.step < before_step, Frame.seq < 0,
                                                Frame.step >= frames[-1].step)
         ).all()
-        frames = sorted([*frames, *history], key=lambda r: r.step, reverse=True)
+        early = []
+        first = session.scalar(select(Frame.step).where(
+            Frame.run_id == run_id, Frame.rank == rank).order_by(Frame.step).limit(1))
+        if first is not None and first < frames[-1].step:
+            end = min(first + RESTORE_FIRST_STEPS, frames[-1].step - 1, before_step - 1)
+            early = session.execute(
+                select(Frame.id, Frame.step).where(Frame.run_id == run_id, Frame.rank == rank,
+                                                   Frame.step <= end)
+                .order_by(Frame.step).limit(RESTORE_FRAMES + RESTORE_FIRST_STEPS)
+            ).all()
+        frames = sorted({r.id: r for r in [*frames, *history, *early]}.values(),
+                        key=lambda r: r.step, reverse=True)
         by_id = {m.id: m for m in metrics}
         values: dict[int, tuple[dict[str, float], dict[str, list[list[float]]]]] = {
             fid: ({}, {}) for fid, _ in frames

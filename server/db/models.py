@@ -88,6 +88,22 @@ class RunTag(Base):
     tag: Mapped[str] = mapped_column(String(64), primary_key=True)
 
 
+class RuleMemory(Base):
+    """What the alert engine remembers of a (run, rank) over the whole run and a replay of
+    its newest frames cannot rebuild (the lowest level a series settled to, the peak the
+    LR settled at, the run's best loss): written with each ingest batch that changed it,
+    read back when the engine rebuilds that (run, rank) after a restart
+    (``server/alerts/state.py``, 0014)."""
+
+    __tablename__ = "rule_memory"
+
+    run_id: Mapped[int] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True
+    )
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    data: Mapped[str] = mapped_column(Text)
+
+
 class Frame(Base):
     """One sampled step of one rank; (run, rank, seq) is the deduplication key."""
 

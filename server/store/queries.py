@@ -14,7 +14,7 @@ import numpy as np
 from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
 
-from logitwatch.server.db.models import Alert, Frame, Metric, Point, Run, RunTag
+from logitwatch.server.db.models import Alert, Frame, Metric, Point, RuleMemory, Run, RunTag
 from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import DeletedOut, HeatmapOut, MetricOut, RunOut, SeriesOut
 from logitwatch.server.store.buckets import bucketed
@@ -240,7 +240,7 @@ def delete_run(session: Session, run_id: int) -> DeletedOut:
     # Children first, explicitly: no reliance on ON DELETE CASCADE being enforced.
     session.execute(delete(Point).where(Point.metric_id.in_(metric_ids)))
     session.execute(delete(Point).where(Point.frame_id.in_(frame_ids)))
-    for table in (Frame, Metric, RunTag, Alert):
+    for table in (Frame, Metric, RunTag, Alert, RuleMemory):
         session.execute(delete(table).where(table.run_id == run_id))  # type: ignore[attr-defined]
     session.execute(delete(Run).where(Run.id == run_id))
     return out
