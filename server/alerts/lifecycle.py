@@ -6,7 +6,8 @@ the rule and layer: then more heads of the layer join it (grouping), or a breach
 hold adds to its evidence (``evidence.breaches``, ``reopened``) and changes nothing else.
 A resolving transition resolves it once no head of it is active. New alerts are stored
 ``suppressed`` while a rule with ``inhibits`` fires on the rank (``inhibited``) or a
-silence matches them (``silenced``).
+silence matches them (``silenced``); an escalation judges the silences again
+(:meth:`LifecycleMixin._raise`).
 
 Severity: an alert fires below its rule's severity while the rule's
 :class:`~logitwatch.server.alerts.rules.Downgrade` holds on the frame, or at ``info`` while
@@ -184,20 +185,36 @@ class LifecycleMixin(RecoveryMixin):
                ev: dict[str, object], because: str) -> None:
         """Escalate the open alert ``a`` to ``rule``'s severity at frame ``f`` (paging it),
         with its evidence ``ev`` and why (``escalated_step``, ``escalated_because``, a line
-        in the message); a run-level divergence alert marks its run diverged."""
+        in the message); a run-level divergence alert marks its run diverged.
+
+        The silences are judged again now, as for a new alert: under one that matches, the
+        escalation is stored but ``suppressed="silenced"`` (not notified, ``evidence.
+        silence`` its id), even for an alert that fired before the silence; once none
+        matches, an alert that fired under a silence is no longer suppressed (the escalation
+        is notified). An ``inhibited`` alert stays so."""
         down = self._down.get((f.run_id, f.rank))
         if down is not None:
             down.keys.discard((rule.name, a.layer))
+        run = session.get(Run, f.run_id)
         a.severity = rule.severity
         if a.paged_step is None and rule.severity in PAGING:
             a.paged_step = f.step
         if rule.inhibits:  # a run-level divergence alert, confirmed now
-            _diverged(session.get(Run, f.run_id), a.fired_step)
+            _diverged(run, a.fired_step)
+        if a.suppressed != "inhibited":
+            sid = self._silenced(session, run, rule.name, a.rank, a.layer, _time.time())
+            if sid is not None:
+                a.suppressed = "silenced"
+                ev["silence"] = sid
+            elif a.suppressed == "silenced":
+                a.suppressed = None  # its silence ended: the escalation is news
+                ev["silence_ended_step"] = f.step
         ev.update(escalated_step=f.step, escalated_because=because)
         a.evidence = ev
         a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
                      f"{because}.")
-        log.warning("ALERT escalated: %s", a.message)
+        (log.info if a.suppressed else log.warning)(
+            "ALERT escalated: %s%s", a.message, f" ({a.suppressed})" if a.suppressed else "")
 
     # -- persistence -----------------------------------------------------------------------
 

@@ -5,6 +5,15 @@ fires it for a run the collector has received nothing from for the rule's ``seco
 whose job did not say it ended (the run is then ``stopped``), and resolves it for runs
 that finished; the run's next frame resolves it too
 (:meth:`NoDataMixin._resolve_no_data`, the run is ``running`` again).
+
+"Next" is by ``seq``, the job's own numbering (as a finished run is resumed,
+:mod:`~logitwatch.server.store.lifecycle`): the alert records the run's newest frame row
+when it fired (``evidence.frame_id``, rows are numbered as they arrive), and a frame that
+arrived since resolves it only if it is numbered after every frame its rank had sent
+before: a job back, or resumed from a checkpoint below its last step. An old spool pushed
+late (frames numbered before those stored) is not news: the alert stays open and the run
+``stopped``. Not by step (a resumed job's steps are below the last step) nor by the job's
+clock (a restarted job's host may be behind).
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from logitwatch.server.alerts.lifecycle import PAGING, LifecycleMixin
 from logitwatch.server.alerts.rules import State, remedies_for
-from logitwatch.server.db.models import Alert, Run
+from logitwatch.server.db.models import Alert, Frame, Run
 from logitwatch.server.store.ingest import NewFrame
 
 __all__ = ["NoDataMixin"]
@@ -97,6 +106,9 @@ class NoDataMixin(LifecycleMixin):
                        f"(limit {seconds:.0f} s) and its job did not say it ended: it may "
                        "have hung or crashed.")
                 sid = self._silenced(session, run, rule.name, 0, None, now)
+                # what it fired on: the run's newest frame row (_resolve_no_data)
+                newest = session.scalar(select(func.max(Frame.id))
+                                        .where(Frame.run_id == run.id))
                 a = Alert(
                     run_id=run.id, rule=rule.name, metric="*", severity=rule.severity,
                     state=State.FIRING.value, rank=0, layer=None, head=None,
@@ -104,6 +116,7 @@ class NoDataMixin(LifecycleMixin):
                     fired_at=now, value=silent, baseline=None, threshold=seconds,
                     message=msg, evidence={"silent_s": silent, "seen_at": run.seen_at,
                                            "last_time": run.last_time,
+                                           "frame_id": newest or 0,
                                            "rule_kind": "no_data"},
                     remedies=remedies_for("*", "no_data"),
                     suppressed="silenced" if sid is not None else None,
@@ -117,17 +130,52 @@ class NoDataMixin(LifecycleMixin):
         return out
 
     def _resolve_no_data(self, session: Session, f: NewFrame) -> list[Alert]:
+        """Resolve the open ``no_data`` alerts of ``f``'s run once a frame numbered after
+        what it had sent when an alert fired has arrived (:func:`_back`; the module's
+        docstring), at the newest step that came back; the run is ``running`` again. The
+        engine calls this with a batch's first frame of each run, after the batch is
+        stored: the whole batch is judged, not ``f`` alone."""
         names = [r.name for r in self._rules if r.kind == "no_data"]
         if not names:
             return []
         rows = session.scalars(select(Alert).where(
             Alert.run_id == f.run_id, Alert.rule.in_(names),
             Alert.state == State.FIRING.value)).all()
+        resolved: list[Alert] = []
         for a in rows:
+            step = _back(session, f, a)
+            if step is None:
+                continue  # only frames older than its silence (an old spool): still silent
             a.state = State.RESOLVED.value
-            a.resolved_step = f.step
-        if rows:  # the stopped run reports again
+            a.resolved_step = step
+            resolved.append(a)
+        if resolved:  # the stopped run reports again
             session.execute(update(Run).where(Run.id == f.run_id, Run.status == "stopped")
                             .values(status="running")
                             .execution_options(synchronize_session="evaluate"))
-        return [a for a in rows if a.suppressed is None]
+        return [a for a in resolved if a.suppressed is None]
+
+
+def _back(session: Session, f: NewFrame, a: Alert) -> int | None:
+    """The step at which the run of the open ``no_data`` alert ``a`` is back, or None
+    while nothing newer than what it fired on has arrived: of the frames stored since it
+    fired (frame rows above ``evidence.frame_id``), for each rank, the one numbered last
+    (its highest ``seq``) counts if no frame of that rank stored before is numbered after
+    it; the newest step among those that count. An alert fired before it recorded its
+    frame row resolves on any frame, at ``f``'s step."""
+    fid = (a.evidence or {}).get("frame_id")
+    if not isinstance(fid, int):
+        return f.step
+    arrived = session.execute(
+        select(Frame.rank, func.max(Frame.seq)).where(
+            Frame.run_id == f.run_id, Frame.id > fid, Frame.seq >= 0)  # not history rows
+        .group_by(Frame.rank)).all()
+    steps: list[int] = []
+    for rank, seq in arrived:
+        if session.scalar(select(Frame.id).where(
+                Frame.run_id == f.run_id, Frame.rank == rank, Frame.seq > seq
+        ).limit(1)) is not None:
+            continue  # numbered before a frame it had sent: an old spool
+        steps.append(session.scalar(select(Frame.step).where(
+            Frame.run_id == f.run_id, Frame.rank == rank, Frame.seq == seq)))
+    return max(steps) if steps else None
