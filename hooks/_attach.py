@@ -78,6 +78,7 @@ def attach(
     tp_rank: int | None = None,
     config: Mapping[str, object] | None = None,
     history_every: int | None = DEFAULT_FLUSH,
+    start_step: int = 0,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``); returns the :class:`Monitor`.
 
@@ -160,6 +161,13 @@ def attach(
             that many steps whatever the sampling interval; read where that costs no
             sync (host memory, or a non-blocking copy on CUDA sent once done, typically
             a step later). None or 0: they travel with the next sampled frame only.
+        start_step: The index of the first monitored step (default 0): a job resumed
+            from a checkpoint passes the number of optimizer steps already taken (the
+            checkpoint's global step), so that its frames continue that run's step
+            numbers instead of starting again at 0 and colliding with the frames already
+            on the collector. :attr:`Monitor.step_index` and
+            :meth:`Monitor.request_sample_at` count from it. The Hugging Face callback
+            sets it from ``state.global_step``.
 
     Raises:
         TypeError, ValueError: An argument is invalid (checked here, never later).
@@ -213,6 +221,8 @@ def attach(
             history_every, int) or history_every < 0):
         raise ValueError(
             f"attach: history_every must be an int >= 0 or None, got {history_every!r}")
+    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise ValueError(f"attach: start_step must be an int >= 0, got {start_step!r}")
     if tp_rank is not None and tp_group is None:
         raise ValueError("attach: tp_rank needs tp_group")
     owns_client = client is None
@@ -240,4 +250,5 @@ def attach(
         tp_group=tp_group,
         tp_rank=tp_rank,
         history_every=history_every,
+        start_step=start_step,
     )

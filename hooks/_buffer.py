@@ -23,6 +23,10 @@ Scalar = torch.Tensor | float
 #: (``f"val_{step}"``) must not grow it without end; past the bound, skips are silent.
 _WARNED: set[str] = set()
 _WARNED_MAX = 256
+#: A norm measured at the optimizer step within this fraction under the clip threshold
+#: counts as clipped (``StepBuffer.norm_after_clip``): a clip leaves the norm at the
+#: threshold, up to rounding (bf16 gradients round to about 0.4%)
+AFTER_CLIP_TOL = 5e-3
 #: What :meth:`StepBuffer.log` accepts, for the warning.
 ACCEPTED = ("an int, float or bool, a NumPy scalar or one-element array, or a real "
             "one-element tensor (0-d or 1 element, on any device)")
@@ -127,7 +131,8 @@ class StepBuffer:
     :func:`~logitwatch.hooks._logits.merge_head_stats` (max, mean, std, entropy exact;
     p99 the largest per-forward exact p99, an upper bound of the pooled one) and the final
     statistics with :meth:`FinalStats.merge`; the automatic loss is the **mean** over the
-    forwards.
+    forwards, or their **sum** where each forward's loss is already its share of the step's
+    (``add_auto_loss(summed=True)``: the Hugging Face Trainer's ``num_items_in_batch``).
     """
 
     def __init__(self) -> None:
@@ -141,6 +146,11 @@ class StepBuffer:
         #: Several clip calls this step: 1 where any of them clipped (int32, on the
         #: device; ``_optimizer_step._StepClips``), else None (``grad_norm > max_norm``)
         self.clipped: torch.Tensor | None = None
+        #: ``grad_norm`` was measured at the optimizer step, not taken from a clip call: a
+        #: clip the monitor did not see may have run before (its norm is then the threshold)
+        self.norm_after_clip = False
+        #: the automatic loss is the **sum** of the forwards' (``add_auto_loss(summed=True)``)
+        self.auto_loss_summed = False
         self.dtype_max: float | None = None
 
     def add_dtype_max(self, value: float) -> None:
@@ -160,10 +170,14 @@ class StepBuffer:
         else:
             self.final.merge(stats)
 
-    def add_auto_loss(self, loss: torch.Tensor) -> None:
+    def add_auto_loss(self, loss: torch.Tensor, summed: bool = False) -> None:
+        """One forward's loss. ``summed``: the forward's loss is already its share of the
+        step's (the Hugging Face Trainer's ``num_items_in_batch``: each micro-batch's loss
+        divided by the whole step's token count), so the step's loss is the sum."""
         loss = loss.detach().float().mean()
         self.auto_loss = loss if self.auto_loss is None else self.auto_loss + loss
         self.auto_loss_count += 1
+        self.auto_loss_summed = self.auto_loss_summed or summed
 
     def log(self, name: str, value: Any) -> None:
         """Keep ``value`` as scalar ``name`` of this step's frame. A value that is not a
@@ -184,7 +198,8 @@ class StepBuffer:
         """The frame's scalars, still on the device where they were computed."""
         scalars: dict[str, Scalar] = {}
         if self.auto_loss is not None:
-            scalars["loss"] = self.auto_loss / self.auto_loss_count
+            scalars["loss"] = (self.auto_loss if self.auto_loss_summed
+                               else self.auto_loss / self.auto_loss_count)
         if self.grad_norm is not None:
             scalars["grad.norm"] = self.grad_norm
             max_norm = self.max_norm if self.max_norm is not None else default_max_norm
@@ -197,7 +212,14 @@ class StepBuffer:
             elif max_norm is not None:
                 if isinstance(max_norm, torch.Tensor):
                     max_norm = max_norm.detach().to(self.grad_norm.device)
-                scalars["grad.clipped"] = (self.grad_norm > max_norm).float()
+                if self.norm_after_clip:
+                    # measured after any clip the monitor did not see: such a clip leaves
+                    # the norm at the threshold (``max_norm / (norm + 1e-6)`` times it), so
+                    # a norm at it counts as clipped, never as an unclipped norm
+                    scalars["grad.clipped"] = (
+                        self.grad_norm >= max_norm * (1 - AFTER_CLIP_TOL)).float()
+                else:
+                    scalars["grad.clipped"] = (self.grad_norm > max_norm).float()
                 # the job's clip threshold: a norm under it is one the job allows (the
                 # alert rules do not call it a blow-up); a tensor travels in the transfer
                 scalars["grad.max_norm"] = (max_norm.float() if isinstance(max_norm, torch.Tensor)

@@ -22,6 +22,12 @@ log = logging.getLogger("logitwatch.hooks")
 
 __all__ = ["CaptureMixin", "attention_dtype_max"]
 
+#: Training forwards with no step of the attached optimizer after which the monitor warns
+#: once (an optimizer replaced mid-run: ``Monitor.bind_optimizer``); far above a gradient
+#: accumulation's micro-batches per step (a loop accumulating 64 must not be told its
+#: optimizer was replaced).
+STALL_FORWARDS = 1000
+
 
 def _compiling() -> bool:
     return torch.compiler.is_compiling()
@@ -46,7 +52,7 @@ class _ForwardState:
         b = self.buffer = owner._buffer
         self.attn = dict(b.attn)  # entries are replaced on merge, never changed in place
         self.final = copy.copy(b.final)  # FinalStats.merge rebinds its fields: a shallow copy
-        self.auto_loss = (b.auto_loss, b.auto_loss_count)
+        self.auto_loss = (b.auto_loss, b.auto_loss_count, b.auto_loss_summed)
         self.dtype_max = b.dtype_max
         self.maxima = dict(owner.maxima)
 
@@ -57,7 +63,7 @@ class _ForwardState:
         b.attn.clear()
         b.attn.update(self.attn)
         b.final = self.final
-        b.auto_loss, b.auto_loss_count = self.auto_loss
+        b.auto_loss, b.auto_loss_count, b.auto_loss_summed = self.auto_loss
         b.dtype_max = self.dtype_max
         owner.maxima = self.maxima
 
@@ -104,6 +110,13 @@ class CaptureMixin:
             self._depth += 1
             if self._depth == 1:  # new gradients may follow (_optimizer_step: clip calls)
                 self._forwards += 1
+                if self.loss_items_scale is not None:  # set by the Hugging Face callback
+                    self._items_loss = bool(kwargs) and kwargs.get(
+                        "num_items_in_batch") is not None
+                if self.optimizer is not None and module.training and torch.is_grad_enabled():
+                    self._train_forwards += 1
+                    if self._train_forwards == self.stall_forwards:
+                        self._warn_stalled()
             if self._depth > 1 or not self.sampled:
                 if self.capturing:  # a nested call of the model (Lightning's training_step)
                     self._padding.capture(args, kwargs)
@@ -175,7 +188,8 @@ class CaptureMixin:
             if loss is None and isinstance(output, dict):
                 loss = output.get("loss")
             if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
-                self._buffer.add_auto_loss(loss)
+                loss, summed = self._step_share(loss)
+                self._buffer.add_auto_loss(loss, summed)
             self._cost.add_host(thread_clock() - t0)
         except Exception:
             self._fail("loss")
@@ -213,9 +227,35 @@ class CaptureMixin:
             if loss is None and isinstance(output, dict):
                 loss = output.get("loss")
             if isinstance(loss, torch.Tensor) and "loss" not in self.disabled:
-                self._history.add_loss(loss)
+                loss, summed = self._step_share(loss)
+                self._history.add_loss(loss, summed)
         except Exception:
             self._fail("history")
+
+    def _step_share(self, loss: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """An outermost forward's loss, and whether it is its share of the step's loss (the
+        step's loss is then the sum over its forwards, not the mean): the forward was called
+        with ``num_items_in_batch`` where :attr:`loss_items_scale` is set (the Hugging Face
+        Trainer divides each micro-batch's summed loss by the whole step's token count);
+        scaled by it (the ranks' count where the Trainer averages tokens across devices)."""
+        if self.loss_items_scale is None or not self._items_loss:
+            return loss, False
+        if self.loss_items_scale != 1.0:
+            loss = loss.detach() * self.loss_items_scale  # on the device, no sync
+        return loss, True
+
+    def _warn_stalled(self) -> None:
+        """Many training forwards and no step of the attached optimizer: the job most
+        likely steps another optimizer now (replaced mid-run), which the monitor does not
+        see, so no step ends; said once."""
+        if getattr(self, "_warned_stalled", False):
+            return
+        self._warned_stalled = True
+        log.warning(
+            "logitwatch: %d training forwards without a step() of the attached optimizer: "
+            "the monitor's steps end with that optimizer's step(). If the job replaced its "
+            "optimizer, call mon.bind_optimizer(new_optimizer) (docs/HOOKS.md)",
+            self.stall_forwards)
 
     def _head_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if "final" in self.disabled or _compiling():

@@ -2,7 +2,12 @@
 
 While at least one monitor listens, ``torch.nn.utils.clip_grad_norm_`` is replaced by a
 wrapper that calls the original unchanged and then tells every listener the returned
-total norm (a device tensor) and ``max_norm``. FSDP1's own method,
+total norm (a device tensor) and ``max_norm``. ``torch.nn.utils.clip_grads_with_norm_
+(parameters, max_norm, total_norm)`` (torch >= 2.6; accelerate >= 1.x clips with it, after
+``get_total_norm``, in ``Accelerator.clip_grad_norm_``, so the Hugging Face Trainer never
+calls ``clip_grad_norm_``) is wrapped the same way: its ``total_norm`` argument is the
+norm before clipping (the device tensor as given, never read), reported with a
+``norm_type`` of 2 (the call does not say which norm it was given). FSDP1's own method,
 ``FullyShardedDataParallel.clip_grad_norm_`` (the right call for sharded FSDP1 gradients:
 its norm is reduced across ranks), is wrapped the same way when ``torch.distributed.fsdp``
 has been imported by the time a monitor attaches. A clip call made inside another
@@ -11,7 +16,8 @@ by the outer call. A DTensor norm (FSDP2) is handed over as a plain tensor.
 
 Code that bound the function earlier (``from torch.nn.utils import clip_grad_norm_`` at
 import time) is not seen; the monitor then falls back to computing the norm itself in the
-optimizer's step pre-hook.
+optimizer's step pre-hook, after that clip: a norm at the threshold then counts as clipped
+(``StepBuffer.norm_after_clip``), never as an unclipped step.
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ log = logging.getLogger("logitwatch.hooks")
 #: ``listener(total_norm, parameters, max_norm, norm_type)``, called twice per observed
 #: clip call: first with ``total_norm=None`` just **before** the call clips (the gradients
 #: are still the job's; a second call of a step may need the norm of parameters it has
-#: not counted yet, ``_optimizer_step``), then with the norm the call returned. Must not
-#: raise.
+#: not counted yet, ``_optimizer_step``), then with the norm the call returned (for
+#: ``clip_grads_with_norm_``: the ``total_norm`` it was given, the same tensor object for
+#: each call that shares it). Must not raise.
 ClipListener = Callable[[torch.Tensor | None, list[torch.Tensor], Any, Any], None]
 
 _FSDP1_MODULE = "torch.distributed.fsdp.fully_sharded_data_parallel"
@@ -72,10 +79,11 @@ def _leave() -> None:
     _inside.depth -= 1
 
 
-def _observed(call: Callable[[], torch.Tensor], params: Callable[[], list[torch.Tensor]],
-              max_norm: Any, norm_type: Any) -> torch.Tensor:
+def _observed(call: Callable[[], Any], params: Callable[[], list[torch.Tensor]],
+              max_norm: Any, norm_type: Any, given: torch.Tensor | None = None) -> Any:
     """Run one clip call; the outermost observed one notifies the listeners, before and
-    after it clips."""
+    after it clips, with the norm it returned (or ``given``: the norm the call was handed,
+    ``clip_grads_with_norm_``)."""
     outer = _enter()
     plist: list[torch.Tensor] = []
     try:
@@ -86,7 +94,7 @@ def _observed(call: Callable[[], torch.Tensor], params: Callable[[], list[torch.
     finally:
         _leave()
     if outer:
-        _notify(total, plist, max_norm, norm_type)
+        _notify(total if given is None else given, plist, max_norm, norm_type)
     return total
 
 
@@ -117,6 +125,21 @@ def _make_wrapper(original: Callable[..., torch.Tensor]) -> Callable[..., torch.
     return clip_grad_norm_
 
 
+def _make_with_norm_wrapper(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def clip_grads_with_norm_(
+        parameters: torch.Tensor | Iterable[torch.Tensor], max_norm: Any, total_norm: Any,
+        *args: Any, **kwargs: Any
+    ) -> None:
+        if not _listeners or not isinstance(total_norm, torch.Tensor):
+            return original(parameters, max_norm, total_norm, *args, **kwargs)
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        return _observed(lambda: original(params, max_norm, total_norm, *args, **kwargs),
+                         lambda: params, max_norm, 2.0, given=total_norm)
+
+    return clip_grads_with_norm_
+
+
 def _make_method_wrapper(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     @functools.wraps(original)
     def clip_grad_norm_(self: torch.nn.Module, max_norm: Any, *args: Any,
@@ -137,11 +160,14 @@ def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
 
 
 def add_listener(listener: ClipListener) -> None:
-    """Start observing; the first listener patches ``torch.nn.utils.clip_grad_norm_``, and
+    """Start observing; the first listener patches ``torch.nn.utils.clip_grad_norm_`` (and
+    ``clip_grads_with_norm_`` where torch has it), and
     ``FullyShardedDataParallel.clip_grad_norm_`` is patched once FSDP1 is imported."""
     with _lock:
         if not _listeners:
             _patch(torch.nn.utils, "clip_grad_norm_", _make_wrapper)
+            if callable(getattr(torch.nn.utils, "clip_grads_with_norm_", None)):
+                _patch(torch.nn.utils, "clip_grads_with_norm_", _make_with_norm_wrapper)
         fsdp1 = getattr(sys.modules.get(_FSDP1_MODULE), "FullyShardedDataParallel", None)
         if (fsdp1 is not None and callable(getattr(fsdp1, "clip_grad_norm_", None))
                 and not any(owner is fsdp1 for owner, *_ in _patches)):

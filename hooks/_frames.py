@@ -98,7 +98,7 @@ class FramesMixin:
                 self._history.discard_step()
                 return
             lr = self._lr()  # a CPU tensor comes as a float: it must not place the buffer
-            if lr is not None:
+            if lr is not None and self._lr_logged != step:  # (a logged lr= is the job's)
                 self._history.put(LR, lr)
             self._history.end_step(step)
         except Exception:

@@ -102,6 +102,7 @@ class StepHistory:
         self._losses = 0  # automatic losses added on the device this step
         self._finals = 0  # LM-head calls whose log Z and RMS were added this step
         self._loss_logged = False
+        self._loss_summed = False  # the step's automatic losses are shares: summed
         # peek(): the last ended row, and an accelerator row's copy in flight
         self.watch = True
         self._last_row: tuple[int, int] | None = None
@@ -181,11 +182,13 @@ class StepHistory:
             self._limit = None
             self.put(CLIPPED, hit)
 
-    def add_loss(self, loss: torch.Tensor) -> None:
+    def add_loss(self, loss: torch.Tensor, summed: bool = False) -> None:
         """An automatically captured loss (the forward's ``.loss``): the step's value is the
-        mean over its forwards, unless :meth:`log_loss` gives one."""
+        mean over its forwards (``summed``: their sum, each being its share of the step's),
+        unless :meth:`log_loss` gives one."""
         if self._loss_logged:
             return
+        self._loss_summed = self._loss_summed or summed
         loss = self._scalar(loss)
         if self._losses and self._mask >> LOSS & 1:
             cell = self._cell(loss, LOSS)
@@ -223,6 +226,8 @@ class StepHistory:
     def end_step(self, step: int) -> None:
         """Close the current step as ``step``: kept if anything was recorded."""
         mask, values, losses, limit = self._mask, self._values, self._losses, self._limit
+        if self._loss_summed:
+            losses = 1  # the sum is the step's loss: not divided
         finals = self._finals
         self.discard_step()
         if not mask and not values:
@@ -259,6 +264,7 @@ class StepHistory:
     def discard_step(self) -> None:
         """Forget what the current step recorded (it is sampled: its frame has it all)."""
         self._mask, self._values, self._losses, self._loss_logged = 0, {}, 0, False
+        self._loss_summed = False
         self._limit = None
         self._finals = 0
 

@@ -14,11 +14,11 @@ from logitwatch.client import Client
 
 from . import _clip, _eager, _logits
 from ._buffer import StepBuffer, logged_value, warn_skipped
-from ._capture import CaptureMixin, attention_dtype_max
+from ._capture import STALL_FORWARDS, CaptureMixin, attention_dtype_max
 from ._cost import MAX_INTERVAL, CostMeter, thread_clock
 from ._final import find_output_head, vocab_size
 from ._frames import FramesMixin
-from ._history import StepHistory
+from ._history import LR, StepHistory
 from ._history_flush import DEFAULT_EVERY as DEFAULT_FLUSH
 from ._history_flush import HistoryFlush
 from ._logits import DEFAULT_BUDGET
@@ -105,6 +105,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         tp_group: Any = None,
         tp_rank: int | None = None,
         history_every: int | None = DEFAULT_FLUSH,
+        start_step: int = 0,
     ) -> None:
         # checked before anything is installed: a bad ``fuses`` raises with the model untouched
         fuse_list = parse_fuses(fuses)
@@ -125,7 +126,9 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         #: Lightning callbacks set it from the trainer): a fuse's window given as a fraction
         #: of the remaining steps uses it.
         self.planned_steps: int | None = None
-        self._step = 0
+        #: the first step's index (``attach(start_step=)``: a resumed job's next step)
+        self._start_step = start_step
+        self._step = start_step
         self._last_sampled: int | None = None
         self._sampled = True
         self._force_next = False
@@ -134,6 +137,17 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._depth = 0
         self._forwards = 0  # outermost forwards seen: new gradients may follow each
         self._step_forwards = 0  # ``_forwards`` when the current step began
+        self._train_forwards = 0  # training forwards since the last step ended
+        #: Training forwards with no step of the attached optimizer after which the monitor
+        #: warns once (an optimizer replaced without :meth:`bind_optimizer`); the Hugging
+        #: Face callback raises it past a long gradient accumulation
+        self.stall_forwards = STALL_FORWARDS
+        #: Where set (a number), a training forward called with ``num_items_in_batch``
+        #: returns its share of the step's loss (summed over the step's forwards, times
+        #: this number), not a mean: the Hugging Face callback sets it (``hooks/hf.py``)
+        self.loss_items_scale: float | None = None
+        self._items_loss = False  # the current forward was given ``num_items_in_batch``
+        self._lr_logged: int | None = None  # the step whose lr= log() kept (unsampled)
         self._mode: SdpaCapture | None = None
         self._forward_state: Any = None  # restored if the measured forward raises
         self._forward_exc: int | None = None
@@ -146,6 +160,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._hflush = HistoryFlush(history_every, cuda=any(
             p.device.type == "cuda" for p in model.parameters()))
         self._lr_watch = LrWatch()
+        self._lr_watch.high_step = start_step  # steps counted from the first one
         self._spike_watch = StepWatch()
         self._send_key: Any = None
         self._send_history = True
@@ -199,6 +214,24 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         ]
         if head is not None:
             self._handles.append(head.register_forward_hook(self._head_forward))
+        self._opt_handles: list[Any] = []
+        self._hook_optimizer(optimizer)
+        self._eager_token = _eager.install(model, self)
+        _clip.add_listener(self._on_clip)
+        #: Attention rewritten by the QK-norm / soft-cap fuses (``fuses/_rewrite.py``).
+        self.attn_rewrite: Any = None
+        #: The fuses (``attach(fuses=...)``, docs/FUSES.md); empty and free by default.
+        self.fuses = FuseSet(fuse_list, self)
+
+    def _hook_optimizer(self, optimizer: Any) -> None:
+        """Make ``optimizer``'s ``step()`` end the monitor's steps (its hooks replace the
+        previous optimizer's)."""
+        for handle in self._opt_handles:
+            handle.remove()
+            if handle in self._handles:
+                self._handles.remove(handle)
+        self._opt_handles = []
+        self.optimizer = optimizer
         inner = optimizer
         while inner is not None and isinstance(getattr(inner, "optimizer", None),
                                                torch.optim.Optimizer):
@@ -207,20 +240,34 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         #: ``optim.adaptive`` (1 Adam-like, 0 SGD, None unknown), a host float every frame
         self._optim_adaptive = adaptive(inner)
         if inner is not None:
-            self._handles.append(inner.register_step_pre_hook(self._pre_optimizer_step))
-            self._handles.append(inner.register_step_post_hook(self._post_optimizer_step))
-        self._eager_token = _eager.install(model, self)
-        _clip.add_listener(self._on_clip)
-        #: Attention rewritten by the QK-norm / soft-cap fuses (``fuses/_rewrite.py``).
-        self.attn_rewrite: Any = None
-        #: The fuses (``attach(fuses=...)``, docs/FUSES.md); empty and free by default.
-        self.fuses = FuseSet(fuse_list, self)
+            self._opt_handles = [inner.register_step_pre_hook(self._pre_optimizer_step),
+                                 inner.register_step_post_hook(self._post_optimizer_step)]
+            self._handles.extend(self._opt_handles)
 
     # -- public --------------------------------------------------------------------------
 
+    def bind_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``optimizer``'s ``step()`` end the monitor's steps from now on, in place of
+        the optimizer given to :func:`attach` (or bound before): a job that replaces its
+        optimizer mid-run (a new phase, a new optimizer class) calls this with the new one,
+        between steps; otherwise the monitor never sees a step end again (it warns once
+        after many training forwards with no step of its optimizer). The learning rate,
+        ``optim.adaptive`` and the fuses follow the new optimizer; step numbering goes on."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError("bind_optimizer: optimizer must be a torch.optim.Optimizer, got "
+                            f"{type(optimizer).__name__}")
+        if self._closed:
+            return
+        self._hook_optimizer(optimizer)
+        self._train_forwards = 0
+        self._warned_stalled = False
+        if self.fuses and self._step_optimizer is not None:
+            self.fuses.bind_optimizer(self._step_optimizer)
+
     @property
     def step_index(self) -> int:
-        """The index of the current (not yet ended) step."""
+        """The index of the current (not yet ended) step (the first is
+        ``attach(start_step=)``, default 0)."""
         return self._step
 
     @property
@@ -299,8 +346,8 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         self._max_next, self._max_below = True, below
 
     def request_sample_at(self, step: int) -> None:
-        """Sample the step with index ``step`` (counted from attach, as
-        :attr:`step_index`), whatever the interval: e.g. a run's known last step, so that
+        """Sample the step with index ``step`` (as :attr:`step_index`: counted from
+        ``attach(start_step=)``), whatever the interval: e.g. a run's known last step, so that
         its final frame is a full sample (the framework callbacks do this). A step that
         has already started (``step <= step_index``) is not changed. Under sharding, call
         it on every rank alike. At most 64 requests are kept."""
@@ -313,21 +360,28 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         """Add scalars to the current step's frame (call before ``optimizer.step()``).
 
         ``loss=`` replaces the automatically captured loss. Tensors stay on the device
-        until the step's single transfer. On non-sampled steps only ``loss=`` is kept (on
-        the device, for the next frame's history); the rest is ignored. A value that is not
-        one real number (None, a string, a tensor of several elements) is skipped, with one
-        warning per name.
+        until the step's single transfer. On non-sampled steps only ``loss=`` and ``lr=``
+        are kept (on the device, for the next frame's history; ``lr=`` in place of the
+        attached optimizer's, a job whose monitor has none: the Lightning callback); the
+        rest is ignored. A value that is not one real number (None, a string, a tensor of
+        several elements) is skipped, with one warning per name.
         """
         if self._closed:
             return
         if not self.sampled:
-            if "loss" in scalars and self._keeps_history():
+            if ("loss" in scalars or "lr" in scalars) and self._keeps_history():
                 try:
-                    loss = logged_value(scalars["loss"])
-                    if loss is None:  # None before a first value, a string: skipped, as
-                        warn_skipped("loss", scalars["loss"])  # on a sampled step
-                    else:
-                        self._history.log_loss(loss)
+                    for name in ("loss", "lr"):
+                        if name not in scalars:
+                            continue
+                        value = logged_value(scalars[name])
+                        if value is None:  # None before a first value, a string: skipped,
+                            warn_skipped(name, scalars[name])  # as on a sampled step
+                        elif name == "loss":
+                            self._history.log_loss(value)
+                        else:
+                            self._history.put(LR, value)
+                            self._lr_logged = self._step  # _end_history keeps it
                 except Exception:
                     self._fail("history")
             return
@@ -434,10 +488,11 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         _clip.remove_listener(self._on_clip)
         self._qk_find.close()
         self.fuses.close()
-        self._flush_history()
+        if self._step > self._start_step:  # a step ran: nothing to close before the first
+            self._flush_history()
         self._hflush.release()
         if self._owns_client:
-            if finished and self._step > 0:
+            if finished and self._step > self._start_step:
                 self.client.finish(step=self._step - 1)  # the last step, sampled or not
             self.client.shutdown(timeout, finished=finished)
         else:
@@ -509,6 +564,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
             self.maxima = {}
             self._step = step + 1
             self._step_forwards = self._forwards
+            self._train_forwards = 0
         try:
             self._cost.step_end(scheduled)
         except Exception:

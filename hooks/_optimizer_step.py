@@ -38,7 +38,7 @@ class _StepClips:
     first call costs what it did before (the parameter ids are read only at a second)."""
 
     __slots__ = ("step", "forwards", "params", "seen", "norm_type", "norms", "hits",
-                 "max_norm", "added", "next", "dirty")
+                 "max_norm", "added", "next", "dirty", "totals")
 
     def __init__(self, step: int, forwards: int, params: list[torch.Tensor], norm_type: Any,
                  total: torch.Tensor, hit: torch.Tensor | None, max_norm: Any) -> None:
@@ -53,6 +53,10 @@ class _StepClips:
         self.added = hit  # the step's flag as added to the clip-rate count
         self.next: Any = _OWN  # the coming call's share, decided just before it clips
         self.dirty = False  # calls not combined yet
+        #: the norm tensors the calls reported: ``clip_grads_with_norm_`` calls handed one
+        #: shared ``total_norm`` (accelerate clips each device mesh's parameters apart
+        #: with the global norm) count it once
+        self.totals = [total]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -62,6 +66,13 @@ def _same(a: Any, b: Any) -> bool:
     num = (int, float)
     return (isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool)
             and not isinstance(b, bool) and a == b)
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two norms are one tensor (or views of one: a replicated DTensor's local
+    value). Both are kept alive, so their memory cannot have been reused; no sync."""
+    return a is b or (a.device == b.device and a.shape == b.shape and a.dtype == b.dtype
+                      and a.data_ptr() == b.data_ptr())
 
 
 def _unbounded(max_norm: Any) -> bool:
@@ -116,6 +127,7 @@ class OptimizerStepMixin:
             self._clip_seen = True
             self._buffer.grad_norm = total.detach().float()
             self._buffer.max_norm = max_norm
+            self._buffer.norm_after_clip = False
         except Exception:
             self._fail("grad")
 
@@ -154,6 +166,10 @@ class OptimizerStepMixin:
     def _next_clip(self, rec: _StepClips, total: torch.Tensor, max_norm: Any) -> None:
         """A step's second (or later) clip call has returned ``total``."""
         share, rec.next = rec.next, _OWN
+        if any(_same_tensor(total, t) for t in rec.totals):
+            share = None  # a norm already counted, handed to another call (never read)
+        else:
+            rec.totals.append(total)
         if share is _OWN:
             rec.norms.append(total.detach())
         elif share is not None:
@@ -205,6 +221,7 @@ class OptimizerStepMixin:
         self._clip_seen = True
         self._buffer.grad_norm = norm
         self._buffer.max_norm = max_norm
+        self._buffer.norm_after_clip = False
         self._buffer.clipped = hit
 
     def _combine_pending_clips(self) -> None:
@@ -224,15 +241,20 @@ class OptimizerStepMixin:
             if not self._scheduled or "grad" in self.disabled or self._clip_seen:
                 return
             t0 = thread_clock()
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            self._measure_grad(params)
+            # the model's global norm (every parameter with a gradient), not the attached
+            # optimizer's share: a job stepping several optimizers (Muon for the matrices,
+            # AdamW for the rest) has them all at the first one's step
+            self._measure_grad(self.model.parameters())
             self._cost.add_host(thread_clock() - t0)
         except Exception:
             self._fail("grad")
 
     def _measure_grad(self, params: Any) -> None:
         """The gradient norm (unsharded), or this rank's local squared sums (sharded: the
-        end-of-step exchange reduces them; no collective here)."""
+        end-of-step exchange reduces them; no collective here). Measured where no clip call
+        was seen: after any clip the monitor could not see, so the frame's clip flag counts
+        a norm at the threshold as clipped (:meth:`StepBuffer.scalars`)."""
+        self._buffer.norm_after_clip = True
         if self._shard is not None:
             self._grad_local = self._shard.local_grad_sums(params)
         else:

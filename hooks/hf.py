@@ -13,7 +13,15 @@ accelerate's wrapper is looked through), ends steps on the optimizer's ``step()`
 plain loop (and at ``on_step_end`` a step whose ``step()`` a loss scaler skipped), reads
 ``args.max_grad_norm`` as the clip threshold, the rank from
 ``args.process_index``, and closes at ``on_train_end``, which says the job ended (the run
-becomes ``finished`` on the collector). The loss comes from the model outputs' ``.loss``.
+becomes ``finished`` on the collector). The loss comes from the model outputs' ``.loss``:
+where the Trainer passes ``num_items_in_batch`` (a model taking loss kwargs, as HF's
+causal LMs do) each micro-batch's loss is already divided by the whole step's token
+count, so under gradient accumulation the step's loss is their sum (the loss the Trainer
+logs), not their mean. A run resumed from a checkpoint numbers its steps on from the
+checkpoint's ``state.global_step`` (``attach(start_step=)``), so that its frames do not
+collide with those already sent. The gradient norm is the one accelerate clips with
+(``clip_grads_with_norm_``'s ``total_norm``: before clipping), the clip flag that norm
+over ``args.max_grad_norm``.
 The run's last step (``state.max_steps``) is sampled whatever the interval
 (:meth:`Monitor.request_sample_at`), so the last frame is a full one at the last step.
 The run's config (``GET /runs``) is the ``TrainingArguments`` (``to_dict()``, its numbers,
@@ -79,13 +87,26 @@ class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
         if "client" not in options:
             options.setdefault("rank", int(getattr(args, "process_index", 0)))
         config_option(options, training_config(args))
+        done = int(getattr(state, "global_step", 0) or 0)  # resumed: the checkpoint's steps
+        options.setdefault("start_step", done)
         self.monitor = attach(model, optimizer, run=self.run, url=self.url, **options)
+        # the Trainer hands a model that takes loss kwargs ``num_items_in_batch``, the whole
+        # step's token count (summed across ranks where it averages tokens across devices,
+        # then scaling the loss by their number): each micro-batch's ``.loss`` is its share
+        # of the step's loss, which is their sum, not their mean
+        scale = 1.0
+        if getattr(args, "average_tokens_across_devices", False):
+            scale = float(max(1, int(getattr(args, "world_size", 1) or 1)))
+        self.monitor.loss_items_scale = scale
+        ga = getattr(args, "gradient_accumulation_steps", 1)
+        if isinstance(ga, int) and ga > 0:  # a step's micro-batches are no stalled optimizer
+            self.monitor.stall_forwards = max(self.monitor.stall_forwards, 2 * ga + 1)
         if self.monitor.fuses:  # the rollback's snapshots carry the schedule
             self.monitor.fuses.bind_scheduler(kwargs.get("lr_scheduler"))
         max_steps = getattr(state, "max_steps", 0)
         if isinstance(max_steps, int) and max_steps > 0:
-            self.monitor.request_sample_at(max_steps - int(state.global_step or 0) - 1)
-            self.monitor.planned_steps = max_steps - int(state.global_step or 0)
+            self.monitor.request_sample_at(self.monitor.step_index + max_steps - done - 1)
+            self.monitor.planned_steps = max_steps - done
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.monitor is not None and self._begun is None:

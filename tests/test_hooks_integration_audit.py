@@ -1,0 +1,427 @@
+"""Audit of the training-loop integrations against what the trainer itself reports: the
+Hugging Face Trainer's gradient norm before clipping and its clip flag (accelerate clips
+with ``get_total_norm`` + ``clip_grads_with_norm_``), its loss under gradient
+accumulation, a run resumed from a checkpoint, several optimizers, and an optimizer
+replaced mid-run."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import logitwatch.hooks as H
+from logitwatch.client import Client
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def capturing_client(run: str = "r") -> tuple[Client, list[dict]]:
+    frames: list[dict] = []
+    client = Client(None, run=run)
+    client.send = lambda step, scalars, heads, time=None, history=None: frames.append(  # type: ignore
+        {"step": step, "scalars": scalars, "heads": heads, "history": history})
+    client.finish = lambda step=None, **kw: frames.append(  # type: ignore
+        {"step": step, "finish": True})
+    return client, frames
+
+
+class Tiny(nn.Module):
+    """One attention layer over a 32-token vocabulary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(32, 16)
+        self.q_proj, self.k_proj = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.num_heads = 2
+        self.lm_head = nn.Linear(16, 32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, 2, 8).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, 2, 8).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, k, is_causal=True)
+        return self.lm_head(x + y.transpose(1, 2).reshape(b, t, 16))
+
+
+def batches(n: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 32, (2, 8), generator=gen) for _ in range(n)]
+
+
+def sent(frames: list[dict]) -> list[dict]:
+    return [f for f in frames if not f.get("finish")]
+
+
+class Recorder:
+    """The Trainer's own logs (``logging_steps=1``): ``global_step -> logs``."""
+
+    def __new__(cls) -> object:
+        import transformers
+
+        class _Rec(transformers.TrainerCallback):  # type: ignore[misc]
+            def __init__(self) -> None:
+                self.logs: dict[int, dict] = {}
+
+            def on_log(self, args, state, control, logs=None, **kw):  # type: ignore[no-untyped-def]
+                if logs and "loss" in logs:
+                    self.logs[state.global_step] = dict(logs)
+
+        return _Rec()
+
+
+def hf_trainer(out: str, callbacks: list, *, steps: int, ga: int = 1, max_grad_norm: float = 0.5,
+               save_steps: int | None = None, batch: int = 2) -> object:
+    """A tiny random GPT-2 under ``transformers.Trainer`` on CPU."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64,
+                                     n_positions=32, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel._from_config(config, attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (64, 12), generator=gen)
+    ids[::3, 8:] = -100  # labels of unequal lengths: each micro-batch counts other tokens
+    data = [{"input_ids": row.clamp(min=0), "labels": row} for row in ids]
+    args = transformers.TrainingArguments(
+        output_dir=out, max_steps=steps, per_device_train_batch_size=batch,
+        gradient_accumulation_steps=ga, learning_rate=1e-3, max_grad_norm=max_grad_norm,
+        report_to=[], save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500, logging_steps=1, use_cpu=True,
+        dataloader_num_workers=0, disable_tqdm=True)
+    return transformers.Trainer(model=model, args=args, train_dataset=data,
+                                callbacks=callbacks)
+
+
+# -- 1. the gradient norm before clipping, and the clip flag ------------------------------
+
+
+def test_hf_trainer_grad_norm_is_the_trainers_before_clipping(tmp_path) -> None:
+    """accelerate clips with ``clip_grads_with_norm_``: the frame's ``grad.norm`` is the
+    Trainer's logged ``grad_norm`` (before clipping), clipped on every step (all over
+    0.5), and the unsampled steps' history carries the same norms and flags."""
+    from logitwatch.hooks.hf import LogitwatchCallback
+
+    client, frames = capturing_client()
+    cb = LogitwatchCallback(run="r", client=client, sample_every=3, overhead_budget=None,
+                            history_every=None)
+    rec = Recorder()
+    hf_trainer(str(tmp_path), [cb, rec], steps=6).train()  # type: ignore[attr-defined]
+    client.shutdown(5.0)
+    logged = {g - 1: rec.logs[g]["grad_norm"] for g in rec.logs}  # monitor step = g - 1
+    assert len(logged) == 6 and all(n > 0.5 for n in logged.values())
+    frames = sent(frames)
+    assert [f["step"] for f in frames] == [0, 3, 5]
+    seen: dict[int, tuple[float, float]] = {}
+    for f in frames:
+        s = f["scalars"]
+        seen[f["step"]] = (s["grad.norm"], s["grad.clipped"])
+        assert s["grad.max_norm"] == pytest.approx(0.5)
+        assert s["grad.clip_rate"] == 1.0
+        h = f["history"]
+        if h:
+            for step, norm, hit in zip(h["steps"], h["scalars"]["grad.norm"],
+                                       h["scalars"]["grad.clipped"], strict=True):
+                seen[step] = (norm, hit)
+    assert sorted(seen) == list(range(6))
+    for step, (norm, hit) in seen.items():
+        assert norm == pytest.approx(logged[step], rel=1e-4)
+        assert hit == 1.0
+
+
+def test_clip_grads_with_norm_shared_total_counts_once() -> None:
+    """A job (accelerate under FSDP2, one call per device mesh) clipping parameter groups
+    apart with one global norm: the norm counts once, the step counts as clipped."""
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    client, frames = capturing_client()
+    mon = H.attach(model, opt, run="r", client=client, sample_every=1, overhead_budget=None)
+    half = len(list(model.parameters())) // 2
+    truth = []
+    for ids in batches(3):
+        F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1)).backward()
+        params = list(model.parameters())
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        truth.append(total.item())
+        torch.nn.utils.clip_grads_with_norm_(params[:half], 0.1, total)
+        torch.nn.utils.clip_grads_with_norm_(params[half:], 0.1, total)
+        opt.step()
+        opt.zero_grad()
+    mon.close()
+    got = [f["scalars"] for f in sent(frames)]
+    assert [s["grad.norm"] for s in got] == pytest.approx(truth, rel=1e-5)
+    assert [s["grad.clipped"] for s in got] == [1.0, 1.0, 1.0]
+
+
+def test_unseen_clip_is_never_reported_unclipped() -> None:
+    """A clip the monitor cannot see (``clip_grad_norm_`` bound before attach): the norm it
+    measures at the optimizer step is the threshold, counted as clipped."""
+    clip = torch.nn.utils.clip_grad_norm_  # bound before attach: not observed
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    client, frames = capturing_client()
+    mon = H.attach(model, opt, run="r", client=client, sample_every=1, overhead_budget=None,
+                   max_grad_norm=0.1)
+    for ids in batches(2):
+        F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1)).backward()
+        assert clip(model.parameters(), 0.1) > 0.1
+        opt.step()
+        opt.zero_grad()
+    mon.close()
+    for f in sent(frames):
+        assert f["scalars"]["grad.clipped"] == 1.0
+        assert f["scalars"]["grad.norm"] == pytest.approx(0.1, rel=1e-3)
+
+
+# -- 2. the loss under gradient accumulation ----------------------------------------------
+
+
+@pytest.mark.parametrize("ga", [1, 4])
+def test_hf_trainer_loss_is_the_trainers(tmp_path, ga: int) -> None:
+    """The frames' loss (sampled and history) is the loss the Trainer logs, with and
+    without gradient accumulation (each micro-batch's loss is divided by the step's
+    token count: the step's loss is their sum)."""
+    from logitwatch.hooks.hf import LogitwatchCallback
+
+    client, frames = capturing_client()
+    cb = LogitwatchCallback(run="r", client=client, sample_every=2, overhead_budget=None,
+                            history_every=None)
+    rec = Recorder()
+    hf_trainer(str(tmp_path), [cb, rec], steps=4, ga=ga).train()  # type: ignore[attr-defined]
+    client.shutdown(5.0)
+    logged = {g - 1: rec.logs[g]["loss"] for g in rec.logs}
+    seen: dict[int, float] = {}
+    for f in sent(frames):
+        seen[f["step"]] = f["scalars"]["loss"]
+        if f["history"]:
+            seen.update(zip(f["history"]["steps"], f["history"]["scalars"]["loss"],
+                            strict=True))
+    assert sorted(seen) == [0, 1, 2, 3]
+    for step, loss in seen.items():
+        assert loss == pytest.approx(logged[step], rel=1e-4), step
+    # a random model's first loss is close to ln(vocab)
+    assert seen[0] == pytest.approx(math.log(64), rel=0.2)
+
+
+# -- 3. resume from a checkpoint ----------------------------------------------------------
+
+
+def test_hf_trainer_resume_continues_step_numbers(tmp_path) -> None:
+    """A run resumed from its step-3 checkpoint sends steps 3..5, not 0..2 again, and its
+    last step (5) is the full sample the callback requests."""
+    from logitwatch.hooks.hf import LogitwatchCallback
+
+    out = str(tmp_path / "out")
+    steps: dict[str, list] = {}
+    for phase, total, resume in (("first", 3, None), ("resumed", 6, True)):
+        client, frames = capturing_client()
+        cb = LogitwatchCallback(run="r", client=client, sample_every=2, overhead_budget=None)
+        trainer = hf_trainer(out, [cb], steps=total, save_steps=3)
+        trainer.train(resume_from_checkpoint=resume)  # type: ignore[attr-defined]
+        client.shutdown(5.0)
+        assert trainer.state.global_step == total  # type: ignore[attr-defined]
+        steps[phase] = [(f["step"], bool(f.get("finish"))) for f in frames]
+    assert steps["first"] == [(0, False), (2, False)]
+    assert steps["resumed"] == [(3, False), (5, False)]
+
+
+def test_attach_start_step(monkeypatch) -> None:
+    with pytest.raises(ValueError, match="start_step"):
+        H.attach(Tiny(), run="r", start_step=-1)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    client, frames = capturing_client()
+    mon = H.attach(model, opt, run="r", client=client, sample_every=2, overhead_budget=None,
+                   start_step=100)
+    assert mon.step_index == 100
+    mon.request_sample_at(101)
+    for ids in batches(3):
+        F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+    mon.close()
+    assert [f["step"] for f in frames] == [100, 101, 102]
+    # an owned client says the job ended at the last step run, none before the first
+    ends: list = []
+    monkeypatch.setattr(Client, "finish", lambda self, step=None, **kw: ends.append(step))
+    monkeypatch.setattr(Client, "send", lambda self, step, *a, **kw: ends.append(("send", step)))
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = H.attach(model, opt, run="r", sample_every=5, overhead_budget=None, start_step=7)
+    for ids in batches(2):
+        F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1)).backward()
+        opt.step()
+    mon.close()
+    assert ends == [("send", 7), ("send", 8), 8]  # step 8: the closing frame, then finish
+    ends.clear()
+    H.attach(Tiny(), run="r", start_step=7).close()  # closed before its first step
+    assert ends == []
+
+
+# -- 4. several optimizers ----------------------------------------------------------------
+
+
+def test_grad_norm_is_global_over_several_optimizers() -> None:
+    """Two optimizers over disjoint parameters (Muon-like for the matrices, AdamW for
+    the rest), the monitor attached to one: ``grad.norm`` is the model's global norm."""
+    model = Tiny()
+    matrices = [p for n, p in model.named_parameters() if p.dim() == 2 and "emb" not in n]
+    others = [p for n, p in model.named_parameters() if not (p.dim() == 2 and "emb" not in n)]
+    opt_m = torch.optim.SGD(matrices, lr=0.02, momentum=0.9)
+    opt_a = torch.optim.AdamW(others, lr=1e-3)
+    client, frames = capturing_client()
+    mon = H.attach(model, opt_m, run="r", client=client, sample_every=1, overhead_budget=None)
+    truth = []
+    for ids in batches(2):
+        F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1)).backward()
+        truth.append(torch.nn.utils.get_total_norm(
+            [p.grad for p in model.parameters()]).item())
+        opt_m.step()
+        opt_a.step()
+        opt_m.zero_grad()
+        opt_a.zero_grad()
+    mon.close()
+    assert [f["scalars"]["grad.norm"] for f in sent(frames)] == pytest.approx(truth, rel=1e-5)
+
+
+# -- 5. an optimizer replaced mid-run -----------------------------------------------------
+
+
+def test_bind_optimizer_keeps_counting_steps() -> None:
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    client, frames = capturing_client()
+    mon = H.attach(model, opt, run="r", client=client, sample_every=2, overhead_budget=None)
+    with pytest.raises(TypeError):
+        mon.bind_optimizer(object())  # type: ignore[arg-type]
+    for i, ids in enumerate(batches(10)):
+        if i == 4:
+            old, opt = opt, torch.optim.AdamW(model.parameters(), lr=1e-3)
+            mon.bind_optimizer(opt)
+        F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
+    old.step()  # the old optimizer no longer ends steps
+    assert mon.step_index == 10
+    assert mon.optimizer is opt
+    mon.close()
+    got = sent(frames)
+    # step 5 sampled too: the lr watch saw the new optimizer's lr jump (0.1 -> 1e-3)
+    assert [f["step"] for f in got] == [0, 2, 4, 5, 7, 9]
+    assert got[3]["scalars"]["lr"] == pytest.approx(1e-3)
+    assert got[3]["scalars"]["optim.adaptive"] == 1.0
+
+
+def test_warns_once_when_the_optimizer_never_steps(caplog) -> None:
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = H.attach(model, opt, run="r", sample_every=2, overhead_budget=None)
+    new = torch.optim.SGD(model.parameters(), lr=0.1)  # replaced, not bound
+    mon.stall_forwards = 50  # (1,000 by default)
+    with caplog.at_level(logging.WARNING, logger="logitwatch.hooks"):
+        for ids in batches(120):
+            F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1)).backward()
+            new.step()
+            new.zero_grad()
+    mon.close()
+    hits = [r for r in caplog.records if "bind_optimizer" in r.getMessage()]
+    assert len(hits) == 1
+
+
+def test_no_stall_warning_while_the_optimizer_steps(caplog) -> None:
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = H.attach(model, opt, run="r", sample_every=2, overhead_budget=None)
+    with caplog.at_level(logging.WARNING, logger="logitwatch.hooks"):
+        for ids in batches(60):
+            F.cross_entropy(model(ids).reshape(-1, 32), ids.reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            for ids in batches(60):  # evaluation forwards do not count
+                model(ids)
+    mon.close()
+    assert not [r for r in caplog.records if "bind_optimizer" in r.getMessage()]
+
+
+# -- no host-device sync on unsampled steps, on the new paths ------------------------------
+
+
+class ItemsLM(nn.Module):
+    """A model taking ``num_items_in_batch`` as HF's causal LMs do: its ``.loss`` is the
+    summed token loss over the whole step's token count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Tiny()
+
+    def forward(self, ids: torch.Tensor, num_items_in_batch: object = None) -> object:
+        logits = self.inner(ids)
+        loss = F.cross_entropy(logits.reshape(-1, 32), ids.reshape(-1), reduction="sum")
+        return type("Out", (), {"loss": loss / num_items_in_batch, "logits": logits})()
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_accelerate_style_steps_do_not_sync(device: str) -> None:
+    """Two micro-batches a step given ``num_items_in_batch`` (their losses summed, times
+    ``loss_items_scale``), clipped as accelerate does (``get_total_norm`` then
+    ``clip_grads_with_norm_``): no read-back on an unsampled step, and every step's
+    loss, norm and clip flag as the loop computed them."""
+    from logitwatch.hooks._probes import CountSyncs
+
+    model = ItemsLM().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    client, frames = capturing_client()
+    mon = H.attach(model, opt, run="r", client=client, sample_every=3, overhead_budget=None,
+                   history_every=None)
+    mon.loss_items_scale = 2.0
+    data = batches(14)
+    truth = []
+    for i in range(7):
+        micro = [ids.to(device) for ids in data[2 * i:2 * i + 2]]
+        items = torch.tensor(sum(m.numel() for m in micro), device=device)
+        unsampled = i % 3 != 0
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("error" if unsampled else "default")
+        losses = []
+        try:
+            with CountSyncs() as probe:
+                for ids in micro:
+                    out = model(ids, num_items_in_batch=items)
+                    out.loss.backward()
+                    losses.append(out.loss.detach())
+                params = list(model.parameters())
+                total = torch.nn.utils.get_total_norm([p.grad for p in params])
+                torch.nn.utils.clip_grads_with_norm_(params, 1.0, total)
+                opt.step()
+                opt.zero_grad()
+        finally:
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        if unsampled:
+            assert probe.calls == [], i
+        truth.append((2.0 * sum(x.item() for x in losses), total.item()))
+    mon.close()
+    seen: dict[int, tuple[float, float, float]] = {}
+    for f in sent(frames):
+        s = f["scalars"]
+        seen[f["step"]] = (s["loss"], s["grad.norm"], s["grad.clipped"])
+        if f["history"]:
+            h = f["history"]["scalars"]
+            seen.update(zip(f["history"]["steps"], zip(
+                h["loss"], h["grad.norm"], h["grad.clipped"], strict=True), strict=True))
+    assert sorted(seen) == list(range(7))
+    for step, (loss, norm, hit) in seen.items():
+        assert loss == pytest.approx(truth[step][0], rel=1e-5)
+        assert norm == pytest.approx(truth[step][1], rel=1e-5)
+        assert hit == float(truth[step][1] > 1.0)
