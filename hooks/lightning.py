@@ -9,12 +9,22 @@ Example::
 
 Lightning runs ``training_step`` inside the optimizer's ``step(closure)`` and may never
 call the module's ``forward``, so the callback drives the monitor itself: capture from
-``on_train_batch_start`` to ``on_train_batch_end`` (the loss from the step's outputs),
-the gradient norm before clipping (``gradient_clip_val`` with the norm algorithm goes
-through ``torch.nn.utils.clip_grad_norm_``, which the monitor observes; without clipping
-it is computed at the step's end, where the gradients are still this step's), and one
-monitored step per optimizer step (``accumulate_grad_batches`` respected). Automatic
-optimization with one optimizer; the rank is ``trainer.global_rank``.
+``on_train_batch_start`` to ``on_train_batch_end`` (the loss from the step's outputs,
+which Lightning has divided by ``accumulate_grad_batches``: multiplied back, so a step's
+loss is the mean of its micro-batches' losses), the gradient norm before clipping
+(``gradient_clip_val`` with the norm algorithm goes through
+``torch.nn.utils.clip_grad_norm_``, which the monitor observes; without clipping it is
+computed at the step's end, where the gradients are still this step's), the LR the
+optimizer step used (read in ``on_before_optimizer_step``: by ``on_train_batch_end`` a
+``"step"``-interval scheduler has already moved it to the next step's), and one monitored
+step per optimizer step (``accumulate_grad_batches`` respected). The rank is
+``trainer.global_rank``.
+
+Automatic optimization only (one optimizer, the only kind Lightning 2 allows there). Under
+manual optimization (``automatic_optimization = False``) the optimizer steps inside
+``training_step``, as often as it likes, so batches are not steps and the gradients at a
+batch's end are not the step's: the callback warns once and does not attach (no run, no
+frames) rather than send wrong step counts and norms.
 
 The fit's last optimizer step (``trainer.estimated_stepping_batches``, when finite) is
 sampled whatever the interval (:meth:`Monitor.request_sample_at`), so the last frame is a
@@ -36,11 +46,19 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from ._attach import attach, config_option
 from ._monitor import Monitor
 
 __all__ = ["LogitwatchCallback"]
+
+MANUAL_OPTIMIZATION = (
+    "logitwatch: LogitwatchCallback supports automatic optimization only (one optimizer; "
+    "accumulate_grad_batches and gradient_clip_val are followed); this LightningModule sets "
+    "automatic_optimization = False, so the callback does not attach and sends nothing for "
+    "this fit (its step counts and gradient norms would be wrong)"
+)
 
 
 class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
@@ -58,9 +76,17 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         self.url = url
         self.attach_kwargs = attach_kwargs
         self.monitor: Monitor | None = None
+        self._lr_source: Any = None  # the optimizer
+        self._step_lr: Any = None  # the LR the current optimizer step uses
+        self._warned_manual = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.monitor is not None:
+            return
+        if not getattr(pl_module, "automatic_optimization", True):
+            if not self._warned_manual:
+                self._warned_manual = True
+                rank_zero_warn(MANUAL_OPTIMIZATION, category=UserWarning)
             return
         options = dict(self.attach_kwargs)
         clip = trainer.gradient_clip_val
@@ -85,9 +111,22 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
             self.monitor.request_sample_at(int(total) - int(trainer.global_step) - 1)
             self.monitor.planned_steps = int(total) - int(trainer.global_step)
 
+    def _read_lr(self, optimizer: Any) -> None:
+        """Keep ``optimizer``'s current LR for this step's frame. As given: a tensor LR
+        (capturable optimizers) stays on the device, where float() would read it back on
+        every step, sampled or not; copied, since a scheduler updates it in place."""
+        groups = getattr(optimizer, "param_groups", None)
+        if not groups:
+            return
+        lr = groups[0].get("lr")
+        if isinstance(lr, torch.Tensor):
+            lr = lr.detach().clone()
+        self._step_lr = lr
+
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
         if self.monitor is not None:
+            self._read_lr(self._lr_source)  # on_before_optimizer_step reads it again
             self.monitor.begin_capture()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -95,32 +134,45 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         mon = self.monitor
         if mon is None:
             return
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        mon.end_capture(loss if isinstance(loss, torch.Tensor) else None)
         accumulate = max(1, int(trainer.accumulate_grad_batches))
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if isinstance(loss, torch.Tensor) and accumulate > 1:
+            # Lightning's automatic optimization divides every batch's loss by
+            # accumulate_grad_batches (the last, shorter window's too) before backward and
+            # hands that on: the batch's own loss (a device op, no sync)
+            loss = loss * accumulate
+        mon.end_capture(loss if isinstance(loss, torch.Tensor) else None)
         last = trainer.num_training_batches
         if (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == last:
-            opt = self._lr_source
-            if opt is not None and opt.param_groups:
-                # as given: a tensor LR (capturable optimizers) stays on the device, where
-                # float() would read it back on every step, sampled or not
-                mon.log(lr=opt.param_groups[0]["lr"])
+            # the LR this optimizer step used: a "step" scheduler has already moved the
+            # optimizer's to the next step's by now. Logged on every step: on an unsampled
+            # one Monitor.log() keeps it for the history (the monitor has no optimizer of
+            # its own to read it from)
+            if self._step_lr is not None:
+                mon.log(lr=self._step_lr)
+            self._step_lr = None
             mon.step()
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
-        """In a rollback's skip window, drop the batch's update (gradients set to None:
-        the step leaves the weights and the optimizer's state alone)."""
-        if self.monitor is not None and self.monitor.fuses:
+        """Read the LR this step uses (after a module's ``optimizer_step`` override set a
+        warm-up's); in a rollback's skip window, drop the batch's update (gradients set to
+        None: the step leaves the weights and the optimizer's state alone)."""
+        if self.monitor is None:
+            return
+        self._read_lr(optimizer)
+        if self.monitor.fuses:
             self.monitor.fuses.drop_update(optimizer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
+        self._lr_source = self._step_lr = None
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         if self.monitor is not None:
             self.monitor.close(finished=False)
             self.monitor = None
+        self._lr_source = self._step_lr = None
