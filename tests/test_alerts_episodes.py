@@ -8,11 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
 from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.alerts.rules import RuleSpec
+from logitwatch.server.db.models import Frame
+from logitwatch.server.db.session import session_scope
 from tests.alert_frames import alerts, feed, frame, logits
 
 # -- hold (keep_firing_for): one episode, one alert ----------------------------------------
@@ -241,3 +244,23 @@ def test_the_lowest_settled_level_survives_a_restart(sessions: sessionmaker[Sess
     feed(sessions, AlertEngine(GN_RISING), frames[cut:])  # a restarted collector
     got = [(a.rule, a.fired_step, a.evidence["lowest_level"]) for a in alerts(sessions)]
     assert got == [("gn_rising", 910, 0.5)]
+
+
+def test_an_old_spool_pushed_late_is_stored_not_judged(sessions: sessionmaker[Session]) -> None:
+    """Frames sent before those already judged (their seq is lower: an old spool pushed
+    after newer frames) were judged against the newer memory: an LR of 0.01 after 0.5 was
+    a jump, the alert reopened and never resolved. They are stored only, and the (run,
+    rank) is rebuilt from the store in step order when it sends again."""
+    from tests.alert_frames import frames_at
+
+    rules = [r for r in DEFAULT_RULES if r.name == "lr_jump"]
+    frames = frames_at(1, 260, lambda s: {"lr": 0.01 if s < 200 else 0.5, "loss": 3.0})
+    feed(sessions, AlertEngine(rules), frames[:100] + frames[150:240])
+    engine = AlertEngine(rules)
+    feed(sessions, engine, frames[240:250])
+    feed(sessions, engine, frames[100:150])  # the late spool
+    feed(sessions, engine, frames[250:])
+    got = [(a.rule, a.fired_step, a.evidence.get("reopened")) for a in alerts(sessions)]
+    assert got == [("lr_jump", 200, None)]
+    with session_scope(sessions) as s:
+        assert s.scalar(select(func.count()).select_from(Frame)) == 260  # all stored

@@ -263,6 +263,9 @@ class RankState:
         self._loaded: set[tuple[int, int]] = set()
         # (run_id, rank) -> the rule_memory text last written or read (written on change)
         self._saved: dict[tuple[int, int], str] = {}
+        # (run_id, rank) -> the highest seq judged: a frame numbered before it (an old
+        # spool pushed after newer frames) is stored but not judged against newer memory
+        self._newest_seq: dict[tuple[int, int], int] = {}
 
     def _clear_state(self) -> None:
         """Forget every (run, rank) (each is rebuilt from the store when it sends again)."""
@@ -279,6 +282,7 @@ class RankState:
         self._loaded.clear()
         self._seen.clear()
         self._saved.clear()
+        self._newest_seq.clear()
 
     def _evict(self, seen: Iterable[tuple[int, int]], now: float | None = None) -> None:
         """Note that ``seen`` (run, rank)s sent frames now; forget every in-memory state
@@ -295,10 +299,21 @@ class RankState:
             if len(self._seen) - len(gone) <= self._max_ranks and now - at < self._idle_seconds:
                 break
             gone.add(key)
+        for key in gone:
+            del self._seen[key]
+        self._forget(gone)
+
+    def _forget(self, gone: set[tuple[int, int]], *, late: bool = False) -> None:
+        """Drop every in-memory state of the (run, rank)s ``gone``: each is rebuilt from the
+        store when it sends again (``AlertEngine._restore``). ``late``: they got frames
+        older than those judged; the highest seq judged is kept, so that the rest of such
+        a spool is not judged either."""
         if not gone:
             return
         for key in gone:
-            del self._seen[key]
+            if not late:
+                self._seen.pop(key, None)
+                self._newest_seq.pop(key, None)
             self._loaded.discard(key)
             self._thin.pop(key, None)
             self._sticky.pop(key, None)

@@ -55,6 +55,9 @@ class NewFrame:
     time: float
     scalars: dict[str, float]
     heads: dict[str, list[list[float]]]
+    #: the ``seq`` the job sent it under (a history step: its carrying frame's), which
+    #: follows the job's clock: an old spool pushed late is numbered before what came
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -188,6 +191,7 @@ class _Step:
     time: float
     scalars: dict[str, float]
     heads: dict[str, Any] = field(default_factory=dict)
+    sent_seq: int = 0  # the seq of the frame that carried it
 
 
 def history_seq(step: int) -> int:
@@ -205,7 +209,7 @@ def _history_steps(f: FrameIn) -> list[_Step]:
     for i, step in enumerate(h.steps):
         values = {k: float(v[i]) for k, v in series if v[i] is not None}  # type: ignore[arg-type]
         if values:
-            out.append(_Step(f.rank, history_seq(step), step, f.time, values))
+            out.append(_Step(f.rank, history_seq(step), step, f.time, values, sent_seq=f.seq))
     return out
 
 
@@ -333,7 +337,8 @@ def ingest_frames(
                     p["time"] = f.time
             result.new_frames.append(
                 NewFrame(run_id, f.rank, f.step, f.time, scalars,
-                         {k: _as_lists(m) for k, m in heads.items()})
+                         {k: _as_lists(m) for k, m in heads.items()},
+                         f.sent_seq if isinstance(f, _Step) else f.seq)
             )
         if points:
             # Matrices first, then the small rows: both databases fill pages in insertion
