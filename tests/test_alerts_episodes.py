@@ -264,3 +264,23 @@ def test_an_old_spool_pushed_late_is_stored_not_judged(sessions: sessionmaker[Se
     assert got == [("lr_jump", 200, None)]
     with session_scope(sessions) as s:
         assert s.scalar(select(func.count()).select_from(Frame)) == 260  # all stored
+
+
+def test_one_run_level_event_pages_once_whatever_the_ranks(
+        sessions: sessionmaker[Session]) -> None:
+    """Ranks that each send their own frames (``reduce_ranks=False``) share the LR, the
+    global gradient norm and the clip: one LR jump paged once per rank. The first rank's
+    alert pages; the others are stored ``suppressed: "duplicate"`` (naming it) while it
+    fires, and are not notified."""
+    from tests.alert_frames import frames_at
+
+    rules = [r for r in DEFAULT_RULES if r.name == "lr_jump"]
+    one = frames_at(1, 260, lambda s: {"lr": 0.01 if s < 200 else 0.5, "loss": 3.0})
+    frames = [{**f, "rank": rank} for f in one for rank in range(4)]
+    changed = feed(sessions, AlertEngine(rules), frames)
+    got = sorted((a.rank, a.fired_step, a.suppressed) for a in alerts(sessions))
+    assert got == [(0, 200, None), (1, 200, "duplicate"), (2, 200, "duplicate"),
+                   (3, 200, "duplicate")]
+    first = [a.id for a in alerts(sessions) if a.rank == 0]
+    assert {a.evidence["duplicate_of"]["alert"] for a in alerts(sessions) if a.rank} == set(first)
+    assert [(c.rank, c.state) for c in changed] == [(0, "firing")]

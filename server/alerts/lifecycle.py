@@ -5,9 +5,10 @@ the breach (value, baseline, limit, evidence, message, remedies), unless one is 
 the rule and layer: then more heads of the layer join it (grouping), or a breach within its
 hold adds to its evidence (``evidence.breaches``, ``reopened``) and changes nothing else.
 A resolving transition resolves it once no head of it is active. New alerts are stored
-``suppressed`` while a rule with ``inhibits`` fires on the rank (``inhibited``) or a
-silence matches them (``silenced``); an escalation judges the silences again
-(:meth:`LifecycleMixin._raise`).
+``suppressed`` while a rule with ``inhibits`` fires on the rank (``inhibited``), a
+silence matches them (``silenced``), or a run-level alert of the same rule already paged
+from another rank of the run and still fires (``duplicate``); an escalation judges the
+silences and the duplicates again (:meth:`LifecycleMixin._raise`).
 
 Severity: an alert fires below its rule's severity while the rule's
 :class:`~logitwatch.server.alerts.rules.Downgrade` holds on the frame, or at ``info`` while
@@ -209,6 +210,11 @@ class LifecycleMixin(RecoveryMixin):
             elif a.suppressed == "silenced":
                 a.suppressed = None  # its silence ended: the escalation is news
                 ev["silence_ended_step"] = f.step
+        if a.suppressed is None and rule.severity in PAGING:
+            dup = self._paged_elsewhere(session, f.run_id, f.rank, rule.name, a.layer)
+            if dup is not None:  # another rank's page said it already
+                a.suppressed = "duplicate"
+                ev["duplicate_of"] = {"alert": dup[0], "rank": dup[1]}
         ev.update(escalated_step=f.step, escalated_because=because)
         a.evidence = ev
         a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
@@ -318,6 +324,23 @@ class LifecycleMixin(RecoveryMixin):
                     f"it jumped again at step {p.transition.step}: {because}")
         return True
 
+    def _paged_elsewhere(self, session: Session, run_id: int, rank: int, rule: str,
+                         layer: int | None) -> tuple[int, int] | None:
+        """A run-level alert of ``rule`` firing on another rank of the run that paged and
+        is not suppressed, as (its id, its rank); None for a per-layer alert. A job whose
+        ranks each send their own frames (``reduce_ranks=False``, or detail ranks) has the
+        same LR, global gradient norm and clip on every rank: one LR jump was one page per
+        rank (128 pages on 64 ranks)."""
+        if layer is not None:
+            return None
+        row = session.execute(
+            select(Alert.id, Alert.rank).where(
+                Alert.run_id == run_id, Alert.rule == rule, Alert.layer.is_(None),
+                Alert.rank != rank, Alert.state == State.FIRING.value,
+                Alert.paged_step.is_not(None), Alert.suppressed.is_(None))
+            .order_by(Alert.id).limit(1)).first()
+        return None if row is None else (int(row.id), int(row.rank))
+
     def _inhibited(self, session: Session, run_id: int, rank: int) -> str | None:
         """The inhibiting rule firing on (run, rank), if any. An episode held open only
         because its level has not come back (``Page.recover_within``) does not inhibit while
@@ -364,6 +387,11 @@ class LifecycleMixin(RecoveryMixin):
         if sid is not None and suppressed is None:
             suppressed = "silenced"
             ev["silence"] = sid
+        if suppressed is None and (p.severity or rule.severity) in PAGING:
+            dup = self._paged_elsewhere(session, f.run_id, f.rank, rule.name, p.layer)
+            if dup is not None:
+                suppressed = "duplicate"
+                ev["duplicate_of"] = {"alert": dup[0], "rank": dup[1]}
         head = p.heads[0] if p.heads else None
         if p.heads:
             ev["active_heads"] = list(p.heads)
