@@ -80,7 +80,11 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         self._step_lr: Any = None  # the LR the current optimizer step uses
         self._warned_manual = False
 
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Attach, once the trainer has restored a checkpoint's state (``ckpt_path``: its
+        ``global_step`` is the first step's index, ``attach(start_step=)``; at
+        ``on_fit_start`` it still reads 0, and a resumed fit numbered its steps from 0
+        again, onto the frames already sent) and after the sanity check's validation."""
         if self.monitor is not None:
             return
         if not getattr(pl_module, "automatic_optimization", True):
@@ -95,6 +99,8 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         if "client" not in options:
             options.setdefault("rank", int(trainer.global_rank))
         config_option(options, dict(getattr(pl_module, "hparams", None) or {}))
+        done = int(trainer.global_step)  # a resumed fit: the checkpoint's optimizer steps
+        options.setdefault("start_step", done)
         self.monitor = attach(pl_module, None, run=self.run, url=self.url, **options)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self._lr_source = optimizer
@@ -107,9 +113,10 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
             total = trainer.estimated_stepping_batches
         except Exception:  # no estimate (an iterable of unknown length...): close() still
             total = math.inf  # sends the last step's scalars
-        if isinstance(total, (int, float)) and math.isfinite(total) and total > 0:
-            self.monitor.request_sample_at(int(total) - int(trainer.global_step) - 1)
-            self.monitor.planned_steps = int(total) - int(trainer.global_step)
+        if isinstance(total, (int, float)) and math.isfinite(total) and total > done:
+            # the fit's last optimizer step (estimated_stepping_batches counts from 0)
+            self.monitor.request_sample_at(self.monitor.step_index + int(total) - done - 1)
+            self.monitor.planned_steps = int(total) - done
 
     def _read_lr(self, optimizer: Any) -> None:
         """Keep ``optimizer``'s current LR for this step's frame. As given: a tensor LR

@@ -33,7 +33,8 @@ def capturing_client() -> tuple[Client, list[dict]]:
 
 
 def fit(callback, *, accumulate: int = 1, max_steps: int = 4, manual: bool = False,
-        lr: float | torch.Tensor = 0.1, fits: int = 1) -> list[float]:
+        lr: float | torch.Tensor = 0.1, fits: int = 1, ckpt_path: str | None = None,
+        save: str | None = None) -> list[float]:
     """A tiny attention model under ``lightning.Trainer`` (SGD, ``StepLR`` halving the LR
     at every optimizer step); returns each batch's own loss, in order. ``manual``: manual
     optimization, an optimizer step every two batches (Lightning's documented manual
@@ -85,7 +86,9 @@ def fit(callback, *, accumulate: int = 1, max_steps: int = 4, manual: bool = Fal
                              accumulate_grad_batches=accumulate, callbacks=[callback],
                              accelerator="cpu", logger=False, enable_checkpointing=False,
                              enable_progress_bar=False, enable_model_summary=False)
-        trainer.fit(module, loader)
+        trainer.fit(module, loader, ckpt_path=ckpt_path)
+        if save is not None:
+            trainer.save_checkpoint(save)
         seen += module.seen
     return seen
 
@@ -203,3 +206,26 @@ def test_lightning_audit_manual_optimization_warns_once_and_sends_nothing() -> N
     assert "does not attach" in ours[0]
     assert frames == []
     assert callback.monitor is None
+
+
+# -- 5. a fit resumed from a checkpoint numbers its steps on -----------------------------
+
+
+@pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint")
+def test_lightning_audit_a_resumed_fit_numbers_its_steps_on(tmp_path) -> None:
+    """``trainer.fit(ckpt_path=)``: the resumed fit's frames continue at the checkpoint's
+    step; they started at 0 again (``global_step`` still reads 0 at ``on_fit_start``),
+    onto the first fit's frames, and its last step was never sampled."""
+    from logitwatch.hooks.lightning import LogitwatchCallback
+
+    ckpt = str(tmp_path / "three.ckpt")
+    client, frames = capturing_client()
+    fit(LogitwatchCallback(run="r", client=client, sample_every=1, overhead_budget=None,
+                           history_every=None), max_steps=3, save=ckpt)
+    first = [f["step"] for f in frames]
+    frames.clear()
+    fit(LogitwatchCallback(run="r", client=client, sample_every=4, overhead_budget=None,
+                           history_every=None), max_steps=6, ckpt_path=ckpt)
+    client.shutdown(5.0)
+    assert first == [0, 1, 2]
+    assert [f["step"] for f in frames] == [3, 5]  # sampled first, and the fit's last step
