@@ -78,8 +78,15 @@ class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, **kwargs: Any) -> None:
-        if self.monitor is not None or model is None:
+        if model is None:
             return
+        if self.monitor is not None:
+            # an earlier train() ended without on_train_end (an exception, Ctrl-C: the
+            # Trainer has no exception hook): its monitor is closed as a job that did not
+            # say it ended, and this train() gets its own (it reused the old one, its
+            # hooks and step count)
+            old, self.monitor = self.monitor, None
+            old.close(finished=False)
         options = dict(self.attach_kwargs)
         max_norm = getattr(args, "max_grad_norm", None)
         if max_norm and max_norm > 0:

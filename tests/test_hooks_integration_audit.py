@@ -425,3 +425,35 @@ def test_accelerate_style_steps_do_not_sync(device: str) -> None:
         assert loss == pytest.approx(truth[step][0], rel=1e-5)
         assert norm == pytest.approx(truth[step][1], rel=1e-5)
         assert hit == float(truth[step][1] > 1.0)
+
+
+def test_hf_train_again_after_an_interrupted_train_gets_its_own_monitor(tmp_path) -> None:
+    """A train() interrupted (Ctrl-C, an exception: the Trainer has no exception hook for
+    callbacks) left its monitor attached, and the next train() reused it: its hooks, its
+    step count (frames numbered on from the interrupted run's steps). The old monitor is
+    closed as a job that did not say it ended; the new train() numbers from its own
+    start."""
+    from logitwatch.hooks.hf import LogitwatchCallback
+
+    client, frames = capturing_client()
+    cb = LogitwatchCallback(run="r", client=client, sample_every=1, overhead_budget=None)
+    trainer = hf_trainer(str(tmp_path / "out"), [cb], steps=4)
+
+    class Interrupt(Exception):
+        pass
+
+    def stop(args, state, control, **kw):  # type: ignore[no-untyped-def]
+        if state.global_step == 2:
+            raise Interrupt
+
+    cb.on_step_end = stop  # type: ignore[method-assign]
+    with pytest.raises(Interrupt):
+        trainer.train()  # type: ignore[attr-defined]
+    first = cb.monitor
+    assert first is not None and [f["step"] for f in sent(frames)] == [0, 1]
+    del cb.on_step_end  # the class's own again
+    frames.clear()
+    trainer.train()  # type: ignore[attr-defined]
+    client.shutdown(5.0)
+    assert first._closed and cb.monitor is None  # closed; the second closed at its end
+    assert [f["step"] for f in sent(frames)][:4] == [0, 1, 2, 3]
