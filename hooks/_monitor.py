@@ -522,6 +522,8 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
                 self._stop_capture()
             if scheduled:
                 self._last_sampled = step
+                if self._forwards == self._step_forwards:
+                    self._no_forward_seen()
             # a forward that never reached its post-hook (torch runs always_call hooks for
             # Exception only: a KeyboardInterrupt in a notebook) would leave the depth above
             # 0 and every later forward would look nested, never measured. Steps end outside
@@ -597,6 +599,23 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         except Exception:  # reduce() enters its collectives whatever fails; never expected
             self._warn_once("reduce", "the end-of-step reduction across ranks failed")
             return None
+
+    def _no_forward_seen(self) -> None:
+        """A sampled step ended and no forward of the attached model was seen in it: say
+        once why its frames carry no ``attn.*``, ``final.*`` or automatic ``loss``. Under
+        ``torch.compile`` the forward hooks do nothing inside the compiled graph (and cannot
+        warn there: a call would break the graph); otherwise the job trains another module
+        than the one attached."""
+        if getattr(self, "_warned_no_forward", False):
+            return
+        self._warned_no_forward = True
+        log.warning(
+            "logitwatch: a step of %s ended and none of its forwards was measured: a "
+            "torch.compile'd model (inside the compiled graph the monitor's hooks do nothing: "
+            "attn.*, final.* and the automatic loss are not measured; grad.norm, clipping and "
+            "lr are), or the job calls another module than the one attached. Attach to the "
+            "module the job calls, and keep the measured blocks uncompiled (docs/HOOKS.md, "
+            "torch.compile)", type(self.model).__name__)
 
     # -- failures ------------------------------------------------------------------------
 

@@ -241,10 +241,11 @@ class OptimizerStepMixin:
             if not self._scheduled or "grad" in self.disabled or self._clip_seen:
                 return
             t0 = thread_clock()
-            # the model's global norm (every parameter with a gradient), not the attached
-            # optimizer's share: a job stepping several optimizers (Muon for the matrices,
-            # AdamW for the rest) has them all at the first one's step
-            self._measure_grad(self.model.parameters())
+            # the attached optimizer's parameters: not every model parameter with a
+            # gradient (a fine-tune optimizing the head only, its backbone not frozen,
+            # never zeroes the backbone's gradients: they add up, step after step)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self._measure_grad(params)
             self._cost.add_host(thread_clock() - t0)
         except Exception:
             self._fail("grad")
