@@ -127,3 +127,25 @@ def test_another_ranks_old_spool_does_not_resolve_but_its_new_frame_does(
     new = [{**frame(5, loss=2.0), "rank": 1}]
     assert [c.resolved_step for c in _batch(sessions, eng, new, now=1004.0 + HOUR + 9)
             if c.rule == "no_data"] == [50]
+
+
+def test_a_job_resumed_on_a_host_whose_clock_is_behind_resolves_no_data(
+        sessions: sessionmaker[Session]) -> None:
+    """Resumed from its step-80 checkpoint on a host whose clock is 5 minutes behind, the
+    job numbers its frames below its first life's: its first step past the one the run fell
+    silent at (90) resolves no_data; by seq alone the run stayed stopped while it sent."""
+    eng = AlertEngine()
+    t1 = 1_700_000_000_000_000
+
+    def fr(step: int, seq: int, t: float) -> dict[str, Any]:
+        return {"run": "r", "rank": 0, "seq": seq, "step": step, "time": t,
+                "scalars": {"loss": 2.0}, "heads": {}}
+
+    feed(sessions, eng, [fr(s, t1 + s * 1_000_000, 1000.0 + s) for s in range(0, 100, 10)])
+    with session_scope(sessions) as s:
+        assert [a.rule for a in eng.check_stale(s, now=1090.0 + 3600)] == ["no_data"]
+    t0 = t1 + 90 * 1_000_000 + 120_000_000 - 300_000_000
+    feed(sessions, eng, [fr(s, t0 + (s - 80) * 1_000_000, 5000.0 + s)
+                         for s in range(80, 200, 10)])
+    a, run = _no_data(sessions)
+    assert (a.state, a.resolved_step, run.status) == ("resolved", 100, "running")

@@ -284,3 +284,26 @@ def test_one_run_level_event_pages_once_whatever_the_ranks(
     first = [a.id for a in alerts(sessions) if a.rank == 0]
     assert {a.evidence["duplicate_of"]["alert"] for a in alerts(sessions) if a.rank} == set(first)
     assert [(c.rank, c.state) for c in changed] == [(0, "firing")]
+
+
+def _clocked(step: int, seq: int, loss: float) -> dict[str, object]:
+    return {"run": "r", "rank": 0, "seq": seq, "step": step, "time": 1000.0 + step,
+            "scalars": {"loss": loss}, "heads": {}}
+
+
+def test_a_job_resumed_on_a_host_whose_clock_is_behind_is_judged(
+        sessions: sessionmaker[Session]) -> None:
+    """Seqs follow the job's clock: resumed 30 s after its last frame on a host whose
+    clock is 10 minutes behind, a job numbers its frames below its first life's. Its steps
+    past the newest judged one are judged (skipped as an old spool, its loss blowing up at
+    step 300 went unseen: review)."""
+    hot = [RuleSpec("hot_loss", "threshold", "loss", params={"value": 5.0})]
+    t1 = 1_700_000_000_000_000
+    first = [_clocked(s, t1 + s * 1_000_000, 2.0) for s in range(0, 200, 10)]
+    t0 = t1 + 190 * 1_000_000 + 30_000_000 - 600_000_000
+    resumed = [_clocked(s, t0 + (s - 200) * 1_000_000, 9.0 if s >= 300 else 2.0)
+               for s in range(200, 400, 10)]
+    engine = AlertEngine(hot)
+    feed(sessions, engine, first)
+    feed(sessions, engine, resumed)
+    assert [(a.rule, a.fired_step) for a in alerts(sessions)] == [("hot_loss", 300)]

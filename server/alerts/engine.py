@@ -16,9 +16,10 @@ Around the pure rules (:mod:`.rules`) the engine adds:
 * silences: an alert matching an active silence is stored ``suppressed="silenced"``;
 * no data: :meth:`AlertEngine.check_stale` fires ``no_data`` for runs that stopped
   reporting, and the next frame of the run resolves it;
-* late frames: a frame numbered (``seq``) before one already judged on its (run, rank), an
-  old spool pushed after newer frames, is stored but not judged against the newer memory;
-  the (run, rank) is rebuilt from the store, in step order, when it sends again;
+* late frames: a frame numbered (``seq``) before one already judged on its (run, rank), at
+  a step already judged (an old spool pushed after newer frames), is stored but not judged
+  against the newer memory; the (run, rank) is rebuilt from the store, in step order, when
+  it sends again;
 * hold (``keep_firing_for``): a breach within the hold of a firing alert updates that alert
   (value, evidence, ``evidence.reopened``) instead of creating one, and is not notified;
 * downgrade (:class:`~.rules.Downgrade`): an alert that fires while its rule's downgrade
@@ -118,13 +119,18 @@ class AlertEngine(EvaluationMixin, NoDataMixin):
                 if f.run_id in ended and f.step > ended[f.run_id]:
                     continue  # after the run said it ended (another rank outlived rank 0)
                 newest = self._newest_seq.get((f.run_id, f.rank))
-                if newest is not None and f.seq < newest:
-                    # sent before what was judged (an old spool pushed after newer frames):
-                    # stored, not judged against newer memory; the (run, rank) is rebuilt
-                    # from the store, in step order, when it sends again
+                if newest is not None and f.seq < newest[0] and f.step <= newest[1]:
+                    # sent before what was judged, at a step already judged (an old spool
+                    # pushed after newer frames): stored, not judged against newer memory;
+                    # the (run, rank) is rebuilt from the store, in step order, when it
+                    # sends again. (A job resumed on a host whose clock is behind numbers
+                    # its frames below its first life's too: its steps past the newest
+                    # judged one are judged.)
                     late.add((f.run_id, f.rank))
                     continue
-                self._newest_seq[(f.run_id, f.rank)] = f.seq
+                self._newest_seq[(f.run_id, f.rank)] = (
+                    max(f.seq, newest[0]) if newest else f.seq,
+                    max(f.step, newest[1]) if newest else f.step)
                 if (f.run_id, f.rank) not in self._loaded:
                     self._restore(session, f.run_id, f.rank, before_step=f.step)
                 if f.run_id not in seen_runs:  # the run's first frame resolves no_data

@@ -10,10 +10,11 @@ that finished; the run's next frame resolves it too
 :mod:`~logitwatch.server.store.lifecycle`): the alert records the run's newest frame row
 when it fired (``evidence.frame_id``, rows are numbered as they arrive), and a frame that
 arrived since resolves it only if it is numbered after every frame its rank had sent
-before: a job back, or resumed from a checkpoint below its last step. An old spool pushed
-late (frames numbered before those stored) is not news: the alert stays open and the run
-``stopped``. Not by step (a resumed job's steps are below the last step) nor by the job's
-clock (a restarted job's host may be behind).
+before: a job back, or resumed from a checkpoint below its last step; or if its step is
+past the one the run fell silent at (``fired_step``: a job resumed on a host whose clock
+is behind numbers its frames below its first life's, seqs following the clock). An old
+spool pushed late (frames numbered before those stored, at steps stored) is not news: the
+alert stays open and the run ``stopped``.
 """
 
 from __future__ import annotations
@@ -161,8 +162,9 @@ def _back(session: Session, f: NewFrame, a: Alert) -> int | None:
     while nothing newer than what it fired on has arrived: of the frames stored since it
     fired (frame rows above ``evidence.frame_id``), for each rank, the one numbered last
     (its highest ``seq``) counts if no frame of that rank stored before is numbered after
-    it; the newest step among those that count. An alert fired before it recorded its
-    frame row resolves on any frame, at ``f``'s step."""
+    it, and so does a step past the one it fired at; the newest step among those that
+    count. An alert fired before it recorded its frame row resolves on any frame, at
+    ``f``'s step."""
     fid = (a.evidence or {}).get("frame_id")
     if not isinstance(fid, int):
         return f.step
@@ -178,4 +180,8 @@ def _back(session: Session, f: NewFrame, a: Alert) -> int | None:
             continue  # numbered before a frame it had sent: an old spool
         steps.append(session.scalar(select(Frame.step).where(
             Frame.run_id == f.run_id, Frame.rank == rank, Frame.seq == seq)))
+    past = session.scalar(select(func.max(Frame.step)).where(
+        Frame.run_id == f.run_id, Frame.id > fid, Frame.seq >= 0))
+    if past is not None and past > a.fired_step:  # past where it fell silent: news
+        steps.append(past)
     return max(steps) if steps else None

@@ -263,9 +263,10 @@ class RankState:
         self._loaded: set[tuple[int, int]] = set()
         # (run_id, rank) -> the rule_memory text last written or read (written on change)
         self._saved: dict[tuple[int, int], str] = {}
-        # (run_id, rank) -> the highest seq judged: a frame numbered before it (an old
-        # spool pushed after newer frames) is stored but not judged against newer memory
-        self._newest_seq: dict[tuple[int, int], int] = {}
+        # (run_id, rank) -> the highest seq and step judged: a frame numbered before the
+        # one at a step at or below the other (an old spool pushed after newer frames) is
+        # stored but not judged against newer memory
+        self._newest_seq: dict[tuple[int, int], tuple[int, int]] = {}
 
     def _clear_state(self) -> None:
         """Forget every (run, rank) (each is rebuilt from the store when it sends again)."""
