@@ -77,7 +77,6 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         self.attach_kwargs = attach_kwargs
         self.monitor: Monitor | None = None
         self._lr_source: Any = None  # the optimizer
-        self._step_lr: Any = None  # the LR the current optimizer step uses
         self._warned_manual = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -118,22 +117,24 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
             self.monitor.request_sample_at(self.monitor.step_index + int(total) - done - 1)
             self.monitor.planned_steps = int(total) - done
 
-    def _read_lr(self, optimizer: Any) -> None:
-        """Keep ``optimizer``'s current LR for this step's frame. As given: a tensor LR
-        (capturable optimizers) stays on the device, where float() would read it back on
-        every step, sampled or not; copied, since a scheduler updates it in place."""
+    def _log_lr(self, optimizer: Any) -> None:
+        """Log ``optimizer``'s current LR, the one this step uses, to the step. As given: a
+        tensor LR (capturable optimizers) stays on the device, where float() would read it
+        back on every step, sampled or not; on a sampled step copied, since the frame reads
+        it at the step's end and a scheduler updates it in place before (an unsampled
+        step's history copies it at once)."""
         groups = getattr(optimizer, "param_groups", None)
-        if not groups:
+        mon = self.monitor
+        if not groups or mon is None:
             return
         lr = groups[0].get("lr")
-        if isinstance(lr, torch.Tensor):
+        if isinstance(lr, torch.Tensor) and mon.sampled:
             lr = lr.detach().clone()
-        self._step_lr = lr
+        mon.log(lr=lr)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                              batch: Any, batch_idx: int) -> None:
         if self.monitor is not None:
-            self._read_lr(self._lr_source)  # on_before_optimizer_step reads it again
             self.monitor.begin_capture()
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -151,14 +152,7 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         mon.end_capture(loss if isinstance(loss, torch.Tensor) else None)
         last = trainer.num_training_batches
         if (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == last:
-            # the LR this optimizer step used: a "step" scheduler has already moved the
-            # optimizer's to the next step's by now. Logged on every step: on an unsampled
-            # one Monitor.log() keeps it for the history (the monitor has no optimizer of
-            # its own to read it from)
-            if self._step_lr is not None:
-                mon.log(lr=self._step_lr)
-            self._step_lr = None
-            mon.step()
+            mon.step()  # (its LR was logged in on_before_optimizer_step)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                  optimizer: torch.optim.Optimizer) -> None:
@@ -167,7 +161,10 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         None: the step leaves the weights and the optimizer's state alone)."""
         if self.monitor is None:
             return
-        self._read_lr(optimizer)
+        # the LR this optimizer step uses (by on_train_batch_end a "step" scheduler has
+        # moved it to the next step's); logged on every step: on an unsampled one
+        # Monitor.log() keeps it for the history (the monitor has no optimizer of its own)
+        self._log_lr(optimizer)
         if self.monitor.fuses:
             self.monitor.fuses.drop_update(optimizer)
 
@@ -175,11 +172,11 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
-        self._lr_source = self._step_lr = None
+        self._lr_source = None
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         if self.monitor is not None:
             self.monitor.close(finished=False)
             self.monitor = None
-        self._lr_source = self._step_lr = None
+        self._lr_source = None

@@ -229,3 +229,31 @@ def test_lightning_audit_a_resumed_fit_numbers_its_steps_on(tmp_path) -> None:
     client.shutdown(5.0)
     assert first == [0, 1, 2]
     assert [f["step"] for f in frames] == [3, 5]  # sampled first, and the fit's last step
+
+
+def test_lightning_audit_a_tensor_lr_is_copied_on_sampled_steps_only(monkeypatch) -> None:
+    """A tensor LR (capturable optimizers) is copied for the frame of a sampled step only:
+    the callback cloned it at every batch start and every optimizer step, device work on
+    the steps between samples (60 clones for 20 steps of 2 micro-batches: review)."""
+    import inspect
+
+    from logitwatch.hooks.lightning import LogitwatchCallback
+
+    clones: list[int] = []
+    orig = torch.Tensor.clone
+
+    def clone(self, *a, **k):  # type: ignore[no-untyped-def]
+        caller = inspect.currentframe().f_back  # type: ignore[union-attr]
+        if caller is not None and caller.f_code.co_filename.endswith("hooks/lightning.py"):
+            clones.append(1)
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "clone", clone)
+    client, frames = capturing_client()
+    callback = LogitwatchCallback(run="r", client=client, sample_every=3,
+                                  overhead_budget=None, history_every=None)
+    fit(callback, max_steps=6, accumulate=2, lr=torch.tensor(0.1))
+    client.shutdown(5.0)
+    sampled = [f["step"] for f in frames if not f.get("finish")]
+    assert sampled == [0, 3, 5]
+    assert len(clones) == len(sampled)
