@@ -343,3 +343,19 @@ def test_a_fuse_failing_in_its_optimizer_hook_records_a_failed_event() -> None:
     assert failed == ["lr_backoff", "rollback"]
     train(model, opt, mon, 2)  # training goes on
     assert len([e for e in mon.fuses.events if e.action == "failed"]) == 2
+
+
+def test_a_resumed_job_snapshots_at_its_first_step() -> None:
+    """attach(start_step=103) (a resumed job): the first snapshot is at step 103, its first
+    step, as a fresh job's is at step 0; by the step's index alone (step % every) none came
+    before step 105, and a rollback in that window found none."""
+    model = Net()
+    client, _ = capturing_client()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    fuse = Rollback(every=5, mode="auto")
+    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
+                 sample_every=100, fuses=[fuse], start_step=103)
+    train(model, opt, mon, 1)
+    assert [s.step for s in fuse.ring] == [103]
+    train(model, opt, mon, 5)
+    assert [s.step for s in fuse.ring] == [103, 108]

@@ -123,6 +123,7 @@ class Rollback(Fuse):
         self._bad: str | None = None  # a bad loss seen since the last snapshot
         # critical alerts (sender thread): (reason, the step the alert speaks of)
         self._requests: deque[tuple[str, int | None]] = deque(maxlen=16)
+        self._first: int | None = None  # the first step it saw: snapshots every `every`
         self._handle: Any = None
         self._last_suggest: int | None = None
         self._frame_lost = 0
@@ -264,7 +265,9 @@ class Rollback(Fuse):
                          "%d handled it; ignored", reason, about, self._rolled_at)
                 continue
             self.trigger(step, reason)
-        if step % self.every == 0 and self.model is not None:
+        if self._first is None:
+            self._first = step  # a resumed job's first step (attach(start_step=)): not 0
+        if (step - self._first) % self.every == 0 and self.model is not None:
             self._snapshot(step)
 
     def _lrs(self) -> list[float] | None:
