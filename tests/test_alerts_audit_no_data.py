@@ -149,3 +149,25 @@ def test_a_job_resumed_on_a_host_whose_clock_is_behind_resolves_no_data(
                          for s in range(80, 200, 10)])
     a, run = _no_data(sessions)
     assert (a.state, a.resolved_step, run.status) == ("resolved", 100, "running")
+
+
+def test_an_old_spool_of_a_rank_never_heard_of_does_not_resolve_no_data(
+        sessions: sessionmaker[Session]) -> None:
+    """A two-rank job whose rank 1 never reached the collector dies; rank 1's spool pushed
+    later (numbered before rank 0's last frame) resolved no_data at step 0 and marked the
+    dead run running: a rank with nothing stored passed the per-rank test (review)."""
+    eng = AlertEngine()
+
+    def fr(rank: int, seq: int, step: int) -> dict[str, Any]:
+        return {"run": "r", "rank": rank, "seq": seq, "step": step, "time": 1000.0 + seq,
+                "scalars": {"loss": 2.0}, "heads": {}}
+
+    feed(sessions, eng, [fr(0, i + 1, 10 * i) for i in range(10)])
+    with session_scope(sessions) as s:
+        assert [a.rule for a in eng.check_stale(s, now=1010.0 + 3600)] == ["no_data"]
+    assert feed(sessions, eng, [fr(1, i + 1, 10 * i) for i in range(5)]) == []
+    a, run = _no_data(sessions)
+    assert (a.state, run.status) == ("firing", "stopped")
+    feed(sessions, eng, [fr(1, 20, 100)])  # rank 1 now, numbered after: back
+    a, run = _no_data(sessions)
+    assert (a.state, a.resolved_step, run.status) == ("resolved", 100, "running")

@@ -173,11 +173,23 @@ def _back(session: Session, f: NewFrame, a: Alert) -> int | None:
             Frame.run_id == f.run_id, Frame.id > fid, Frame.seq >= 0)  # not history rows
         .group_by(Frame.rank)).all()
     steps: list[int] = []
+    before = None  # the run's highest seq when it fired (any rank), read once if needed
     for rank, seq in arrived:
         if session.scalar(select(Frame.id).where(
                 Frame.run_id == f.run_id, Frame.rank == rank, Frame.seq > seq
         ).limit(1)) is not None:
             continue  # numbered before a frame it had sent: an old spool
+        if session.scalar(select(Frame.id).where(
+                Frame.run_id == f.run_id, Frame.rank == rank, Frame.id <= fid,
+                Frame.seq >= 0).limit(1)) is None:
+            # a rank heard of for the first time: news only if numbered after what the
+            # run had sent (seqs follow the job's clock on every rank), not an old spool
+            # of a rank that never reached the collector
+            if before is None:
+                before = session.scalar(select(func.max(Frame.seq)).where(
+                    Frame.run_id == f.run_id, Frame.id <= fid, Frame.seq >= 0)) or -1
+            if seq < before:
+                continue
         steps.append(session.scalar(select(Frame.step).where(
             Frame.run_id == f.run_id, Frame.rank == rank, Frame.seq == seq)))
     past = session.scalar(select(func.max(Frame.step)).where(
