@@ -307,3 +307,42 @@ def test_a_job_resumed_on_a_host_whose_clock_is_behind_is_judged(
     feed(sessions, engine, first)
     feed(sessions, engine, resumed)
     assert [(a.rule, a.fired_step) for a in alerts(sessions)] == [("hot_loss", 300)]
+
+
+def test_a_run_under_a_deleted_runs_id_is_judged_afresh(sessions: sessionmaker[Session]) -> None:
+    """SQLite gives a deleted run's id to the next run: the engine's memory of the old run
+    (its newest seq and step) made every frame of the new one late, never judged; its NaN
+    loss went unseen (review). The run's creation time tells them apart."""
+    from logitwatch.server.db.models import Run
+    from logitwatch.server.store.queries import delete_run
+
+    def fr(run: str, i: int, loss: float) -> dict[str, object]:
+        return {"run": run, "rank": 0, "seq": i + 1, "step": i * 10, "time": 1000.0 + i,
+                "scalars": {"loss": loss}, "heads": {}}
+
+    engine = AlertEngine()
+    feed(sessions, engine, [fr("old", i, 2.0) for i in range(50)])
+    with session_scope(sessions) as s:
+        delete_run(s, s.scalar(select(Run.id).where(Run.name == "old")))
+    feed(sessions, engine, [fr("new", i, 2.0) for i in range(5)])
+    got = feed(sessions, engine, [fr("new", i, float("nan")) for i in range(5, 10)])
+    assert [(a.rule, a.state) for a in got] == [("loss_nonfinite", "firing")]
+
+
+def test_the_whole_run_memory_of_a_changed_rule_is_not_read_back(
+        sessions: sessionmaker[Session]) -> None:
+    """A rule of the same name retargeted (``set_rules``, the rules API, an edited rules
+    file and a restart): the lowest level it had settled to on its old series was put back
+    into the new one, and a flat series at 10 fired as 10x "its" lowest level, 1 (review).
+    Each entry carries its rule's fingerprint; another rule's is not read back."""
+    p = {"window": 5, "factor": 3.0, "min_history": 5, "min_samples": 3}
+
+    def fr(i: int) -> dict[str, object]:
+        return {"run": "r", "rank": 0, "seq": i + 1, "step": i, "time": 1000.0 + i,
+                "scalars": {"a": 1.0, "b": 10.0}, "heads": {}}
+
+    engine = AlertEngine([RuleSpec("rise", "level_rise", "a", params=p, severity="warning")])
+    feed(sessions, engine, [fr(i) for i in range(40)])
+    engine.set_rules([RuleSpec("rise", "level_rise", "b", params=p, severity="warning")])
+    assert feed(sessions, engine, [fr(i) for i in range(40, 60)]) == []
+    assert alerts(sessions) == []

@@ -109,10 +109,20 @@ class AlertEngine(EvaluationMixin, NoDataMixin):
         """Advance the rules over ``frames`` (in step order); return alerts created or
         changed that people should hear about (suppressed ones are stored, not returned)."""
         changed: list[Alert] = []
-        ended = dict(session.execute(select(Run.id, Run.end_step).where(
-            Run.id.in_({f.run_id for f in frames}), Run.status == "finished",
-            Run.end_step.is_not(None))).all()) if frames else {}
+        runs = session.execute(select(Run.id, Run.status, Run.end_step, Run.created_at).where(
+            Run.id.in_({f.run_id for f in frames}))).all() if frames else []
+        ended = {r.id: r.end_step for r in runs
+                 if r.status == "finished" and r.end_step is not None}
         with self._lock:
+            # a run deleted and its id given to a new one (SQLite reuses the highest id):
+            # what the engine remembers of the old run is not the new one's
+            for r in runs:
+                if self._created.setdefault(r.id, r.created_at) != r.created_at:
+                    self._created[r.id] = r.created_at
+                    self._forget({k for k in self._seen if k[0] == r.id}
+                                 | {k for k in self._loaded if k[0] == r.id})
+                    self._newest_seq = {k: v for k, v in self._newest_seq.items()
+                                        if k[0] != r.id}
             seen_runs: set[int] = set()
             late: set[tuple[int, int]] = set()
             for f in sorted(frames, key=lambda f: (f.run_id, f.rank, f.step)):

@@ -14,6 +14,7 @@ lifecycles up with the alerts the store holds open (:meth:`RankState._resume`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time as _time
@@ -100,6 +101,14 @@ class _Cells:
             self.calm[cell] = t.calm
             del self.tracks[cell]
 
+
+
+def _fingerprint(rule: RuleSpec) -> str:
+    """What a rule's whole-run memory depends on (its kind, series and parameters): a
+    ``rule_memory`` entry written under another rule of the same name is not read back."""
+    text = json.dumps([rule.kind, rule.metric, rule.over, rule.params], sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _loss_key(run_id: int, rank: int, d: Downgrade) -> tuple[int, int, int, int]:
@@ -267,6 +276,8 @@ class RankState:
         # one at a step at or below the other (an old spool pushed after newer frames) is
         # stored but not judged against newer memory
         self._newest_seq: dict[tuple[int, int], tuple[int, int]] = {}
+        # run_id -> the run's created_at as first seen (a deleted run's id reused: another)
+        self._created: dict[int, float] = {}
 
     def _clear_state(self) -> None:
         """Forget every (run, rank) (each is rebuilt from the store when it sends again)."""
@@ -284,6 +295,7 @@ class RankState:
         self._seen.clear()
         self._saved.clear()
         self._newest_seq.clear()
+        self._created.clear()
 
     def _evict(self, seen: Iterable[tuple[int, int]], now: float | None = None) -> None:
         """Note that ``seen`` (run, rank)s sent frames now; forget every in-memory state
@@ -327,12 +339,17 @@ class RankState:
         self._cells_of = {k: v for k, v in self._cells_of.items() if k[1:] not in gone}
         self._per_cell = {k for k in self._per_cell if k[1:] not in gone}
         self._broken = {k for k in self._broken if k[1:] not in gone}
+        if not late:  # runs of which nothing is remembered need no creation time either
+            live = {k[0] for k in self._seen}
+            for run_id in {k[0] for k in gone} - live:
+                self._created.pop(run_id, None)
 
     # -- what a replay cannot rebuild (rule_memory) -------------------------------------
 
     def _long_state(self, run_id: int, rank: int) -> dict[str, dict[str, object]]:
         """What (run, rank)'s memory holds of its whole run (:data:`LONG_EXTRA` of each
-        run-level rule, the best loss of each loss-rise tracker)."""
+        run-level rule, with the rule's fingerprint; the best loss of each loss-rise
+        tracker)."""
         mem: dict[str, object] = {}
         loss: dict[str, object] = {}
         for r in self._rules:
@@ -340,7 +357,7 @@ class RankState:
             if m is not None:
                 kept = {k: m.extra[k] for k in LONG_EXTRA if k in m.extra}
                 if kept:
-                    mem[r.name] = kept
+                    mem[r.name] = {**kept, "rule": _fingerprint(r)}
             if r.downgrade is not None:
                 key = _loss_key(run_id, rank, r.downgrade)
                 t = self._loss.get(key)
@@ -384,6 +401,8 @@ class RankState:
             m = self._mem.get((r.name, run_id, rank, None, None))
             if m is not None:
                 kept = mem.get(r.name) or {}
+                if kept.get("rule") != _fingerprint(r):
+                    continue  # written for another rule of that name (the rules changed)
                 for k in LONG_EXTRA:
                     if k in kept:
                         m.extra[k] = kept[k]
