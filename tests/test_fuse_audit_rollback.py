@@ -342,6 +342,7 @@ def test_a_fuse_failing_in_its_optimizer_hook_records_a_failed_event() -> None:
     failed = sorted(e.fuse for e in mon.fuses.events if e.action == "failed")
     assert failed == ["lr_backoff", "rollback"]
     train(model, opt, mon, 2)  # training goes on
+    mon.close()
     assert len([e for e in mon.fuses.events if e.action == "failed"]) == 2
 
 
@@ -358,4 +359,5 @@ def test_a_resumed_job_snapshots_at_its_first_step() -> None:
     train(model, opt, mon, 1)
     assert [s.step for s in fuse.ring] == [103]
     train(model, opt, mon, 5)
+    mon.close()
     assert [s.step for s in fuse.ring] == [103, 108]
