@@ -98,3 +98,27 @@ def test_no_answer_yet_is_not_a_baseline() -> None:
     step()  # a change: acts
     assert acted(mon) == [("rollback", "undo")]
     mon.close()
+
+
+def test_a_client_answered_before_attach_gives_its_control_as_the_baseline() -> None:
+    """A client that had an answer before this monitor attached (shared with an earlier
+    monitor): its control at attach is the baseline, and a click that arrives after attach,
+    before the first step ends, acts; it was taken for the baseline and swallowed
+    (review)."""
+    model = Net()
+    client, _ = capturing_client()
+    client._handle_answer({"control": {}})  # an answer before attach
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
+                 sample_every=1, fuses=[Rollback(every=5, keep=2, back=5, skip=3,
+                                                 mode="auto")])
+    client._handle_answer({"control": {"fuses": {"rollback": "apply"}}})  # a person clicks
+    for _ in range(2):
+        if not mon.fuses.skip_batch():
+            model(IDS).backward()
+            opt.step()
+            opt.zero_grad()
+    mon.close()
+    # acted on at the first step's end (no snapshot yet there: said so), not swallowed
+    assert [(e.action, e.detail.get("reason")) for e in mon.fuses.events
+            if e.action != "armed"][:1] == [("no_snapshot", "applied by control")]

@@ -216,10 +216,17 @@ class FuseSet:
         # until an answer replaces the client's control object, none has been seen
         client = getattr(monitor, "client", None) if monitor is not None else None
         answered = getattr(client, "_answered", None)  # the client's "an answer came"
-        self._control_at_attach: Any = (
-            None if callable(getattr(answered, "is_set", None)) and answered.is_set()
-            else getattr(client, "control", None))  # None: the first read is the baseline
+        self._control_at_attach: Any = getattr(client, "control", None)
         self._baselined = False
+        if callable(getattr(answered, "is_set", None)) and answered.is_set():
+            # a client that had an answer already (shared with an earlier monitor): its
+            # control now is the baseline; a click after attach acts
+            control = (self._control_at_attach.get("fuses")
+                       if isinstance(self._control_at_attach, Mapping) else None)
+            if isinstance(control, Mapping):
+                self._control = {f.name: control[f.name] for f in self._fuses
+                                 if isinstance(control.get(f.name), str)}
+            self._baselined, self._control_at_attach = True, None
         self._in_step = False  # inside step_end
         self._stale = False  # weights restored inside this step_end
         self._step = 0
