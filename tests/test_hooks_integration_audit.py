@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from test_hooks_sampling import Tiny
 from torch import nn
 
 import logitwatch.hooks as H
@@ -22,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def capturing_client(run: str = "r") -> tuple[Client, list[dict]]:
+    """test_hooks_sampling's, with the finish frame too."""
     frames: list[dict] = []
     client = Client(None, run=run)
     client.send = lambda step, scalars, heads, time=None, history=None: frames.append(  # type: ignore
@@ -29,26 +31,6 @@ def capturing_client(run: str = "r") -> tuple[Client, list[dict]]:
     client.finish = lambda step=None, **kw: frames.append(  # type: ignore
         {"step": step, "finish": True})
     return client, frames
-
-
-class Tiny(nn.Module):
-    """One attention layer over a 32-token vocabulary."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = nn.Embedding(32, 16)
-        self.q_proj, self.k_proj = nn.Linear(16, 16), nn.Linear(16, 16)
-        self.num_heads = 2
-        self.lm_head = nn.Linear(16, 32)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.emb(ids)
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, 2, 8).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, 2, 8).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, k, is_causal=True)
-        return self.lm_head(x + y.transpose(1, 2).reshape(b, t, 16))
 
 
 def batches(n: int) -> list[torch.Tensor]:
