@@ -438,7 +438,7 @@ def test_frames_survive_a_killed_job(tmp_path, shared) -> None:
         skipped = subprocess.run([sys.executable, "-m", "logitwatch.cli", "push", str(spool),
                                   "--url", shared.url], capture_output=True, text=True,
                                  timeout=60)
-        assert "its job is still running" in skipped.stderr  # a live job's spool is its own
+        assert "in use by its job, still running" in skipped.stderr  # a live job's spool is its own
     finally:
         job.send_signal(signal.SIGKILL)
         job.wait(10)
