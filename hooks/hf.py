@@ -59,6 +59,22 @@ def training_config(args: Any) -> dict[str, Any]:
             or (isinstance(v, float) and math.isfinite(v))}
 
 
+def _loss_scale(args: Any, model: Any) -> float:
+    """What the Trainer multiplies a forward's loss by where it averages tokens across
+    devices (``Trainer.compute_loss``): the processes over the tensor-parallel size (TP
+    ranks see one batch; the model's ``_tp_size``, 1 where it has none: a DeepSpeed or
+    accelerate TP configuration is not seen here), or the GPUs under DataParallel; 1
+    otherwise."""
+    if not getattr(args, "average_tokens_across_devices", False):
+        return 1.0
+    n_gpu = int(getattr(args, "n_gpu", 1) or 1)
+    if n_gpu > 1:
+        return float(n_gpu)
+    world = max(1, int(getattr(args, "world_size", 1) or 1))
+    tp = getattr(getattr(model, "module", model), "_tp_size", None) or 1
+    return float(max(1, world // max(1, int(tp))))
+
+
 class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
     """Attach a :class:`~logitwatch.hooks.Monitor` for the length of ``trainer.train()``.
 
@@ -101,10 +117,7 @@ class LogitwatchCallback(TrainerCallback):  # type: ignore[misc]
         # step's token count (summed across ranks where it averages tokens across devices,
         # then scaling the loss by their number): each micro-batch's ``.loss`` is its share
         # of the step's loss, which is their sum, not their mean
-        scale = 1.0
-        if getattr(args, "average_tokens_across_devices", False):
-            scale = float(max(1, int(getattr(args, "world_size", 1) or 1)))
-        self.monitor.loss_items_scale = scale
+        self.monitor.loss_items_scale = _loss_scale(args, model)
         ga = getattr(args, "gradient_accumulation_steps", 1)
         if isinstance(ga, int) and ga > 0:  # a step's micro-batches are no stalled optimizer
             self.monitor.stall_forwards = max(self.monitor.stall_forwards, 2 * ga + 1)

@@ -460,3 +460,21 @@ def test_a_compiled_forward_is_warned_of_once(caplog) -> None:
         mon.close()
         hits = [r for r in caplog.records if "none of its forwards" in r.getMessage()]
         assert len(hits) == (1 if compiled else 0), (compiled, caplog.text)
+
+
+@pytest.mark.parametrize(("world", "n_gpu", "tp", "scale"),
+                         [(1, 1, None, 1.0), (4, 1, None, 4.0), (4, 1, 2, 2.0), (1, 2, None, 2.0)])
+def test_hf_loss_scale_is_the_trainers(world: int, n_gpu: int, tp: int | None,
+                                       scale: float) -> None:
+    """Where the Trainer averages tokens across devices it multiplies a forward's loss by
+    its processes over the tensor-parallel size, or by the GPUs under DataParallel
+    (``Trainer.compute_loss``); the callback scaled by the processes alone (review)."""
+    from types import SimpleNamespace
+
+    from logitwatch.hooks.hf import _loss_scale
+
+    args = SimpleNamespace(average_tokens_across_devices=True, world_size=world, n_gpu=n_gpu)
+    model = SimpleNamespace(_tp_size=tp)
+    assert _loss_scale(args, model) == scale
+    args.average_tokens_across_devices = False
+    assert _loss_scale(args, model) == 1.0
