@@ -10,7 +10,8 @@ import logging
 
 import pytest
 import torch
-from test_fuses import IDS, Net, capturing_client
+from test_fuse_audit_rollback import train
+from test_fuses import Net, capturing_client
 
 from logitwatch.hooks import attach
 from logitwatch.hooks.fuses import LRBackoff, QKClip, Rollback
@@ -28,13 +29,7 @@ def job():
                  sample_every=1, fuses=fuses)
 
     def step(n: int = 1) -> None:
-        for _ in range(n):
-            if mon.fuses.skip_batch():
-                continue
-            loss = model(IDS)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+        train(model, opt, mon, n)
 
     return mon, client, step
 
@@ -113,11 +108,7 @@ def test_a_client_answered_before_attach_gives_its_control_as_the_baseline() -> 
                  sample_every=1, fuses=[Rollback(every=5, keep=2, back=5, skip=3,
                                                  mode="auto")])
     client._handle_answer({"control": {"fuses": {"rollback": "apply"}}})  # a person clicks
-    for _ in range(2):
-        if not mon.fuses.skip_batch():
-            model(IDS).backward()
-            opt.step()
-            opt.zero_grad()
+    train(model, opt, mon, 2)
     mon.close()
     # acted on at the first step's end (no snapshot yet there: said so), not swallowed
     assert [(e.action, e.detail.get("reason")) for e in mon.fuses.events

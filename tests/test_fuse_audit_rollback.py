@@ -12,9 +12,9 @@ import os
 
 import pytest
 import torch
-from test_fuses import IDS, Net, capturing_client
+from test_fuses import IDS, Net
+from test_fuses_qknorm import attached
 
-from logitwatch.hooks import attach
 from logitwatch.hooks.fuses import LRBackoff, QKClip, QKNorm, Rollback
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -45,11 +45,9 @@ def adam_state_finite(opt) -> bool:
 @pytest.mark.parametrize("mode", ["suggest", "auto"])
 def test_nonfinite_optimizer_state_keeps_the_good_snapshot(mode: str) -> None:
     model = Net()
-    client, _ = capturing_client()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     fuse = Rollback(every=5, keep=1, back=5, skip=2, mode=mode)
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=100, fuses=[fuse])
+    mon, _, frames, client = attached(model, opt=opt, sample_every=100, fuses=[fuse])
     for i in range(11):
         loss = model(IDS)
         loss.backward()
@@ -83,11 +81,9 @@ def test_nonfinite_optimizer_state_keeps_the_good_snapshot(mode: str) -> None:
 
 def test_late_alert_about_a_rolled_back_step_does_not_roll_back_again() -> None:
     model = Net()
-    client, _ = capturing_client()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     fuse = Rollback(every=5, keep=2, back=5, skip=2, mode="auto")
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=4, fuses=[fuse])
+    mon, _, frames, client = attached(model, opt=opt, sample_every=4, fuses=[fuse])
     for i in range(40):
         if mon.fuses.skip_batch():
             continue
@@ -115,12 +111,10 @@ def test_late_alert_about_a_rolled_back_step_does_not_roll_back_again() -> None:
 
 def test_late_alert_with_plain_step_is_ignored_and_does_not_restart_the_backoff() -> None:
     model = Net()
-    client, _ = capturing_client()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     rb = Rollback(every=5, keep=2, back=5, skip=2, mode="auto")
     lrb = LRBackoff(factor=0.5, steps=50, mode="auto")
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=100, fuses=[rb, lrb])
+    mon, _, frames, client = attached(model, opt=opt, sample_every=100, fuses=[rb, lrb])
     multipliers: list[float] = []
 
     def hook(i: int) -> None:
@@ -147,12 +141,10 @@ def test_late_alert_with_plain_step_is_ignored_and_does_not_restart_the_backoff(
 
 def test_undo_copy_goes_to_path_and_respects_the_budget(tmp_path) -> None:
     model = Net()
-    client, frames = capturing_client()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     fuse = Rollback(every=5, keep=2, back=5, skip=0, mode="auto", path=str(tmp_path),
                     budget=10_000)  # far less than one copy: memory must hold nothing
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=1, fuses=[fuse])
+    mon, _, frames, client = attached(model, opt=opt, sample_every=1, fuses=[fuse])
     train(model, opt, mon, 11)  # snapshots after steps 0, 5, 10
     before = copy.deepcopy(model.state_dict())
     mon.fuses.apply("rollback")  # at step 11, between steps: a snapshot step is next
@@ -172,7 +164,6 @@ def test_undo_copy_goes_to_path_and_respects_the_budget(tmp_path) -> None:
 
 def test_undo_copy_on_a_snapshot_step_does_not_share_its_file(tmp_path) -> None:
     model = Net()
-    client, _ = capturing_client()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     fuse = Rollback(every=5, keep=2, back=5, skip=0, mode="auto", path=str(tmp_path))
 
@@ -185,8 +176,7 @@ def test_undo_copy_on_a_snapshot_step_does_not_share_its_file(tmp_path) -> None:
     states: list[dict] = []  # after each update, before the monitor's hook (the fuses)
     opt.register_step_post_hook(lambda o, a, k: states.append(
         copy.deepcopy(model.state_dict())))
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=100, fuses=[fuse])
+    mon, _, frames, client = attached(model, opt=opt, sample_every=100, fuses=[fuse])
     train(model, opt, mon, 11, hook=hook)
     assert fuse.rollbacks == 1 and [s.step for s in fuse.ring] == [5, 10]
     assert fuse._undo is not None and fuse._undo.path not in [s.path for s in fuse.ring]
@@ -200,11 +190,9 @@ def test_undo_copy_on_a_snapshot_step_does_not_share_its_file(tmp_path) -> None:
 
 def test_bytes_count_the_undo_copy_in_memory() -> None:
     model = Net()
-    client, frames = capturing_client()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     fuse = Rollback(every=5, keep=2, back=5, skip=0, mode="auto")
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=1, fuses=[fuse])
+    mon, _, frames, client = attached(model, opt=opt, sample_every=1, fuses=[fuse])
     train(model, opt, mon, 12)
     mon.fuses.apply("rollback")
     train(model, opt, mon, 1)
@@ -221,13 +209,11 @@ def test_bytes_count_the_undo_copy_in_memory() -> None:
 @pytest.mark.parametrize("order", ["rollback_first", "qk_clip_first"])
 def test_qk_clip_does_not_clip_weights_a_rollback_restored(order: str) -> None:
     model = Net()
-    client, _ = capturing_client()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights are the fuses'
     rb = Rollback(every=5, keep=2, back=5, skip=0, mode="auto")
     clip = QKClip(tau=1000, mode="auto")
     fuses = [rb, clip] if order == "rollback_first" else [clip, rb]
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=1, fuses=fuses)
+    mon, _, frames, client = attached(model, opt=opt, sample_every=1, fuses=fuses)
     w = model.blocks[0].c_attn
     w0, b0 = w.weight.detach().clone(), w.bias.detach().clone()
     for i in range(8):
@@ -255,12 +241,10 @@ def test_qk_clip_does_not_clip_weights_a_rollback_restored(order: str) -> None:
 
 def test_qk_norm_does_not_rescale_weights_a_rollback_restored() -> None:
     model = Net(std=0.5)
-    client, _ = capturing_client()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     rb = Rollback(every=5, keep=2, back=5, skip=0, mode="auto")
     norm = QKNorm(limit=3.0, patience=1, stable=1000, mode="auto")  # inserted, rescaling
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=1, fuses=[rb, norm])
+    mon, _, frames, client = attached(model, opt=opt, sample_every=1, fuses=[rb, norm])
     w = model.blocks[0].c_attn
     train(model, opt, mon, 7)
     assert norm.layers == {0: 1.0} and [s.step for s in rb.ring] == [0, 5]
@@ -287,12 +271,10 @@ def _rng_loop(restore_rng: bool | None) -> tuple[list[int], list[int]]:
         return torch.stack([data[i:i + 12] for i in ix]), int(ix[0])
 
     model = Net()
-    client, _ = capturing_client()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     kw = {} if restore_rng is None else {"restore_rng": restore_rng}
     fuse = Rollback(every=10, keep=2, back=10, skip=3, mode="auto", **kw)
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=100, fuses=[fuse])
+    mon, _, frames, client = attached(model, opt=opt, sample_every=100, fuses=[fuse])
     torch.manual_seed(1)
     trained: list[tuple[int, int]] = []
     for _ in range(32):
@@ -326,11 +308,9 @@ def test_a_fuse_failing_in_its_optimizer_hook_records_a_failed_event() -> None:
     ``failed`` event. The LR backoff's and the rollback's own optimizer hooks (outside
     FuseSet's guard) turned the fuse off without one: the run's events never said."""
     model = Net()
-    client, _ = capturing_client()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     backoff, rollback = LRBackoff(mode="auto"), Rollback(every=5, mode="auto")
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=100, fuses=[backoff, rollback])
+    mon, _, frames, client = attached(model, opt=opt, sample_every=100, fuses=[backoff, rollback])
     train(model, opt, mon, 2)
     backoff._saved = [1]  # what the post-step hook restores: not (group, lr) pairs
     rollback.skipping, rollback.optimizer = 1, None  # its pre-step hook skips this one
@@ -351,11 +331,10 @@ def test_a_resumed_job_snapshots_at_its_first_step() -> None:
     step, as a fresh job's is at step 0; by the step's index alone (step % every) none came
     before step 105, and a rollback in that window found none."""
     model = Net()
-    client, _ = capturing_client()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     fuse = Rollback(every=5, mode="auto")
-    mon = attach(model, opt, run="r", client=client, overhead_budget=None, lm_head=False,
-                 sample_every=100, fuses=[fuse], start_step=103)
+    mon, _, frames, client = attached(model, opt=opt, sample_every=100, fuses=[fuse],
+                                      start_step=103)
     train(model, opt, mon, 1)
     assert [s.step for s in fuse.ring] == [103]
     train(model, opt, mon, 5)

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from test_hooks_ddp import NET
+from test_hooks_tp import NET_TP
 
 TWO = NET + textwrap.dedent('''
     import json, os, sys
@@ -136,62 +137,7 @@ TWO = NET + textwrap.dedent('''
     os._exit(0)
 ''')
 
-FOUR = textwrap.dedent('''
-    import json, os, sys
-    import torch, torch.nn.functional as F
-    import torch.distributed as dist
-    from torch import nn
-    from logitwatch.hooks import attach
-
-    H, D, E = 4, 2, 8
-
-    class Sum(torch.autograd.Function):  # row-parallel output: summed over the TP group
-        @staticmethod
-        def forward(ctx, x, group):
-            y = x.clone()
-            dist.all_reduce(y, group=group)
-            return y
-
-        @staticmethod
-        def backward(ctx, g):
-            return g, None
-
-    class Attn(nn.Module):
-        def __init__(self, heads, part, group):
-            super().__init__()
-            self.q_proj, self.k_proj, self.v_proj = (nn.Linear(E, H * D) for _ in range(3))
-            self.o_proj = nn.Linear(H * D, E, bias=False)
-            self.num_heads, self.group = H, group
-            if part is not None:  # keep heads [part * heads, (part + 1) * heads)
-                rows = slice(part * heads * D, (part + 1) * heads * D)
-                with torch.no_grad():
-                    for lin in (self.q_proj, self.k_proj, self.v_proj):
-                        w, b = lin.weight[rows].clone(), lin.bias[rows].clone()
-                        lin.weight, lin.bias = nn.Parameter(w), nn.Parameter(b)
-                    self.o_proj.weight = nn.Parameter(self.o_proj.weight[:, rows].clone())
-                self.num_heads = heads
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = (p(x).view(b, t, self.num_heads, D).transpose(1, 2)
-                       for p in (self.q_proj, self.k_proj, self.v_proj))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            y = self.o_proj(y.transpose(1, 2).reshape(b, t, self.num_heads * D))
-            return Sum.apply(y, self.group) if self.group is not None else y
-
-    class Net(nn.Module):
-        def __init__(self, heads=H, part=None, group=None):
-            super().__init__()
-            self.emb = nn.Embedding(16, E)
-            self.layers = nn.ModuleList(Attn(heads, part, group) for _ in range(2))
-            self.lm_head = nn.Linear(E, 16)
-
-        def forward(self, ids):
-            x = self.emb(ids)
-            for layer in self.layers:
-                x = x + layer(x)
-            return self.lm_head(x)
-
+FOUR = NET_TP + textwrap.dedent('''
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -12,7 +12,9 @@ import textwrap
 import numpy as np
 import pytest
 
-WORKER = textwrap.dedent('''
+#: The model of the workers (this file's and the ranks audit's): heads split by hand across a
+#: TP group, the row-parallel output summed over it.
+NET_TP = textwrap.dedent('''
     import json, os, sys
     import torch, torch.nn.functional as F
     import torch.distributed as dist
@@ -68,6 +70,9 @@ WORKER = textwrap.dedent('''
                 x = x + layer(x)
             return self.lm_head(x)
 
+''')
+
+WORKER = NET_TP + textwrap.dedent('''
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
