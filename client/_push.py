@@ -26,6 +26,8 @@ from pathlib import Path
 
 import httpx
 
+from logitwatch.wire import MAX_REQUEST_HISTORY_STEPS
+
 from ._backlog_spool import MAX_BATCH_BYTES
 from ._http import IngestTransport, Outcome, backoff_delay, failure_hint
 from ._queue import _seq
@@ -52,11 +54,6 @@ __all__ = ["PushError", "PushResult", "push_spool", "spool_frames"]
 
 log = logging.getLogger("logitwatch.client")
 
-#: The most history steps one request may carry, all frames together: the collector's
-#: ``MAX_REQUEST_HISTORY_STEPS`` (``server/schemas.py``), which refuses a request past it
-#: as a whole (422). A spool of frames with long histories (a job logging every 100th
-#: step, 99 steps of history each) holds segments past it.
-MAX_REQUEST_HISTORY_STEPS = 20_000
 
 
 class PushError(Exception):

@@ -237,10 +237,6 @@ class Sharding:
             out.append(vec[start : start + length])
         return out
 
-    def agree_interval(self, proposal: int) -> int:
-        """The widest of every rank's proposed interval (:meth:`agree_schedule`)."""
-        return self.agree_schedule(proposal, False)[0]
-
     def agree_schedule(self, proposal: int, force: bool) -> tuple[int, bool]:
         """The widest of every rank's proposed interval, and whether some rank asks to
         sample the next step (a collective, sampled steps only, one ``all_reduce(MAX)`` of

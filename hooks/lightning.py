@@ -76,7 +76,6 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         self.url = url
         self.attach_kwargs = attach_kwargs
         self.monitor: Monitor | None = None
-        self._lr_source: Any = None  # the optimizer
         self._warned_manual = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -102,7 +101,6 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         options.setdefault("start_step", done)
         self.monitor = attach(pl_module, None, run=self.run, url=self.url, **options)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        self._lr_source = optimizer
         if optimizer is not None and self.monitor.fuses:
             self.monitor.fuses.bind_optimizer(optimizer)  # LR backoff, rollback act on it
             configs = getattr(trainer, "lr_scheduler_configs", None) or []
@@ -172,11 +170,9 @@ class LogitwatchCallback(pl.Callback):  # type: ignore[misc]
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
-        self._lr_source = None
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         if self.monitor is not None:
             self.monitor.close(finished=False)
             self.monitor = None
-        self._lr_source = None

@@ -72,6 +72,7 @@ __all__ = [
     "fuses_for",
     "RANK_OF_MAX",
     "NAME_RE",
+    "MAX_REQUEST_HISTORY_STEPS",
     "NONFINITE",
     "WIRE_VERSION",
     "decode_float",
@@ -88,6 +89,10 @@ NAME_RE: Final = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 #: Bounds of a frame's ``history``: steps, and series (names in ``history["scalars"]``).
 MAX_HISTORY_STEPS: Final = 4096
 MAX_HISTORY_SERIES: Final = 16
+#: Most history steps one ingest request may carry, its frames together: the collector
+#: refuses a request past it as a whole (422); ``logitwatch push`` keeps its requests under
+#: it (a spool of frames with long histories holds segments past it).
+MAX_REQUEST_HISTORY_STEPS: Final = 20_000
 
 #: Bounds of one frame, the collector's hard ceilings (a deployment may set lower ones):
 #: scalars, per-head matrices, and values (layers x heads) in one matrix.

@@ -23,6 +23,7 @@ from logitwatch.wire import (
     MAX_HISTORY_SERIES,
     MAX_HISTORY_STEPS,
     MAX_MATRIX_VALUES,
+    MAX_REQUEST_HISTORY_STEPS,
     MAX_SCALARS,
     NAME_RE,
     NONFINITE,
@@ -63,7 +64,6 @@ MAX_AHEAD = 86_400.0
 #: The client never comes near them: a batch is at most 256 frames (``max_batch``) of one
 #: run, and with the default hooks a frame's history is at most ~50 steps (a frame at least
 #: every 50 steps, a flush every 10), so a full batch carries at most ~13,000.
-MAX_REQUEST_HISTORY_STEPS = 20_000
 MAX_REQUEST_RUNS = 1_000
 #: Most distinct (run, rank) pairs one ingest request may carry: the alert engine rebuilds
 #: the state of each pair it does not hold from the store, under the ingest lock (a batch

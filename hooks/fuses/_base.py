@@ -127,9 +127,9 @@ class Fuse:
         self.record(step, "unavailable", reason=reason)
 
     def fail(self, step: int, why: str = "") -> None:
-        """This fuse failed where :class:`FuseSet`'s guard does not reach (an optimizer hook
-        of its own): off for the rest of the run, logged once with the traceback, a
-        ``failed`` event recorded, as the guard does. ``why``: what it leaves behind."""
+        """This fuse failed (in a hook :class:`FuseSet` guards, or in an optimizer hook of its
+        own): off for the rest of the run, logged once with the traceback, a ``failed``
+        event recorded. ``why``: what it leaves behind."""
         if self.failed:
             return
         self.failed = True
@@ -233,6 +233,7 @@ class FuseSet:
         self.optimizer: torch.optim.Optimizer | None = (
             getattr(monitor, "_step_optimizer", None) if monitor is not None else None)
         for fuse in self._fuses:
+            fuse.fuses = self  # (a bind that fails still has its failure recorded here)
             self._guard(fuse, fuse.bind, self)
         if self._fuses and monitor is not None:
             add = getattr(monitor.client, "add_alert_annotator", None)
@@ -415,11 +416,7 @@ class FuseSet:
         try:
             return fn(*args)
         except Exception:
-            if not fuse.failed:
-                fuse.failed = True
-                log.warning("logitwatch: fuse %s failed and is off for the rest of the run; "
-                            "training continues unaffected", fuse.name, exc_info=True)
-                self.events.append(Event(self._step, fuse.name, "failed"))
+            fuse.fail(self._step)
             return None
 
     def _read_control(self, step: int) -> None:
