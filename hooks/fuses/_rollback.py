@@ -302,10 +302,6 @@ class Rollback(Fuse):
             self.ring.items.pop(0).drop()
         snap = capture(step, self.model, self.optimizer, self.scheduler, lrs=self._lrs(),
                        path=self.path, fuses=self._fuse_states())
-        if not snap.finite:  # (not after the check above, unless the state changed since)
-            snap.drop()
-            self.trigger(step, f"non-finite optimizer state at step {step}")
-            return
         self.snapshot_bytes = max(self.snapshot_bytes, snap.bytes)
         self.ring.add(snap)
         self._note_memory()

@@ -44,17 +44,6 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
-def _finite(obj: Any) -> bool:
-    """Whether every floating tensor in ``obj`` is finite (CPU copies: no device sync)."""
-    if isinstance(obj, torch.Tensor):
-        return not obj.is_floating_point() or bool(torch.isfinite(obj).all())
-    if isinstance(obj, dict):
-        return all(_finite(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return all(_finite(v) for v in obj)
-    return True
-
-
 def _rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -90,7 +79,6 @@ class Snapshot:
     bytes: int
     state: dict[str, Any] | None = None
     path: str | None = None
-    finite: bool = True
 
     def load(self) -> dict[str, Any]:
         """The copies (read from disk if written there)."""
@@ -137,8 +125,7 @@ def capture(step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer 
         state["scheduler"] = _copy(scheduler.state_dict())
     state["rng"] = _rng_state()
     size = tensor_bytes({k: v for k, v in state.items() if k not in ("rng", "fuses")})
-    finite = _finite(state["model"]) and _finite(state.get("optimizer", {}).get("state"))
-    snap = Snapshot(step, size, state, finite=finite)
+    snap = Snapshot(step, size, state)
     if path is not None:
         os.makedirs(path, exist_ok=True)
         file = os.path.join(path, f"{tag}-{os.getpid()}-{step:09d}.pt")
