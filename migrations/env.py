@@ -39,19 +39,15 @@ def _url() -> str:
 
 @contextmanager
 def _foreign_keys_off(conn: Connection) -> Iterator[None]:
-    """SQLite: foreign keys off while migrating (the module's docstring), as they were.
-    The pragma is a no-op inside a transaction: this runs before the first write, when the
-    driver has not begun one yet."""
-    if conn.dialect.name != "sqlite":
-        yield
-        return
-    was = conn.exec_driver_sql("PRAGMA foreign_keys").scalar()
-    conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
-    try:
-        yield
-    finally:
-        if was:
-            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+    """SQLite: foreign keys off while migrating (the module's docstring). The pragma is a
+    no-op inside a transaction: this runs before the first write, when the driver has not
+    begun one yet; and turning them on again must wait until the caller's transaction
+    ends: the connection is marked (``info["foreign_keys_off"]``), and the collector's
+    engine turns them on when it gets the connection back (``server/db/session.py``)."""
+    if conn.dialect.name == "sqlite" and conn.exec_driver_sql("PRAGMA foreign_keys").scalar():
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        conn.info["foreign_keys_off"] = True
+    yield
 
 
 def run_migrations_offline() -> None:

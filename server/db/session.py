@@ -84,11 +84,12 @@ def make_engine(
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
 
-        @event.listens_for(engine, "checkout")
-        def _foreign_keys(dbapi_conn: Any, *_: Any) -> None:
-            # Again at each checkout: a migration turns them off on its connection
-            # (migrations/env.py) and cannot turn them on inside the caller's transaction.
-            dbapi_conn.execute("PRAGMA foreign_keys=ON")
+        @event.listens_for(engine, "checkin")
+        def _foreign_keys(dbapi_conn: Any, record: Any) -> None:
+            # a migration turned them off on this connection (migrations/env.py) and could
+            # not turn them on inside the caller's transaction: on again, now it is over
+            if record.info.pop("foreign_keys_off", False):
+                dbapi_conn.execute("PRAGMA foreign_keys=ON")
 
         return engine
     return create_engine(
