@@ -200,12 +200,12 @@ class CaptureMixin:
         goes neither through torch's scaled_dot_product_attention nor HF's
         ``eager_attention_forward`` (GPT-2 with ``reorder_and_upcast_attn``, a hand-written
         softmax), so the per-head attention statistics are missing from every frame."""
-        if getattr(self, "_warned_no_attention", False) or "attention" in self.disabled:
+        if "no-attention" in self._warned or "attention" in self.disabled:
             return
         token = getattr(self, "_eager_token", None)
         if not (token is not None and token.rows) and not getattr(self, "_qk", None):
             return
-        self._warned_no_attention = True
+        self._warned.add("no-attention")
         log.warning(
             "logitwatch: a measured forward of %s made no attention call the hooks can see "
             "(neither torch's scaled_dot_product_attention nor transformers' "
@@ -248,9 +248,9 @@ class CaptureMixin:
         """Many training forwards and no step of the attached optimizer: the job most
         likely steps another optimizer now (replaced mid-run), which the monitor does not
         see, so no step ends; said once."""
-        if getattr(self, "_warned_stalled", False):
+        if "stalled" in self._warned:
             return
-        self._warned_stalled = True
+        self._warned.add("stalled")
         log.warning(
             "logitwatch: %d training forwards without a step() of the attached optimizer: "
             "the monitor's steps end with that optimizer's step(). If the job replaced its "

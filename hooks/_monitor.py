@@ -260,7 +260,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
             return
         self._hook_optimizer(optimizer)
         self._train_forwards = 0
-        self._warned_stalled = False
+        self._warned.discard("stalled")
         if self.fuses and self._step_optimizer is not None:
             self.fuses.bind_optimizer(self._step_optimizer)
 
@@ -606,9 +606,9 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         ``torch.compile`` the forward hooks do nothing inside the compiled graph (and cannot
         warn there: a call would break the graph); otherwise the job trains another module
         than the one attached."""
-        if getattr(self, "_warned_no_forward", False):
+        if "no-forward" in self._warned:
             return
-        self._warned_no_forward = True
+        self._warned.add("no-forward")
         log.warning(
             "logitwatch: a step of %s ended and none of its forwards was measured: a "
             "torch.compile'd model (inside the compiled graph the monitor's hooks do nothing: "

@@ -221,12 +221,7 @@ class FuseSet:
         if callable(getattr(answered, "is_set", None)) and answered.is_set():
             # a client that had an answer already (shared with an earlier monitor): its
             # control now is the baseline; a click after attach acts
-            control = (self._control_at_attach.get("fuses")
-                       if isinstance(self._control_at_attach, Mapping) else None)
-            if isinstance(control, Mapping):
-                self._control = {f.name: control[f.name] for f in self._fuses
-                                 if isinstance(control.get(f.name), str)}
-            self._baselined, self._control_at_attach = True, None
+            self._take_baseline(self._control_at_attach)
         self._in_step = False  # inside step_end
         self._stale = False  # weights restored inside this step_end
         self._step = 0
@@ -419,6 +414,14 @@ class FuseSet:
             fuse.fail(self._step)
             return None
 
+    def _take_baseline(self, current: Any) -> None:
+        """Record ``current`` (a client's control) as the baseline: what it asks of these
+        fuses is taken as done, not acted on."""
+        control = current.get("fuses") if isinstance(current, Mapping) else None
+        self._control = {f.name: control[f.name] for f in self._fuses
+                         if isinstance(control, Mapping) and isinstance(control.get(f.name), str)}
+        self._baselined, self._control_at_attach = True, None
+
     def _read_control(self, step: int) -> None:
         """``control["fuses"] = {name: "apply" | "undo"}`` from the collector's answer:
         acted on when the value changes (a control repeated in every answer acts once).
@@ -434,12 +437,7 @@ class FuseSet:
         if not self._baselined:
             if current is self._control_at_attach and self._control_at_attach is not None:
                 return  # no answer yet (the client replaces its control at each answer)
-            self._baselined = True
-            self._control_at_attach = None
-            control = current.get("fuses") if isinstance(current, Mapping) else None
-            base = {f.name: control.get(f.name) for f in self._fuses} \
-                if isinstance(control, Mapping) else {}
-            self._control = {k: v for k, v in base.items() if isinstance(v, str)}
+            self._take_baseline(current)
             if self._control:
                 log.info("logitwatch: fuses: the collector's control %s was there before "
                          "this job's first answer (asked of an earlier process of this "
