@@ -210,11 +210,8 @@ class LifecycleMixin(RecoveryMixin):
             elif a.suppressed == "silenced":
                 a.suppressed = None  # its silence ended: the escalation is news
                 ev["silence_ended_step"] = f.step
-        if a.suppressed is None and rule.severity in PAGING:
-            dup = self._paged_elsewhere(session, f.run_id, f.rank, rule.name, a.layer)
-            if dup is not None:  # another rank's page said it already
-                a.suppressed = "duplicate"
-                ev["duplicate_of"] = {"alert": dup[0], "rank": dup[1]}
+        if a.suppressed is None:  # another rank's page may have said it already
+            a.suppressed = self._duplicate(session, f, rule.name, a.layer, rule.severity, ev)
         ev.update(escalated_step=f.step, escalated_because=because)
         a.evidence = ev
         a.message = (f"{a.message} Escalated to {rule.severity} at step {f.step}: "
@@ -324,22 +321,26 @@ class LifecycleMixin(RecoveryMixin):
                     f"it jumped again at step {p.transition.step}: {because}")
         return True
 
-    def _paged_elsewhere(self, session: Session, run_id: int, rank: int, rule: str,
-                         layer: int | None) -> tuple[int, int] | None:
-        """A run-level alert of ``rule`` firing on another rank of the run that paged and
-        is not suppressed, as (its id, its rank); None for a per-layer alert. A job whose
-        ranks each send their own frames (``reduce_ranks=False``, or detail ranks) has the
-        same LR, global gradient norm and clip on every rank: one LR jump was one page per
-        rank (128 pages on 64 ranks)."""
-        if layer is not None:
+    def _duplicate(self, session: Session, f: NewFrame, rule: str, layer: int | None,
+                   severity: str, ev: dict[str, object]) -> str | None:
+        """``"duplicate"`` (naming the other alert in ``ev["duplicate_of"]``) when a paging
+        run-level alert of ``rule`` on ``f``'s rank duplicates one firing on another rank of
+        the run that paged and is not suppressed; else None. A job whose ranks each send
+        their own frames (``reduce_ranks=False``, or detail ranks) has the same LR, global
+        gradient norm and clip on every rank: one LR jump was one page per rank (128 pages
+        on 64 ranks)."""
+        if layer is not None or severity not in PAGING:
             return None
         row = session.execute(
             select(Alert.id, Alert.rank).where(
-                Alert.run_id == run_id, Alert.rule == rule, Alert.layer.is_(None),
-                Alert.rank != rank, Alert.state == State.FIRING.value,
+                Alert.run_id == f.run_id, Alert.rule == rule, Alert.layer.is_(None),
+                Alert.rank != f.rank, Alert.state == State.FIRING.value,
                 Alert.paged_step.is_not(None), Alert.suppressed.is_(None))
             .order_by(Alert.id).limit(1)).first()
-        return None if row is None else (int(row.id), int(row.rank))
+        if row is None:
+            return None
+        ev["duplicate_of"] = {"alert": int(row.id), "rank": int(row.rank)}
+        return "duplicate"
 
     def _inhibited(self, session: Session, run_id: int, rank: int) -> str | None:
         """The inhibiting rule firing on (run, rank), if any. An episode held open only
@@ -387,11 +388,9 @@ class LifecycleMixin(RecoveryMixin):
         if sid is not None and suppressed is None:
             suppressed = "silenced"
             ev["silence"] = sid
-        if suppressed is None and (p.severity or rule.severity) in PAGING:
-            dup = self._paged_elsewhere(session, f.run_id, f.rank, rule.name, p.layer)
-            if dup is not None:
-                suppressed = "duplicate"
-                ev["duplicate_of"] = {"alert": dup[0], "rank": dup[1]}
+        if suppressed is None:
+            suppressed = self._duplicate(session, f, rule.name, p.layer,
+                                         p.severity or rule.severity, ev)
         head = p.heads[0] if p.heads else None
         if p.heads:
             ev["active_heads"] = list(p.heads)
