@@ -32,7 +32,6 @@ from ._backlog_spool import MAX_BATCH_BYTES
 from ._http import IngestTransport, Outcome, backoff_delay, failure_hint
 from ._queue import _seq
 from ._spool import (
-    LOCK,
     SUFFIX,
     SpoolCorrupt,
     find_writer_dirs,
@@ -41,14 +40,10 @@ from ._spool import (
     read_meta,
     read_segment,
     remove_writer_dir,
+    try_lock,
     write_segment,
 )
 from ._url import normalize_url
-
-try:  # POSIX; on Windows the directory is simply not locked
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["PushError", "PushResult", "push_spool", "spool_frames"]
 
@@ -144,7 +139,7 @@ def push_spool(
     result = PushResult(skipped=[str(d) for d in locked])
     for directory in ready:
         try:
-            fd = _lock(directory)
+            fd = try_lock(directory, create=True)
         except FileNotFoundError:  # pushed and removed meanwhile, by another push
             continue
         if fd is None:  # taken since spool_frames looked: another push, or a job
@@ -160,33 +155,6 @@ def push_spool(
             if fd >= 0:
                 os.close(fd)  # drops the lock
     return result
-
-
-def _lock(directory: Path) -> int | None:
-    """Take the writer directory's lock (``flock`` on ``LOCK``) without waiting, for as long
-    as it is pushed: the descriptor holding it (-1 where there is no ``flock``), or None
-    when another process holds it (a live job, another push).
-
-    Raises:
-        FileNotFoundError: the directory is gone (pushed and removed by another push).
-    """
-    if fcntl is None:  # pragma: no cover - Windows
-        return -1
-    try:  # made if missing (a spool copied without it): two pushes of it still exclude
-        fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    except FileNotFoundError:
-        raise
-    except OSError:  # not ours to write (permissions): a read-only descriptor locks too
-        try:
-            fd = os.open(directory / LOCK, os.O_RDONLY)
-        except OSError:
-            return -1  # no lock to take: pushed as it is
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def _push_dir(directory: Path, *, url: str | None, token: str | None, max_batch: int,

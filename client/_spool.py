@@ -47,6 +47,7 @@ __all__ = [
     "WriterDir",
     "find_writer_dirs",
     "is_locked",
+    "try_lock",
     "read_header",
     "read_segment",
     "write_segment",
@@ -277,20 +278,43 @@ def remove_writer_dir(path: Path) -> None:
             parent = parent.parent
 
 
-def is_locked(path: Path) -> bool:
-    """Whether a live process holds the writer directory ``path``."""
-    if fcntl is None or not (path / LOCK).exists():  # pragma: no cover - Windows
-        return False
-    try:
-        fd = os.open(path / LOCK, os.O_RDWR)
-    except OSError:
-        return False
+def try_lock(path: Path, *, create: bool = False) -> int | None:
+    """Take the writer directory ``path``'s lock (``flock`` on ``LOCK``) without waiting:
+    the descriptor holding it (closing it drops the lock), -1 where there is no lock to
+    take (no ``flock``; no ``LOCK`` file and not ``create``; none that can be opened), or
+    None when another process holds it (the job writing it, a push).
+
+    Raises:
+        FileNotFoundError: with ``create``, the directory is gone.
+    """
+    if fcntl is None:  # pragma: no cover - Windows
+        return -1
+    try:  # made if missing (a spool copied without it): two pushes of it still exclude
+        fd = os.open(path / LOCK, os.O_RDWR | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError:
+        if create:
+            raise
+        return -1
+    except OSError:  # not ours to write (permissions): a read-only descriptor locks too
+        try:
+            fd = os.open(path / LOCK, os.O_RDONLY)
+        except OSError:
+            return -1
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def is_locked(path: Path) -> bool:
+    """Whether a live process holds the writer directory ``path``."""
+    fd = try_lock(path)
+    if fd is None:
         return True
-    finally:
-        os.close(fd)  # closing drops the lock we may have taken
+    if fd >= 0:
+        os.close(fd)  # closing drops the lock we took
     return False
 
 
