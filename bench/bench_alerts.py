@@ -54,7 +54,7 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS.md, *Evidence*. Round twenty-two was replayed once on
+what each replay gave: docs/ALERTS_EVIDENCE.md. Round twenty-two was replayed once on
 ``fresh27`` and on ``fresh28``; round twenty-three was chosen on ``--split read28`` and
 replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read); round
 twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``; round

@@ -1,6 +1,6 @@
 """The alert rules' changes, each on the recorded runs it was chosen for: a rule file over the
 defaults, and each round's change against the rules before it (the change taken back through
-a rules file), at the intervals it was measured at (docs/ALERTS.md, *Evidence*).
+a rules file), at the intervals it was measured at (docs/ALERTS_EVIDENCE.md).
 """
 
 from __future__ import annotations
