@@ -81,10 +81,11 @@ read46`` (every run through ``fresh46``) and replayed once on ``fresh47`` (6,144
 fixed after ``fresh45`` and ``fresh46`` were read). Round thirty-five was chosen on
 ``--split read47`` and replayed once on ``fresh48`` (bytes, fixed after ``fresh47`` was
 read); ``fresh49`` (1,536 tokens, fixed before ``fresh48`` was read) was then replayed once
-with the same rules, no change made. The next change is chosen on ``--split read49`` and
-replayed once on ``fresh50`` (2,560 tokens, fixed after ``fresh48`` was read, before
-``fresh49`` was); the one after it on ``--split read50`` and ``fresh51`` (5,120 tokens,
-fixed after ``fresh49`` was read, before ``fresh50`` is).
+with the same rules, no change made, and so is ``fresh50`` (2,560 tokens, fixed after
+``fresh48`` was read), once ``fresh52`` was fixed. The next change is chosen on ``--split
+read50`` and replayed once on ``fresh51`` (5,120 tokens, fixed after ``fresh49`` was read,
+before ``fresh50`` was); the one after it on ``--split read51`` and ``fresh52`` (768
+tokens, fixed before ``fresh50`` was read).
 
 Usage::
 
@@ -429,7 +430,7 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 51
+NEWEST = 52
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
