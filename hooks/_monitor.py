@@ -1,10 +1,14 @@
-"""The :class:`Monitor`: step accounting, capture on sampled steps, one frame per sample."""
+"""The :class:`Monitor`: step accounting, capture on sampled steps, one frame per sample.
+
+Its state and public methods live here; its behaviour is split into mixins, one concern
+each: forward capture (``_capture``), frames (``_frames``), the optimizer step
+(``_optimizer_step``), the sampling schedule (``_schedule``), the end of a step
+(``_step_end``) and failure handling (``_failures``)."""
 
 from __future__ import annotations
 
 import logging
 import math
-import sys
 from collections import deque
 from typing import Any
 
@@ -16,6 +20,8 @@ from . import _clip, _eager, _logits
 from ._buffer import StepBuffer, logged_value, warn_skipped
 from ._capture import STALL_FORWARDS, CaptureMixin, attention_dtype_max
 from ._cost import MAX_INTERVAL, CostMeter, thread_clock
+from ._failures import PARTS as PARTS
+from ._failures import FailuresMixin
 from ._final import find_output_head, vocab_size
 from ._frames import FramesMixin
 from ._history import LR, StepHistory
@@ -28,8 +34,10 @@ from ._optimizer_step import OptimizerStepMixin
 from ._padding import PaddingMask
 from ._qk_find import QKDiscovery, QKLayout, no_shape
 from ._reduce import RankReduce, Reduced, find_reduce
+from ._schedule import ScheduleMixin
 from ._sdpa import SdpaCapture
 from ._shard import find_sharding
+from ._step_end import StepEndMixin
 from ._stepwatch import StepWatch
 from ._tp import find_tp
 from .fuses import FusesArg, FuseSet
@@ -39,13 +47,12 @@ __all__ = ["Monitor", "attention_dtype_max"]
 
 log = logging.getLogger("logitwatch.hooks")
 
-#: The parts of a monitor that a failure disables independently.
-PARTS = ("attention", "final", "qk", "loss", "grad", "history", "step")
 #: Sampled frames over which ``grad.clip_rate`` is taken when the job never clips itself.
 CLIP_WINDOW = 20
 
 
-class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
+class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin, ScheduleMixin, StepEndMixin,
+              FailuresMixin):
     """Watches one model (and optimizer) while training; built by :func:`attach`.
 
     A *step* ends with the optimizer's ``step()`` (or :meth:`step` without optimizer).
@@ -71,7 +78,7 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
     ``module.layer_idx`` (HF eager), ``record_attention(layer=)``, or call order.
 
     Any exception inside the monitor is logged once with its traceback, disables that
-    part (see :data:`PARTS`), and training goes on unchanged.
+    part (see :data:`~logitwatch.hooks._failures.PARTS`), and training goes on unchanged.
 
     Sharded parameters (FSDP2/DTensor, FSDP1): the grad and q/k norms need a collective,
     so every rank must sample the same steps. All of the monitor's collectives happen at
@@ -264,97 +271,6 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
         if self.fuses and self._step_optimizer is not None:
             self.fuses.bind_optimizer(self._step_optimizer)
 
-    @property
-    def step_index(self) -> int:
-        """The index of the current (not yet ended) step (the first is
-        ``attach(start_step=)``, default 0)."""
-        return self._step
-
-    @property
-    def sampled(self) -> bool:
-        """Whether the current step is sampled."""
-        return self._sampled and "step" not in self.disabled
-
-    @property
-    def _scheduled(self) -> bool:
-        """Whether the current step is sampled in the schedule. Under sharding the ranks'
-        schedules never diverge, so a rank whose "step" part failed (it sends nothing)
-        still gathers what the end-of-step exchange needs from it."""
-        if self._shard is not None or self._ranks is not None:
-            return self._sampled
-        return self.sampled
-
-    @property
-    def sample_every(self) -> int:
-        """The requested interval: the collector's ``control["sample_every"]`` if set,
-        else the last value assigned here or given to ``attach``. The interval in effect
-        (:attr:`effective_sample_every`) may be wider to respect the overhead budget."""
-        value = self.client.control.get("sample_every")
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-            return value
-        return self._sample_every
-
-    @sample_every.setter
-    def sample_every(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"sample_every must be an int >= 1, got {value!r}")
-        self._sample_every = value
-        self._interval_changed()
-
-    @property
-    def effective_sample_every(self) -> int:
-        """The interval in effect: :attr:`sample_every`, widened by the overhead budget."""
-        return self._effective_every
-
-    @property
-    def overhead_budget(self) -> float | None:
-        """Fraction of training time the monitor may use (None: no limit)."""
-        return self._cost.budget
-
-    @overhead_budget.setter
-    def overhead_budget(self, value: float | None) -> None:
-        if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
-            raise ValueError(f"overhead_budget must be in (0, 1] or None, got {value!r}")
-        self._cost.budget = None if value is None else float(value)
-        self._interval_changed()
-
-    def _interval_changed(self) -> None:
-        """A setter changed the requested interval or the budget. Under sharding or
-        reduction the interval state only: whether the current step is sampled was agreed
-        by every rank when the previous step ended and is never changed here (a step
-        un-sampled, or sampled, on one rank only would make the ranks' collectives
-        mismatch); the new value is proposed at the next agreement. On one process the
-        schedule is decided again only between steps (no forward of the current step
-        yet), never for a step in progress."""
-        if self._shard is not None or self._ranks is not None:
-            return
-        if self._forwards == self._step_forwards and not self._depth:
-            self._reschedule()
-            return
-        try:
-            self._effective_every = self._cost.interval(self.sample_every)
-        except Exception:
-            self._fail("step")
-
-    def request_sample(self) -> None:
-        """Sample the next step to start, whatever the interval (e.g. after an alert)."""
-        self._force_next = True
-
-    def request_max(self, below: float | None = None) -> None:
-        """Measure the next step's per-head max logit only, if it is not sampled (a fuse
-        acting: ``hooks/_maxlogit.py``), into :attr:`maxima`; ``below``: the CPU screen."""
-        self._max_next, self._max_below = True, below
-
-    def request_sample_at(self, step: int) -> None:
-        """Sample the step with index ``step`` (as :attr:`step_index`: counted from
-        ``attach(start_step=)``), whatever the interval: e.g. a run's known last step, so that
-        its final frame is a full sample (the framework callbacks do this). A step that
-        has already started (``step <= step_index``) is not changed. Under sharding, call
-        it on every rank alike. At most 64 requests are kept."""
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise TypeError(f"request_sample_at: step must be an int, got {step!r}")
-        if step > self._step and len(self._sample_at) < 64:
-            self._sample_at.add(step)
 
     def log(self, **scalars: torch.Tensor | float) -> None:
         """Add scalars to the current step's frame (call before ``optimizer.step()``).
@@ -505,137 +421,3 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin):
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.close(finished=exc_type is None)
-
-    def _post_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._end_step()
-
-    # -- step end ------------------------------------------------------------------------
-
-    def _end_step(self) -> None:
-        step, sampled, scheduled = self._step, self.sampled, self._scheduled
-        vec = None
-        self._end_history(step)
-        if not scheduled:
-            self._flush_between()
-        try:
-            if scheduled or self.max_only:
-                self._stop_capture()
-            if scheduled:
-                self._last_sampled = step
-                if self._forwards == self._step_forwards:
-                    self._no_forward_seen()
-            # a forward that never reached its post-hook (torch runs always_call hooks for
-            # Exception only: a KeyboardInterrupt in a notebook) would leave the depth above
-            # 0 and every later forward would look nested, never measured. Steps end outside
-            # forwards, so the depth starts from 0 again here (any capture stopped above)
-            if self._depth:
-                self._stop_capture()
-                self._depth = 0
-                self._forward_state = None
-        except Exception:
-            self._fail("step")
-        if scheduled and self._qk_find.pending:
-            try:
-                if self._qk_find.step_end():
-                    self._qk = self._qk_find.sources
-            except Exception:
-                self._fail("qk")
-        if self.fuses:  # after the update, before the frame (never raises)
-            self.fuses.step_end(step, sampled)
-        try:
-            # the collectives, each entered by every rank whatever failed here: a failure
-            # before one of them must never make this rank skip it (gloo would pair it with
-            # the job's next collective, or the other ranks would wait until the timeout)
-            if scheduled and self._shard is not None:
-                try:
-                    vec = self._exchange()
-                except Exception:
-                    vec = None
-                    self._warn_once("exchange", "the end-of-step exchange failed")
-            if scheduled and self._ranks is not None:  # every rank, whatever failed here
-                self._reduced = self._reduce_step()
-            if sampled and "step" not in self.disabled:
-                self._emit(step, vec)
-        except Exception:
-            self._fail("step")
-        finally:
-            if scheduled:
-                self._buffer = StepBuffer()
-            self._clip_seen = False
-            self._grad_local = None
-            self.maxima = {}
-            self._step = step + 1
-            self._step_forwards = self._forwards
-            self._train_forwards = 0
-        try:
-            self._cost.step_end(scheduled)
-        except Exception:
-            self._fail("step")
-        self._watch_lr(step)
-        self._watch_spikes()
-        self._reschedule(agree=scheduled)
-        self._max_step, self._max_next = self._max_next and not self._sampled, False
-
-    def _reduce_step(self) -> Reduced | None:
-        """The end-of-step reduction (``_reduce``), entered by every rank: this rank's
-        scalars are read in their own ``try`` (a rank-local failure there, an OOM in a final
-        statistic, gathers nothing from this rank) so that ``reduce()`` is always entered."""
-        ranks = self._ranks
-        if ranks is None:
-            return None
-        try:
-            attn = self._buffer.attn
-        except Exception:
-            attn = {}
-            self._warn_once("reduce-local", "this rank's attention statistics could not be "
-                            "reduced")
-        try:
-            scalars = self._buffer.scalars()
-        except Exception:
-            scalars = {}
-            self._warn_once("reduce-scalars", "this rank's scalars could not be gathered")
-        try:
-            return ranks.reduce(attn, scalars, self._warn_once)
-        except Exception:  # reduce() enters its collectives whatever fails; never expected
-            self._warn_once("reduce", "the end-of-step reduction across ranks failed")
-            return None
-
-    def _no_forward_seen(self) -> None:
-        """A sampled step ended and no forward of the attached model was seen in it: say
-        once why its frames carry no ``attn.*``, ``final.*`` or automatic ``loss``. Under
-        ``torch.compile`` the forward hooks do nothing inside the compiled graph (and cannot
-        warn there: a call would break the graph); otherwise the job trains another module
-        than the one attached."""
-        if "no-forward" in self._warned:
-            return
-        self._warned.add("no-forward")
-        log.warning(
-            "logitwatch: a step of %s ended and none of its forwards was measured: a "
-            "torch.compile'd model (inside the compiled graph the monitor's hooks do nothing: "
-            "attn.*, final.* and the automatic loss are not measured; grad.norm, clipping and "
-            "lr are), or the job calls another module than the one attached. Attach to the "
-            "module the job calls, and keep the measured blocks uncompiled (docs/HOOKS.md, "
-            "torch.compile)", type(self.model).__name__)
-
-    # -- failures ------------------------------------------------------------------------
-
-    def _warn_once(self, key: str, what: str) -> None:
-        """Log ``what`` once per ``key`` with the traceback; disables nothing (under
-        sharding a rank keeps entering every collective, whatever failed)."""
-        if key in self._warned:
-            return
-        self._warned.add(key)
-        log.warning("logitwatch: %s; training continues unaffected", what,
-                    exc_info=sys.exc_info()[0] is not None)
-
-    def _fail(self, part: str, exc: BaseException | None = None) -> None:
-        """Disable ``part`` after its first failure; log once with the traceback."""
-        if part in self.disabled:
-            return
-        self.disabled.add(part)
-        log.warning(
-            "logitwatch: the %r part of the monitor failed and is disabled for the rest of "
-            "the run; training continues unaffected",
-            part,
-            exc_info=exc if exc is not None else True,
-        )
