@@ -4,42 +4,53 @@ how it is rebuilt from the store.
 :class:`RankState` owns the containers, all keyed by (run, rank) first: per-cell rule
 memory and lifecycle (``_mem``, ``_tracks``, or ``_cells_of`` for a screened per-head rule),
 per-head statistics waiting to be judged (``_thin``), the last clip threshold a rank said
-(``_sticky``), the loss-rise trackers downgrades read (``_loss``), the open alerts stored
-below their rule's severity (``_down``), and which (run, rank)s are loaded and when they
-last sent a frame (``_loaded``, ``_seen``). :meth:`RankState._evict` forgets the idle and
-least recently seen ones; the engine rebuilds such a (run, rank), as after a restart, by
-replaying :meth:`RankState._stored_frames` through its rules and then lining the
-lifecycles up with the alerts the store holds open (:meth:`RankState._resume`).
+(``_sticky``), the loss-rise and level trackers downgrades and ``Page.recover_within`` read
+(``_loss``, ``_levels``: :mod:`.loss_levels`), the open alerts stored below their rule's
+severity (``_down``), and which (run, rank)s are loaded and when they last sent a frame
+(``_loaded``, ``_seen``). :meth:`RankState._evict` forgets the idle and least recently seen
+ones; the engine rebuilds such a (run, rank), as after a restart, by replaying
+:meth:`RankState._stored_frames` through its rules, putting back what the replay cannot
+rebuild (the whole-run rule memory, :mod:`.rule_memory`), and then lining the lifecycles up
+with the alerts the store holds open (:meth:`RankState._resume`).
+
+The trackers of :mod:`.loss_levels` and the rule memory of :mod:`.rule_memory` are
+re-exported here, where the engine's modules import them from.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import time as _time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from statistics import median
 
 import numpy as np
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from logitwatch.server.alerts.loss_levels import (  # noqa: F401  (re-exported)
+    LOSS_MIN_SAMPLES,
+    RECOVER_MIN_SAMPLES,
+    _Level,
+    _level_key,
+    _loss_key,
+    _LossRise,
+)
+from logitwatch.server.alerts.rule_memory import (  # noqa: F401  (re-exported)
+    LONG_EXTRA,
+    RuleMemoryMixin,
+    _fingerprint,
+)
 from logitwatch.server.alerts.rules import (
     KINDS,
     CellMemory,
-    Downgrade,
     Memory,
     RuleSpec,
     State,
     Track,
 )
 from logitwatch.server.alerts.spec import SERIES_PARAMS
-from logitwatch.server.db.models import Alert, Frame, Metric, Point, RuleMemory
+from logitwatch.server.db.models import Alert, Frame, Metric, Point
 
 __all__ = [
     "HEAD_EVERY",
@@ -60,10 +71,6 @@ RESTORE_FRAMES = 400  # frames of history replayed to rebuild state after a rest
 #: The run's first steps replayed too (its early baselines: every cell's first
 #: ``EARLY_MAX`` samples, per-head cells judged once every ``HEAD_EVERY`` steps).
 RESTORE_FIRST_STEPS = 320
-#: What a scalar rule's memory holds of the whole run, which no replay of its newest
-#: frames rebuilds: ``level_rise``'s lowest settled levels, ``above_peak``'s settled peak.
-#: Written to ``rule_memory`` with each batch that changed it, restored after the replay.
-LONG_EXTRA = ("low", "also_low", "high", "high_step", "settled", "settled_step")
 #: In-memory state is kept for this many (run, rank)s at most, and dropped after this many
 #: seconds without a frame (rebuilt from the store if it comes back).
 MAX_RANKS = 2000
@@ -73,8 +80,6 @@ IDLE_SECONDS = 1800.0
 #: costs the engine what one sampling every 10 steps does, and per-head windows (in steps)
 #: hold the same number of samples at any interval up to this one.
 HEAD_EVERY = 10
-LOSS_MIN_SAMPLES = 5  # the fewest loss samples a downgrade's loss median is taken over
-RECOVER_MIN_SAMPLES = 3  # the fewest samples each span of a recovery test is taken over
 STICKY = "grad.max_norm"  # a scalar of sampled frames that holds for the steps after them
 
 
@@ -102,127 +107,6 @@ class _Cells:
             del self.tracks[cell]
 
 
-
-def _fingerprint(rule: RuleSpec) -> str:
-    """What a rule's whole-run memory depends on (its kind, series and parameters): a
-    ``rule_memory`` entry written under another rule of the same name is not read back."""
-    text = json.dumps([rule.kind, rule.metric, rule.over, rule.params], sort_keys=True,
-                      default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _loss_key(run_id: int, rank: int, d: Downgrade) -> tuple[int, int, int, int]:
-    """The key of the loss-rise tracker a downgrade ``d`` reads on (run, rank)."""
-    return run_id, rank, d.loss_window, d.recover_span or 0
-
-
-def _level_key(run_id: int, rank: int, rule: RuleSpec) -> tuple[int, int, str, int]:
-    """The key of the level tracker a rule's ``Page.recover_within`` reads on (run, rank)."""
-    assert rule.page is not None
-    return run_id, rank, rule.metric, rule.page.recover_steps
-
-
-@dataclass(slots=True)
-class _Level:
-    """The level of one scalar series of a (run, rank): the median of its values over the
-    newest ``steps`` steps, or of its newest :data:`RECOVER_MIN_SAMPLES` samples where a
-    wide sampling interval without every step's history gives fewer, taken over the steps
-    after an episode started (``Page.recover_within``: whether a held-back episode has
-    recovered). A non-finite value counts as infinitely high."""
-
-    steps: int
-    recent: deque[tuple[int, float]] = field(default_factory=deque)
-
-    def push(self, step: int, v: float) -> None:
-        if self.recent and step <= self.recent[-1][0]:
-            return  # a step seen already (a restored history overlapping the stream)
-        self.recent.append((step, v if math.isfinite(v) else math.inf))
-        while (len(self.recent) > RECOVER_MIN_SAMPLES
-               and self.recent[0][0] <= step - self.steps):
-            self.recent.popleft()
-
-    def level(self, since: int) -> float | None:
-        """The median of the newest values of the steps after ``since`` (None under
-        :data:`RECOVER_MIN_SAMPLES` of them)."""
-        vals = [x for s, x in self.recent if s > since]
-        if len(vals) < RECOVER_MIN_SAMPLES:
-            return None
-        return float(median(vals))
-
-
-@dataclass(slots=True)
-class _LossRise:
-    """How far the median of the loss over the last ``span`` steps sits above the lowest
-    such median of the run (a run's loss-side harm, for :class:`~.rules.Downgrade`). At a
-    wide sampling interval without every-step history the median takes the newest
-    :data:`LOSS_MIN_SAMPLES` samples; it counts once the run has ``span`` steps of loss.
-
-    ``level`` (``Downgrade.recover_span``): ``won_back`` is the share of a bump the loss has
-    won back: how far its level (the median of its newest ``level`` steps) has come down
-    from the highest level it had within the last ``span`` steps, over that peak's height
-    above the run's best level (0.0 with no bump, or under :data:`RECOVER_MIN_SAMPLES`
-    samples in the level). The downgrade compares it with its own ``recover_share``.
-
-    ``lr_climb`` (``Downgrade.lr_climb``): the learning rate's newest value over its oldest
-    within the last ``span`` steps, minus 1 (0.2: up 20 %), from every step's ``lr``."""
-
-    span: int
-    level: int | None = None
-    recent: deque[tuple[int, float]] = field(default_factory=deque)
-    levels: deque[tuple[int, float]] = field(default_factory=deque)  # (step, level)
-    first: int | None = None
-    best: float = math.inf
-    best_level: float = math.inf
-    rise: float = 0.0
-    won_back: float = 0.0
-    lrs: deque[tuple[int, float]] = field(default_factory=deque)  # (step, lr) over the span
-    lr_climb: float = 0.0  # the LR's newest value over its oldest in the span, minus 1
-
-    def push(self, step: int, v: float | None, lr: float | None = None) -> None:
-        if lr is not None and math.isfinite(lr):
-            self._push_lr(step, lr)
-        if v is None:
-            return
-        if not math.isfinite(v):
-            self.rise = math.inf  # a non-finite loss is harm
-            self.won_back = 0.0
-            return
-        if self.first is None:
-            self.first = step
-        self.recent.append((step, v))
-        while (len(self.recent) > LOSS_MIN_SAMPLES
-               and self.recent[0][0] <= step - self.span):
-            self.recent.popleft()
-        if len(self.recent) >= LOSS_MIN_SAMPLES and step - self.first >= self.span - 1:
-            m = median(x for _, x in self.recent)
-            self.best = min(self.best, m)
-            self.rise = m - self.best
-        else:
-            self.rise = 0.0
-        if self.level is not None:
-            self.won_back = self._won_back(step, self.level)
-
-    def _push_lr(self, step: int, lr: float) -> None:
-        self.lrs.append((step, lr))
-        while len(self.lrs) > 1 and self.lrs[1][0] <= step - self.span:
-            self.lrs.popleft()
-        first = self.lrs[0][1]
-        self.lr_climb = lr / first - 1.0 if first > 0 else 0.0
-
-    def _won_back(self, step: int, level: int) -> float:
-        newest = [x for s, x in self.recent if s > step - level]
-        if len(newest) < RECOVER_MIN_SAMPLES:
-            return 0.0
-        now = median(newest)
-        self.best_level = min(self.best_level, now)
-        self.levels.append((step, now))
-        while self.levels[0][0] <= step - self.span:
-            self.levels.popleft()
-        peak = max(x for _, x in self.levels)
-        height = peak - self.best_level
-        return (peak - now) / height if height > 0 else 0.0
-
-
 @dataclass(slots=True)
 class _Thin:
     """Per-head statistics of one (run, rank) waiting to be judged: the engine judges them
@@ -240,13 +124,11 @@ class _Down:
     keys: set[tuple[str, int | None]] = field(default_factory=set)
 
 
-
-
-class RankState:
+class RankState(RuleMemoryMixin):
     """The per-(run, rank) state of an alert engine (see the module's docstring).
 
-    The engine sets ``_rules`` (the rule set in force), which :meth:`_stored_frames` and
-    :meth:`_resume` read.
+    The engine sets ``_rules`` (the rule set in force), which :meth:`_stored_frames`,
+    :meth:`_resume` and the rule memory (:class:`~.rule_memory.RuleMemoryMixin`) read.
     """
 
     _rules: list[RuleSpec]
@@ -343,79 +225,6 @@ class RankState:
             live = {k[0] for k in self._seen}
             for run_id in {k[0] for k in gone} - live:
                 self._created.pop(run_id, None)
-
-    # -- what a replay cannot rebuild (rule_memory) -------------------------------------
-
-    def _long_state(self, run_id: int, rank: int) -> dict[str, dict[str, object]]:
-        """What (run, rank)'s memory holds of its whole run (:data:`LONG_EXTRA` of each
-        run-level rule, with the rule's fingerprint; the best loss of each loss-rise
-        tracker)."""
-        mem: dict[str, object] = {}
-        loss: dict[str, object] = {}
-        for r in self._rules:
-            m = self._mem.get((r.name, run_id, rank, None, None))
-            if m is not None:
-                kept = {k: m.extra[k] for k in LONG_EXTRA if k in m.extra}
-                if kept:
-                    mem[r.name] = {**kept, "rule": _fingerprint(r)}
-            if r.downgrade is not None:
-                key = _loss_key(run_id, rank, r.downgrade)
-                t = self._loss.get(key)
-                if t is not None:
-                    loss[f"{key[2]}:{key[3]}"] = {"first": t.first, "best": t.best,
-                                                  "best_level": t.best_level}
-        return {"mem": mem, "loss": loss}
-
-    def _save_long_state(self, session: Session, keys: Iterable[tuple[int, int]]) -> None:
-        """Write the :meth:`_long_state` of ``keys`` that changed since last written, in the
-        caller's (ingest) transaction."""
-        rows = []
-        for run_id, rank in keys:
-            if (run_id, rank) not in self._loaded:
-                continue
-            text = json.dumps(self._long_state(run_id, rank), sort_keys=True)
-            if self._saved.get((run_id, rank)) != text:
-                self._saved[(run_id, rank)] = text
-                rows.append({"run_id": run_id, "rank": rank, "data": text})
-        if not rows:
-            return
-        dialect = session.get_bind().dialect.name
-        insert = pg_insert if dialect == "postgresql" else sqlite_insert
-        stmt = insert(RuleMemory)
-        session.execute(stmt.on_conflict_do_update(
-            index_elements=["run_id", "rank"], set_={"data": stmt.excluded.data}), rows)
-
-    def _load_long_state(self, session: Session, run_id: int, rank: int) -> None:
-        """After a replay: put back what (run, rank)'s memory held of its whole run, as last
-        written (none written: what the replay gave stays)."""
-        text = session.scalar(select(RuleMemory.data).where(RuleMemory.run_id == run_id,
-                                                            RuleMemory.rank == rank))
-        if text is None:
-            return
-        try:
-            saved = json.loads(text)
-            mem, loss = saved["mem"], saved["loss"]
-        except (ValueError, KeyError, TypeError):
-            return
-        for r in self._rules:
-            m = self._mem.get((r.name, run_id, rank, None, None))
-            if m is not None:
-                kept = mem.get(r.name) or {}
-                if kept.get("rule") != _fingerprint(r):
-                    continue  # written for another rule of that name (the rules changed)
-                for k in LONG_EXTRA:
-                    if k in kept:
-                        m.extra[k] = kept[k]
-                    else:
-                        m.extra.pop(k, None)
-            if r.downgrade is not None:
-                key = _loss_key(run_id, rank, r.downgrade)
-                t, was = self._loss.get(key), loss.get(f"{key[2]}:{key[3]}")
-                if t is not None and isinstance(was, dict):
-                    t.first, t.best, t.best_level = (was.get("first"), float(was["best"]),
-                                                     float(was["best_level"]))
-        self._saved[(run_id, rank)] = json.dumps(self._long_state(run_id, rank),
-                                                 sort_keys=True)
 
     def _stored_frames(self, session: Session, run_id: int, rank: int, before_step: int
                        ) -> list[tuple[int, dict[str, float], dict[str, list[list[float]]]]]:

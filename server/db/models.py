@@ -93,7 +93,7 @@ class RuleMemory(Base):
     its newest frames cannot rebuild (the lowest level a series settled to, the peak the
     LR settled at, the run's best loss): written with each ingest batch that changed it,
     read back when the engine rebuilds that (run, rank) after a restart
-    (``server/alerts/state.py``, 0014)."""
+    (``server/alerts/rule_memory.py``, 0014)."""
 
     __tablename__ = "rule_memory"
 

@@ -1,28 +1,43 @@
-"""The read path: runs, metric names, downsampled series, layer x head matrices; deleting a
-run."""
+"""The read path of a run's series: metric names, downsampled series, layer x head matrices.
+
+The runs themselves are read in :mod:`.runs` (the runs list, one run) and changed in
+:mod:`.run_edits` (configuration, tags, deletion); their names are re-exported here, the
+one module the routes, the CLI and the tests read the store through.
+"""
 
 from __future__ import annotations
 
-import json
-import re
-import time as _time
-from collections import defaultdict
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
-from sqlalchemy import delete, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from logitwatch.server.db.models import Alert, Frame, Metric, Point, RuleMemory, Run, RunTag
+from logitwatch.server.db.models import Frame, Metric, Point
 from logitwatch.server.errors import BadRequest, NotFound
-from logitwatch.server.schemas import DeletedOut, HeatmapOut, MetricOut, RunOut, SeriesOut
+from logitwatch.server.schemas import HeatmapOut, MetricOut, SeriesOut
 from logitwatch.server.store.buckets import bucketed
 from logitwatch.server.store.codec import decode
 from logitwatch.server.store.downsample import minmax_downsample
 from logitwatch.server.store.ingest import ENVELOPE
-from logitwatch.server.store.lifecycle import run_status
 from logitwatch.server.store.pruning import Bounds, prune_join, run_bounds
+from logitwatch.server.store.run_edits import (  # noqa: F401  (re-exported)
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_DEPTH,
+    MAX_CONFIG_KEYS,
+    TAG_RE,
+    _depth,
+    delete_run,
+    set_config,
+    set_tags,
+)
+from logitwatch.server.store.runs import (  # noqa: F401  (re-exported)
+    RunStatus,
+    _run_out,
+    _tags,
+    get_run,
+    list_runs,
+)
 
 __all__ = [
     "Agg",
@@ -38,212 +53,8 @@ __all__ = [
     "set_tags",
 ]
 
-RunStatus = Literal["running", "finished", "stopped", "diverged", "alerting", "active", "idle"]
 Merge = Literal["max", "min", "mean"]
 Agg = Literal["max", "min", "mean"]
-TAG_RE = re.compile(r"[A-Za-z0-9._:\-]{1,64}")
-
-
-def _run_out(run: Run, open_alerts: int, last_frame_id: int = 0, *, tags: list[str] | None = None,
-             now: float | None = None, active_seconds: float = 600.0) -> RunOut:
-    now = _time.time() if now is None else now
-    active = run.seen_at is not None and now - run.seen_at <= active_seconds
-    return RunOut(
-        id=run.id,
-        project=run.project,
-        name=run.name,
-        created_at=run.created_at,
-        last_step=run.last_step,
-        last_time=run.last_time,
-        seen_at=run.seen_at,
-        first_time=run.time_min,
-        open_alerts=open_alerts,
-        last_frame_id=last_frame_id,
-        status=run_status(run),
-        active=active,
-        ended_at=run.ended_at,
-        end_step=run.end_step,
-        diverged_step=run.diverged_step,
-        tags=tags or [],
-        config=run.config,
-    )
-
-
-def _tags(session: Session, run_ids: list[int]) -> dict[int, list[str]]:
-    out: dict[int, list[str]] = defaultdict(list)
-    if run_ids:
-        for rid, tag in session.execute(
-            select(RunTag.run_id, RunTag.tag).where(RunTag.run_id.in_(run_ids))
-            .order_by(RunTag.tag)
-        ):
-            out[rid].append(tag)
-    return out
-
-
-def list_runs(
-    session: Session,
-    *,
-    project: str | None = None,
-    tag: str | None = None,
-    status: RunStatus | None = None,
-    since: float | None = None,
-    until: float | None = None,
-    name: str | None = None,
-    active_seconds: float = 600.0,
-    now: float | None = None,
-    limit: int | None = None,
-    offset: int = 0,
-    total: list[int] | None = None,
-) -> list[RunOut]:
-    """Runs, most recently active first, with their count of firing alerts.
-
-    ``limit``/``offset`` page through them (None: all); ``total``, a list, gets the number
-    of runs that match the filters appended.
-
-    Filters (all optional, combined with AND): ``project``; ``tag``; ``status``: one of
-    :data:`~.lifecycle.STATUSES` (``running``, ``finished``, ``stopped``, ``diverged``: see
-    :mod:`.lifecycle`), ``alerting`` (an alert firing), ``active`` (a frame within
-    ``active_seconds``) or ``idle`` (none);
-    ``since``/``until``: the run was active in that window of unix seconds (first seen by
-    the collector at or before ``until``, its last frame's time at or after ``since``);
-    ``name``: a substring of the run name.
-    """
-    now = _time.time() if now is None else now
-    firing = (
-        select(Alert.run_id, func.count().label("n")).where(Alert.state == "firing")
-        .group_by(Alert.run_id).subquery()
-    )
-    # One index lookup per run (ix_frames_run_id): its newest frame, the stream's `after`.
-    last_frame = (select(func.max(Frame.id)).where(Frame.run_id == Run.id)
-                  .correlate(Run).scalar_subquery())
-    q = (
-        select(Run, func.coalesce(firing.c.n, 0), last_frame)
-        .outerjoin(firing, firing.c.run_id == Run.id)
-        .order_by(Run.last_time.desc().nulls_last(), Run.id.desc())
-    )
-    if project is not None:
-        q = q.where(Run.project == project)
-    if tag is not None:
-        q = q.where(Run.id.in_(select(RunTag.run_id).where(RunTag.tag == tag)))
-    if status == "diverged":
-        q = q.where(Run.diverged_step.is_not(None))
-    elif status in ("running", "finished", "stopped"):
-        q = q.where(Run.diverged_step.is_(None), Run.status == status)
-    elif status == "active":
-        q = q.where(Run.seen_at >= now - active_seconds)
-    elif status == "idle":
-        q = q.where(or_(Run.seen_at.is_(None), Run.seen_at < now - active_seconds))
-    elif status == "alerting":
-        q = q.where(firing.c.n > 0)
-    if since is not None:
-        q = q.where(Run.last_time >= since)
-    if until is not None:
-        q = q.where(Run.created_at <= until)
-    if name is not None:
-        q = q.where(Run.name.contains(name, autoescape=True))
-    if total is not None:
-        total.append(session.scalar(select(func.count()).select_from(q.subquery())) or 0)
-    if limit is not None:
-        q = q.limit(limit)
-    if offset:
-        q = q.offset(offset)
-    rows = session.execute(q).all()
-    tags = _tags(session, [r.id for r, _, _ in rows])
-    return [_run_out(r, int(n), int(last or 0), tags=tags.get(r.id), now=now,
-                     active_seconds=active_seconds)
-            for r, n, last in rows]
-
-
-def get_run(session: Session, run_id: int, *, active_seconds: float = 600.0) -> RunOut:
-    run = session.get(Run, run_id)
-    if run is None:
-        raise NotFound("run-not-found", f"no run with id {run_id}")
-    n = session.scalar(
-        select(func.count()).where(Alert.run_id == run_id, Alert.state == "firing")
-    )
-    last = session.scalar(select(func.max(Frame.id)).where(Frame.run_id == run_id))
-    return _run_out(run, int(n or 0), int(last or 0), tags=_tags(session, [run_id]).get(run_id),
-                    active_seconds=active_seconds)
-
-
-#: Bounds of a run's configuration (``set_config``): its JSON text, its keys, its nesting.
-MAX_CONFIG_BYTES = 16_384
-MAX_CONFIG_KEYS = 256
-MAX_CONFIG_DEPTH = 32
-
-
-def _depth(v: Any, limit: int) -> int:
-    """How deep ``v`` nests (a scalar 0), counted no further than past ``limit``."""
-    if limit < 0 or not isinstance(v, (dict, list)):
-        return 0
-    items = v.values() if isinstance(v, dict) else v
-    return 1 + max((_depth(x, limit - 1) for x in items), default=0)
-
-
-def set_config(session: Session, run_id: int, config: dict[str, Any]) -> dict[str, Any]:
-    """Set a run's configuration (a JSON object, replacing the previous one); return it.
-    Raises :class:`BadRequest` ``bad-config`` for text that is not UTF-8 (a lone
-    surrogate escape), nesting deeper than ``MAX_CONFIG_DEPTH``, or a non-finite number
-    (``ValueError``, which the route names)."""
-    get_run(session, run_id)
-    if _depth(config, MAX_CONFIG_DEPTH) > MAX_CONFIG_DEPTH:
-        raise BadRequest("bad-config", f"config: nested deeper than {MAX_CONFIG_DEPTH} levels",
-                         field="config")
-    text = json.dumps(config, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise BadRequest("bad-config", "config: a key or value holds a lone surrogate "
-                         "(\\ud800-\\udfff not in a pair), which is not text",
-                         field="config") from None
-    if size > MAX_CONFIG_BYTES or len(config) > MAX_CONFIG_KEYS:
-        raise BadRequest("config-too-large", f"config: at most {MAX_CONFIG_KEYS} keys and "
-                         f"{MAX_CONFIG_BYTES} bytes of JSON", field="config")
-    run = session.get(Run, run_id)
-    assert run is not None
-    run.config = config
-    session.flush()
-    return config
-
-
-def set_tags(session: Session, run_id: int, *, add: Sequence[str] = (),
-             remove: Sequence[str] = ()) -> list[str]:
-    """Add and remove labels of a run; return its tags."""
-    get_run(session, run_id)
-    for t in add:
-        if not TAG_RE.fullmatch(t):
-            raise BadRequest("bad-tag", f"tag {t!r}: 1-64 characters of [A-Za-z0-9._:-]")
-    have = set(_tags(session, [run_id]).get(run_id, []))
-    for t in sorted(set(add) - have):
-        session.add(RunTag(run_id=run_id, tag=t))
-    if remove:
-        session.execute(
-            delete(RunTag).where(RunTag.run_id == run_id, RunTag.tag.in_(list(remove)))
-        )
-    session.flush()
-    return _tags(session, [run_id]).get(run_id, [])
-
-
-def delete_run(session: Session, run_id: int) -> DeletedOut:
-    """Delete a run with its frames, values, metrics, tags and alerts (one transaction)."""
-    run = session.get(Run, run_id)
-    if run is None:
-        raise NotFound("run-not-found", f"no run with id {run_id}")
-    frame_ids = select(Frame.id).where(Frame.run_id == run_id).scalar_subquery()
-    metric_ids = select(Metric.id).where(Metric.run_id == run_id).scalar_subquery()
-    out = DeletedOut(
-        run_id=run_id, name=run.name, project=run.project,
-        frames=session.scalar(select(func.count()).where(Frame.run_id == run_id)) or 0,
-        points=session.scalar(select(func.count()).where(Point.metric_id.in_(metric_ids)))
-        or 0,
-    )
-    # Children first, explicitly: no reliance on ON DELETE CASCADE being enforced.
-    session.execute(delete(Point).where(Point.metric_id.in_(metric_ids)))
-    session.execute(delete(Point).where(Point.frame_id.in_(frame_ids)))
-    for table in (Frame, Metric, RunTag, Alert, RuleMemory):
-        session.execute(delete(table).where(table.run_id == run_id))  # type: ignore[attr-defined]
-    session.execute(delete(Run).where(Run.id == run_id))
-    return out
 
 
 def list_metrics(session: Session, run_id: int) -> list[MetricOut]:
