@@ -301,7 +301,7 @@ def test_only_alerts_that_page_are_sent_unless_info_is_asked_for(sqlite_url: str
             try:
                 for a in (info, paged, paged.model_copy(update={"state": "resolved"})):
                     n.notify(a)
-                assert wait_until(lambda: n.pending() == 0 and len(sink.posts) >= 2, 30)
+                assert wait_until(lambda n=n: n.pending() == 0 and len(sink.posts) >= 2, 30)
             finally:
                 n.close()
             got = sorted((i, st) for i, st, *_ in sink.posts)
