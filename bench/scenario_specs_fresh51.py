@@ -2,7 +2,7 @@
 fixed after ``fresh49`` was read (with round thirty-five's rules, no change made), before
 ``fresh50`` is.
 
-``fresh42``'s 64 shapes at seeds 540+ (each ``fresh42`` seed plus 140), everything else the
+``fresh42``'s 64 shapes at seeds 560+ (each ``fresh42`` seed plus 140), everything else the
 same, on a byte-level BPE of 5,120 tokens of the same corpus (``RunSpec.vocab``; ln 5120 =
 8.5 nats at the start). It is the held-out set for the change after the one ``fresh50``
 holds out (``--split read50``: every run recorded through ``fresh50``). Record with
