@@ -32,23 +32,30 @@ for _admin in (token, runs, retention):  # the store's administration: logitwatc
     main.add_command(_admin)
 
 
+# The options that are settings (--db, --host, --port, --webhook, --insecure-no-auth) have
+# no default of their own: one not given leaves its setting to its LOGITWATCH_* variable
+# (read by Settings), else to Settings' default, which its help names.
 @main.command()
 @click.option("--db", "db_url", default=None, metavar="URL",
               help="Database URL (default: $LOGITWATCH_DB_URL, else the SQLite file "
               "logitwatch.db in $LOGITWATCH_HOME, else in ~/.local/share/logitwatch). "
               "PostgreSQL: postgresql+psycopg://user:pw@host:5432/db")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
-              help="TCP port to listen on (0: any free port).")
+@click.option("--host", default=None,
+              help="Interface to bind (default: $LOGITWATCH_HOST, else 127.0.0.1).")
+@click.option("--port", default=None, type=click.IntRange(0, 65535),
+              help="TCP port to listen on, 0: any free port (default: $LOGITWATCH_PORT, "
+              "else 8000).")
 @click.option("--webhook", "webhook_url", default=None, metavar="URL",
-              help="POST every alert as JSON to this URL (Slack-compatible 'text' field).")
+              help="POST every alert as JSON to this URL (Slack-compatible 'text' field; "
+              "default: $LOGITWATCH_WEBHOOK_URL, else none).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]),
               help="Level of the collector's log on stderr.")
 @click.option("--insecure-no-auth", is_flag=True, default=False,
               help="INSECURE: serve on a non-loopback interface without API tokens; anyone "
-              "who reaches the port reads and writes every run. Trusted networks only.")
-def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
+              "who reaches the port reads and writes every run. Trusted networks only "
+              "(also turned on by LOGITWATCH_INSECURE_NO_AUTH=1).")
+def serve(db_url: str | None, host: str | None, port: int | None, webhook_url: str | None,
           log_level: str, insecure_no_auth: bool) -> None:
     """Run the collector and dashboard (migrates the database schema at start).
 
@@ -60,7 +67,12 @@ def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
     from logitwatch.server.auth import bind_refusal
     from logitwatch.server.settings import Settings
 
-    kwargs: dict[str, object] = {"host": host, "port": port}
+    # only what was given on the command line: the rest comes from LOGITWATCH_* or defaults
+    kwargs: dict[str, object] = {}
+    if host is not None:
+        kwargs["host"] = host
+    if port is not None:
+        kwargs["port"] = port
     if db_url:
         kwargs["db_url"] = db_url
     if webhook_url:
@@ -87,11 +99,12 @@ def serve(db_url: str | None, host: str, port: int, webhook_url: str | None,
     from logitwatch.server.serving import PortInUse, check_port
     from logitwatch.server.serving import serve as run_guarded
 
+    host, port = settings.host, settings.port  # the option, else LOGITWATCH_*, else default
     try:  # before the banner: a port in use fails here, not after "startup complete"
         check_port(host, port)
     except PortInUse as e:
         raise click.ClickException(str(e)) from e
-    if tokens == 0 and insecure_no_auth:
+    if tokens == 0 and settings.insecure_no_auth:  # --insecure-no-auth or its variable
         click.secho(f"WARNING: serving on {host} WITHOUT AUTHENTICATION: anyone who can reach "
                     "this port can read and write every run.", fg="red", err=True)
     if tokens:

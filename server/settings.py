@@ -193,9 +193,10 @@ class Settings(BaseSettings):
     # The parameters of the rule attn_logit_rising, which is off by default (enable it in a
     # rules file); the default rules that judge logits are attn_logit_departure and
     # attn_logit_forecast (server/alerts/defaults.py), tuned by a rules file.
-    alert_logit_threshold: float = Field(
-        1000.0, gt=0, description="attn_logit_rising (off by default): a head's max logit "
-        "above this is alarming on any model."
+    alert_logit_threshold: float | None = Field(
+        None, gt=0, description="attn_logit_rising (off by default): a ceiling, if set: a "
+        "head's max logit above it is alarming on any model, whatever its own baseline. "
+        "Unset (none): no ceiling; only factor and floor apply."
     )
     alert_logit_factor: float = Field(
         4.0, gt=1, description="attn_logit_rising (off by default): a max logit above "
@@ -239,10 +240,11 @@ class Settings(BaseSettings):
             )
         return self
 
-    @field_validator("retention_days", "retention_drop_days", mode="before")
+    @field_validator("retention_days", "retention_drop_days", "alert_logit_threshold",
+                     mode="before")
     @classmethod
     def _empty_is_none(cls, v: object) -> object:
-        # docker-compose passes an unset variable as "": retention off.
+        # docker-compose passes an unset variable as "": retention off, no ceiling.
         return None if isinstance(v, str) and not v.strip() else v
 
     @field_validator("webhook_url")
