@@ -140,7 +140,9 @@ class Point(Base):
 
     ``ix_points_scalar`` is a partial covering index of the scalar rows (4-byte blobs):
     a scalar series is read from it alone, without touching the pages of the matrices
-    stored between its rows.
+    stored between its rows. ``ix_points_frame`` finds a frame's values: the foreign key's
+    check (and cascade) on every frame deleted looks them up by ``frame_id``, which the
+    primary key does not lead with (migration 0015).
     """
 
     __tablename__ = "points"
@@ -148,6 +150,7 @@ class Point(Base):
         Index("ix_points_scalar", "metric_id", "frame_id", "data",
               sqlite_where=text("length(data) = 4"),
               postgresql_where=text("length(data) = 4")),
+        Index("ix_points_frame", "frame_id"),
     )
 
     metric_id: Mapped[int] = mapped_column(
