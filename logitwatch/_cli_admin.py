@@ -4,12 +4,17 @@ work on the database directly: no collector needed."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from logitwatch._cli_store import DB_OPTION as _DB
 from logitwatch._cli_store import NoStore
 from logitwatch._cli_store import find_run as _find_run
 from logitwatch._cli_store import store as _store
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 __all__ = ["retention", "runs", "token"]
 
@@ -162,27 +167,75 @@ def runs_tag(run: str, tags: tuple[str, ...], remove: tuple[str, ...], project: 
     click.echo(f"tags: {', '.join(now) or '(none)'}")
 
 
+#: Seconds back in which a run still running counts as live: retention that reaches into
+#: them asks first (it thins what the dashboard and the alert engine are looking at).
+LIVE_WINDOW = 86400.0
+
+
 @click.command()
 @click.option("--older-than", "days", required=True, type=click.FloatRange(min=0),
-              help="Thin frames older than this many days.")
+              help="Thin frames older than this many days (0: every frame, now).")
 @click.option("--bucket-steps", default=100, show_default=True, type=click.IntRange(1),
               help="Keep one frame's per-head matrices per this many steps (the peak).")
 @click.option("--run", "run", default=None, help="Only this run (id or name).")
 @click.option("--project", default=None, help="The run's project, when names repeat.")
+@click.option("--yes", is_flag=True, default=False,
+              help="Do not ask for confirmation (asked with --older-than 0, or when live "
+              "runs' data of the last day would be thinned).")
 @_DB
 def retention(days: float, bucket_steps: int, run: str | None, project: str | None,
-              db_url: str | None) -> None:
+              yes: bool, db_url: str | None) -> None:
     """Downsample old data now: per-head matrices of frames older than --older-than days
     are kept for one frame per --bucket-steps steps, the one with the bucket's largest
     value, so spikes survive; scalars are kept whole. A running collector does the same on
-    a schedule with LOGITWATCH_RETENTION_DAYS."""
+    a schedule with LOGITWATCH_RETENTION_DAYS.
+
+    The matrices deleted are gone for good: with --older-than 0, or when the pass would
+    reach into the last day of runs still running, it asks first (--yes does not)."""
+    import time
+
     with _store(db_url, create=False) as s:
         from logitwatch.server.store.retention import thin_old_frames, vacuum
 
         rid = _find_run(s, run, project) if run else None
+        now = time.time()
+        if not yes:
+            _confirm_retention(s, days=days, now=now, run_id=rid, bucket_steps=bucket_steps)
         out = thin_old_frames(s, older_than=days * 86400, bucket_steps=bucket_steps,
-                              run_id=rid, progress=lambda m: click.echo(m, err=True))
+                              run_id=rid, now=now, progress=lambda m: click.echo(m, err=True))
     with _store(db_url, announce=False) as s:
         vacuum(s)
     click.echo(f"retention: {out.matrices_deleted} matrices ({out.values_deleted} values) "
                f"deleted, {out.matrices_kept} kept in {out.metrics} series")
+
+
+def _confirm_retention(s: Session, *, days: float, now: float, run_id: int | None,
+                       bucket_steps: int) -> None:
+    """Ask before a pass that thins every frame (``--older-than 0``) or the last day's
+    frames of runs still running (their live data); abort on no."""
+    from sqlalchemy import exists, select
+
+    from logitwatch.server.db.models import Frame, Metric, Run
+
+    cutoff = now - days * 86400
+    touched = (select(Run.project, Run.name)
+               .where(exists().where(Metric.run_id == Run.id, Metric.layers > 0))
+               .order_by(Run.project, Run.name))
+    if run_id is not None:
+        touched = touched.where(Run.id == run_id)
+    live = [f"{r.project}/{r.name}" for r in s.execute(touched.where(
+        Run.status == "running",
+        exists().where(Frame.run_id == Run.id, Frame.time >= now - LIVE_WINDOW,
+                       Frame.time < cutoff))).all()]
+    if not live and days > 0:
+        return
+    every = s.execute(touched.where(exists().where(Frame.run_id == Run.id,
+                                                   Frame.time < cutoff))).all()
+    if not every:
+        return  # nothing to thin
+    what = (f"frames older than {days:g} day(s)" if days > 0 else "every frame")
+    what = f"the per-head matrices of {what} in {len(every)} run(s)"
+    still = (f", {len(live)} of them still running ({', '.join(live[:5])}"
+             f"{', ...' if len(live) > 5 else ''})" if live else "")
+    click.confirm(f"thin {what}{still} to one frame per {bucket_steps} steps (its peak), "
+                  "deleting the others for good?", abort=True)

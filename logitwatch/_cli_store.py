@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
     from sqlalchemy.orm import Session
 
-__all__ = ["DB_OPTION", "NoStore", "find_run", "need_server", "resolve_db", "show_store",
-           "store", "store_exists", "url_host"]
+__all__ = ["DB_OPTION", "NoStore", "find_run", "migrate_store", "need_server", "resolve_db",
+           "schema_too_new", "show_store", "sqlite_url", "store", "store_exists", "url_host"]
 
 
 def url_host(host: str) -> str:
@@ -80,8 +81,22 @@ def settings_error(e: ValueError) -> str:
                  else f"LOGITWATCH_{field.upper()}" if field else "settings")
         msg = str(err.get("msg", "")).removeprefix("Value error, ")
         got = "" if "got " in msg else f" (got {err.get('input')!r})"
+        given = err.get("input")
+        if field == "db_url" and isinstance(given, str) and given.strip() and "://" not in given:
+            # a file path where a URL goes: the URL of that file (absolute: four slashes)
+            got += (f": for that SQLite file use {sqlite_url(given)} (sqlite:/// and its "
+                    "absolute path)")
         lines.append(f"{where}: {msg}{got}")
     return "\n".join(lines)
+
+
+def sqlite_url(path: str) -> str:
+    """The URL of the SQLite file ``path``, made absolute (``sqlite:////tmp/x.db``: the
+    scheme's three slashes, then the path's own), quoted for a shell where it must be."""
+    import shlex
+    from pathlib import Path
+
+    return shlex.quote(f"sqlite:///{Path(path.strip()).expanduser().absolute()}")
 
 
 @contextmanager
@@ -93,7 +108,7 @@ def store(db_url: str | None, *, announce: bool = True,
     need_server()
     from sqlalchemy.orm import sessionmaker
 
-    from logitwatch.server.db.session import make_engine, migrate, session_scope
+    from logitwatch.server.db.session import SchemaTooNew, make_engine, session_scope
     from logitwatch.server.errors import ApiError
 
     url = resolve_db(db_url)
@@ -110,15 +125,50 @@ def store(db_url: str | None, *, announce: bool = True,
     except (ModuleNotFoundError, OSError) as e:
         raise _store_failure(url, e) from e
     try:
-        migrate(engine)
+        migrate_store(engine)
         with session_scope(sessionmaker(engine, expire_on_commit=False)) as s:
             yield s
+    except SchemaTooNew as e:
+        raise schema_too_new(url, e) from e
     except ApiError as e:
         raise click.ClickException(e.message) from e
     except (DBAPIError, OSError) as e:
         raise _store_failure(url, e) from e
     finally:
         engine.dispose()
+
+
+def migrate_store(engine: Engine) -> None:
+    """Migrate the store to this logitwatch's schema (as every command that opens it does),
+    saying so on stderr when a store that has a schema is upgraded: an older logitwatch
+    refuses it afterwards. A store already at head, or a new one, says nothing.
+
+    Raises:
+        SchemaTooNew: a newer logitwatch wrote the store (:func:`schema_too_new`).
+    """
+    from logitwatch.server.db.session import migrate
+
+    started = False
+
+    def say(current: str, head: str) -> None:
+        nonlocal started
+        click.echo(f"store: upgrading the schema from {current} to {head} (an older "
+                   "logitwatch will refuse this store afterwards)...", nl=False, err=True)
+        started = True
+
+    try:
+        migrate(engine, on_upgrade=say)
+    except BaseException:
+        if started:
+            click.echo(" failed", err=True)
+        raise
+    if started:
+        click.echo(" done", err=True)
+
+
+def schema_too_new(url: str, e: Exception) -> click.ClickException:
+    """A store written by a newer logitwatch, in one line naming it and the way out."""
+    return click.ClickException(f"cannot use the store {show_store(url)}: {e}")
 
 
 def _store_failure(url: str, e: Exception) -> click.ClickException:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import click
 
@@ -14,7 +15,7 @@ from logitwatch._cli_admin import retention, runs, token
 from logitwatch._cli_store import DB_OPTION as _DB
 from logitwatch._cli_store import find_run as _find_run
 from logitwatch._cli_store import need_server as _need_server
-from logitwatch._cli_store import resolve_db, show_store
+from logitwatch._cli_store import resolve_db, schema_too_new, show_store
 from logitwatch._cli_store import store as _store
 from logitwatch._cli_store import store_exists as _store_exists
 from logitwatch._cli_store import url_host as _url_host
@@ -274,6 +275,8 @@ def demo(port: int, db_url: str | None, steps: int | None, settings: tuple[str, 
         check_port("127.0.0.1", port)
     except PortInUse as e:
         raise click.ClickException(str(e)) from e
+    with _store(url, announce=False):  # migrated here, where the CLI says so, not silently
+        pass
     code = run_demo(port=port, db_url=url, steps=steps, settings=list(settings) or None,
                     seed=seed, keep_serving=keep_serving, echo=click.echo)
     sys.exit(code)
@@ -297,6 +300,11 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
     settings, the YAML file of --rules (else $LOGITWATCH_ALERT_RULES), and the rules stored
     through the API in the store (--db, else the default store: the replay then goes to a
     temporary database, and the default store is only read). Which ones is printed.
+
+    A replayed run has no live job: each run FILE leaves running is then marked finished,
+    after its last frame, as its job's end frame (Monitor.close()) would have done, so that
+    `logitwatch serve` on that store does not report it stopped (no data: hung or crashed).
+    A run FILE ends itself is left as it is. The summary names them.
     """
     _need_server()
     import json
@@ -319,6 +327,8 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
     if db_url:
         db_url = resolve_db(db_url)
         click.echo(f"store: {show_store(db_url)}", err=True)
+        with _store(db_url, announce=False):  # migrated (saying so), or why it cannot be
+            pass
     else:
         store = resolve_db(None)
         click.echo(f"store: {show_store(store)} (its rules only; the replay goes to a "
@@ -327,13 +337,25 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
             with _store(store, announce=False) as s:
                 rules, source = replay_rules(settings, path=rules_file, session=s)
     click.echo(f"replaying {len(frames)} frames of {file}", err=True)
+    from logitwatch.server.db.session import SchemaTooNew
+
+    progress = _Progress(len(frames))
     try:
         result = run_replay(frames, db_url=db_url, settings=settings, rules_file=rules_file,
-                            rules=rules, lines=lines,
-                            progress=lambda n: click.echo(f"  {n}/{len(frames)} frames",
-                                                          err=True) if n % 256 == 0 else None)
+                            rules=rules, lines=lines, progress=progress)
+    except SchemaTooNew as e:  # the store's fault, not the file's
+        raise schema_too_new(db_url or "", e) from e
     except Exception as e:  # a frame the collector refuses: say which
         raise click.ClickException(f"{file}: {e}") from e
+    finally:
+        progress.close()
+    n_runs = len(result.runs)
+    click.echo(f"replayed {result.frames} frames of {n_runs} run{'s' if n_runs != 1 else ''}"
+               f" ({_some(result.runs)})", err=True)
+    if db_url and result.ended:
+        click.echo(f"marked finished in {show_store(db_url)}: {_some(result.ended)} (a "
+                   "replayed run has no live job: left running, it would be reported stopped)",
+                   err=True)
     click.echo(f"rules: {source or result.rules}", err=True)
     if as_json:
         click.echo(json.dumps([a.model_dump(mode="json") for a in result.alerts], indent=1))
@@ -346,6 +368,46 @@ def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool)
             click.echo(f"(the file's header says the run did not diverge but ended "
                        f"{_nats(header.get('regression'))} above its best loss: degraded)")
 
+
+
+#: The clock replay's progress lines are spaced by (a test stops or speeds it).
+_clock = time.monotonic
+
+
+class _Progress:
+    """Replay's progress on stderr: a line about every ``every`` seconds (a single line
+    redrawn in place on a terminal), none for a replay quicker than that; the summary after
+    it always says how many frames were replayed."""
+
+    def __init__(self, total: int, every: float = 1.0) -> None:
+        self.total, self.every = total, every
+        self.tty = sys.stderr.isatty()
+        self.last = _clock()
+        self.width = 0
+
+    def __call__(self, n: int) -> None:
+        now = _clock()
+        if n >= self.total or now - self.last < self.every:
+            return
+        self.last = now
+        line = f"  {n}/{self.total} frames ({100 * n // self.total} %)"
+        if self.tty:
+            click.echo("\r" + line.ljust(self.width), nl=False, err=True)
+            self.width = len(line)
+        else:
+            click.echo(line, err=True)
+
+    def close(self) -> None:
+        """Clear the line redrawn in place, if any."""
+        if self.width:
+            click.echo("\r" + " " * self.width + "\r", nl=False, err=True)
+            self.width = 0
+
+
+def _some(names: list[str], most: int = 5) -> str:
+    """``names`` joined, the first ``most`` of them when there are more."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
 
 
 def _nats(x: object) -> str:

@@ -8,6 +8,11 @@ database (a temporary SQLite file unless a URL is given), under the rules ``logi
 serve`` would apply: the defaults with the ``alert_*`` settings, the YAML rules file
 (``rules_file``, else ``$LOGITWATCH_ALERT_RULES``) and the rules stored through the API in
 that database (:func:`replay_rules`).
+
+A recorded file has no live job: once replayed, each run it left running is ended as its job
+would have ended it (an end frame after its newest frame, :func:`~.lifecycle.end_frame`),
+so that a collector on that store later does not report it stopped (``no_data``: "may have
+hung or crashed"). A run the file itself ended is left as it is.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.server.alerts.config import api_rules, configured_rules, rules_file
@@ -31,7 +37,7 @@ from logitwatch.server.alerts.rules import RuleSpec
 from logitwatch.server.db.models import Run
 from logitwatch.server.db.session import make_engine, migrate, session_scope
 from logitwatch.server.limits import check_batch
-from logitwatch.server.schemas import AlertOut, IngestIn
+from logitwatch.server.schemas import AlertOut, FrameIn, IngestIn
 from logitwatch.server.store import lifecycle
 from logitwatch.server.store.alerts import alert_out, list_alerts
 
@@ -41,13 +47,17 @@ __all__ = ["ReplayError", "ReplayResult", "read_frame_lines", "read_frames", "re
 
 @dataclass
 class ReplayResult:
-    """Every alert stored (including suppressed ones), the frames replayed, and which rule
-    set judged them (``rules``: e.g. ``"defaults + my-rules.yaml: 19 rules"``)."""
+    """Every alert stored (including suppressed ones), the frames replayed, which rule
+    set judged them (``rules``: e.g. ``"defaults + my-rules.yaml: 19 rules"``), the runs
+    replayed (``runs``) and those of them the replay ended (``ended``; ``"project/run"``
+    each: the file left them running)."""
 
     alerts: list[AlertOut] = field(default_factory=list)
     frames: int = 0
     notified: list[AlertOut] = field(default_factory=list)
     rules: str = ""
+    runs: list[str] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
 
 
 def replay_rules(settings: Any = None, *, path: str | None = None,
@@ -159,6 +169,30 @@ def _refusal(e: ValidationError, start: int, lines: Sequence[int] | None) -> Rep
     return ReplayError(f"{where}: {field or 'frame'}: {msg}{more}")
 
 
+def _end_runs(s: Session, alerts: AlertEngine, newest: dict[tuple[str, str], FrameIn],
+              result: ReplayResult) -> None:
+    """End the replayed runs left running (not those the file ended) through the ingest
+    path, as their jobs' end frames would have."""
+    keys = sorted(newest)
+    if not keys:
+        return
+    running = {(p, n) for p, n in s.execute(
+        select(Run.project, Run.name).where(Run.name.in_({n for _, n in keys}),
+                                            Run.status != "finished")).all()}
+    ends = [lifecycle.end_frame(newest[k]) for k in keys if k in running]
+    if not ends:
+        return
+    _, finished = lifecycle.ingest(s, ends)
+    if finished:
+        for a in alerts.check_stale(s, runs=finished):  # resolves an open no_data
+            run = s.get(Run, a.run_id)
+            assert run is not None
+            result.notified.append(alert_out(a, run))
+        result.ended = [f"{p}/{n}" for p, n in s.execute(
+            select(Run.project, Run.name).where(Run.id.in_(sorted(finished)))
+            .order_by(Run.project, Run.name)).all()]
+
+
 def replay(
     frames: Iterable[dict[str, Any]],
     *,
@@ -169,6 +203,7 @@ def replay(
     batch: int = 16,
     progress: Callable[[int], None] | None = None,
     lines: Sequence[int] | None = None,
+    end_runs: bool = True,
 ) -> ReplayResult:
     """Feed ``frames`` (wire-format dicts, in order) through ingest and the engine.
 
@@ -186,6 +221,8 @@ def replay(
         progress: Called with the number of frames replayed so far, after each batch.
         lines: The line number of each frame in its file (:func:`read_frame_lines`), to
             name in errors.
+        end_runs: End each run the frames leave running, after its newest frame, as its
+            job's end frame would (``result.ended``): a replayed run has no live job.
 
     Raises:
         ReplayError: a frame the collector refuses (``line N: field: message``), or one
@@ -211,6 +248,7 @@ def replay(
                 result.rules = f"as given: {sum(1 for r in rules if r.enabled)} rules"
             alerts = AlertEngine(rules)
             run_ids: set[int] = set()
+            newest: dict[tuple[str, str], FrameIn] = {}  # each run's, to end it after
             batch = max(1, min(batch, settings.max_frames_per_request))  # as a client must
             for i in range(0, len(items), batch):
                 try:
@@ -223,6 +261,7 @@ def replay(
                         stored, finished = lifecycle.ingest(
                             s, body.frames, max_metrics_per_run=settings.max_metrics_per_run)
                         run_ids |= stored.run_ids
+                        lifecycle.keep_newest(newest, body.frames)
                         fired = alerts.process(s, stored.new_frames)
                         if finished:
                             fired += alerts.check_stale(s, runs=finished)
@@ -239,8 +278,13 @@ def replay(
                 if progress is not None:
                     progress(result.frames)
             with session_scope(sessions) as s:
+                if end_runs:
+                    _end_runs(s, alerts, newest, result)
                 for rid in sorted(run_ids):
                     result.alerts.extend(list_alerts(s, rid))
+                result.runs = [f"{p}/{n}" for p, n in s.execute(
+                    select(Run.project, Run.name).where(Run.id.in_(sorted(run_ids)))
+                    .order_by(Run.project, Run.name)).all()]
             return result
         finally:
             engine.dispose()

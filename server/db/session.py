@@ -6,7 +6,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from importlib.resources import files
 from pathlib import Path
@@ -28,6 +28,7 @@ __all__ = [
     "RETRY_AFTER",
     "SQLITE_BUSY_TIMEOUT",
     "SQLITE_PAGE_SIZE",
+    "SchemaTooNew",
     "alembic_config",
     "make_engine",
     "migrate",
@@ -116,11 +117,34 @@ def schema_revision(engine: Engine) -> str | None:
 MIGRATION_LOCK = 0x6C77_6D69  # "lwmi"
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the schema to head (``alembic upgrade head``); refuse a database from the future.
+class SchemaTooNew(RuntimeError):
+    """The database is at a schema revision this logitwatch does not know: a newer
+    logitwatch wrote it (``revision``: the database's). Nothing was changed."""
+
+    def __init__(self, revision: str, head: str | None) -> None:
+        self.revision, self.head = revision, head
+        super().__init__(
+            f"the database is at schema revision {revision!r}, which this logitwatch does "
+            f"not know (it was written by a newer version; this one knows up to {head!r}). "
+            "Nothing was changed. Upgrade logitwatch to the version that wrote it (or a "
+            "later one), or use another store (--db, LOGITWATCH_DB_URL)."
+        )
+
+
+#: Called by :func:`migrate` just before it upgrades a database that has a schema, with
+#: the revision it is at and the one it goes to.
+OnUpgrade = Callable[[str, str], None]
+
+
+def migrate(engine: Engine, *, on_upgrade: OnUpgrade | None = None) -> None:
+    """Bring the schema to head (``alembic upgrade head``); refuse a database from the future
+    (:class:`SchemaTooNew`, before anything is changed).
 
     On PostgreSQL the check and the upgrade run under an advisory lock: several collectors
-    starting at once against one database migrate it once.
+    starting at once against one database migrate it once. ``on_upgrade(current, head)``
+    is called just before a database that already has a schema is upgraded (not for a new,
+    empty one, nor by a collector that finds another already did it): the command line
+    says so, since an older logitwatch refuses the store afterwards.
     """
     cfg = alembic_config()
     script = ScriptDirectory.from_config(cfg)
@@ -135,12 +159,10 @@ def migrate(engine: Engine) -> None:
             return
         known = {s.revision for s in script.walk_revisions()}
         if current is not None and current not in known:
-            raise RuntimeError(
-                f"The database is at schema revision {current!r}, which this logitwatch does "
-                "not know (it was written by a newer version). Upgrade logitwatch or use "
-                "another --db."
-            )
+            raise SchemaTooNew(current, head)
         log.info("migrating database schema %s -> %s", current, head)
+        if current is not None and head is not None and on_upgrade is not None:
+            on_upgrade(current, head)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
 

@@ -4,7 +4,9 @@
   ``logitwatch.wire``) that ``Monitor.close()``, ``Client.shutdown()`` and the client's exit
   hook send after the last step. A run follows **rank 0**: its end frame finishes the run
   (``ended_at``, ``end_step``, ``end_seq`` are that frame's time, step and seq); the other
-  ranks' end frames are accepted and change nothing.
+  ranks' end frames are accepted and change nothing. ``logitwatch replay`` ends each run
+  it replayed that its file left running the same way, with the end frame its job would
+  have sent (:func:`end_frame`): a recorded file has no live job.
 * back to ``running``: a frame of rank 0 numbered after the end frame (``seq > end_seq``:
   the job was resumed; seqs follow the clock, so a restarted job's frames come after its
   earlier end frame). An end frame numbered before a frame of rank 0 already stored (an old
@@ -41,7 +43,7 @@ from logitwatch.server.db.models import Frame, Run
 from logitwatch.server.schemas import FrameIn
 from logitwatch.server.store.ingest import IngestResult, _run_id, ingest_frames
 
-__all__ = ["STATUSES", "ingest", "run_status", "split_ends"]
+__all__ = ["STATUSES", "end_frame", "ingest", "keep_newest", "run_status", "split_ends"]
 
 #: What a run's ``status`` may be.
 STATUSES = ("running", "finished", "stopped", "diverged")
@@ -59,6 +61,29 @@ def split_ends(frames: Sequence[FrameIn]) -> tuple[list[FrameIn], list[FrameIn]]
     for f in frames:
         (ends if f.end is not None else data).append(f)
     return data, ends
+
+
+def keep_newest(newest: dict[tuple[str, str], FrameIn], frames: Sequence[FrameIn]) -> None:
+    """Keep in ``newest``, by (project, run), each run's newest data frame of ``frames``
+    (rank 0's highest seq; another rank's only while the run has no frame of rank 0): the
+    frame after which :func:`end_frame` ends the run."""
+    for f in frames:
+        if f.end is not None:
+            continue
+        key = (f.project, f.run)
+        have = newest.get(key)
+        if have is None or (f.rank == 0, f.seq) > (have.rank == 0, have.seq):
+            newest[key] = f
+
+
+def end_frame(last: FrameIn) -> FrameIn:
+    """The end frame that finishes ``last``'s run after it, as ``Monitor.close()``'s does:
+    rank 0, at ``last``'s step and time, numbered as ``last`` (any frame of rank 0 numbered
+    after it resumes the run). ``logitwatch replay`` ends the runs it replayed with it: a
+    recorded file has no live job, and a run left running would be judged stopped (the
+    ``no_data`` alert: hung or crashed) by the next collector on the store."""
+    return FrameIn(run=last.run, project=last.project, rank=0, seq=last.seq, step=last.step,
+                   time=last.time, end="finished")
 
 
 def ingest(session: Session, frames: Sequence[FrameIn], *,
