@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import plotly.graph_objects as go
 
 from logitwatch.server.schemas import AlertOut, SeriesOut
+from logitwatch.server.store.incidents import locus, where_text
 from logitwatch.wire import encode_float
 
 from .style import ALERT_SHADE_OPACITY, COLORS, MARKER_ROW, plain
@@ -28,8 +29,18 @@ def nonfinite_trace(series: SeriesOut) -> go.Scatter:
     )
 
 
+def alert_where(a: AlertOut) -> str:
+    """Where it fired, as its card says: "layer 1, heads 0, 1, 2, 3", "layer 1, head 3",
+    "max over heads: layer 1, head 3" (an alert over every head), or "run"."""
+    layer, head, heads = locus(a)
+    where = where_text(layer, head, heads)
+    if not where:
+        return "run"
+    return where if a.layer is not None else f"max over heads: {where}"
+
+
 def alert_label(a: AlertOut) -> str:
-    where = f"layer {a.layer}, head {a.head}" if a.layer is not None else "run"
+    where = alert_where(a)
     value = "non-finite" if a.value is None else f"{a.value:.4g}"
     limit = "" if a.threshold is None else f" (limit {a.threshold:.3g})"
     return (

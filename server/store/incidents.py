@@ -11,25 +11,34 @@ decide.
   after it in the same incident; a **duplicate** says what an earlier member says about
   the same metric and heads within :data:`DUPLICATE_STEPS`; the rest are **related**.
 * :func:`verdict`: one word for the run (``diverged``, ``stopped``, ``warning``,
-  ``finished``, ``healthy``, ``empty``) and one line saying why.
+  ``finished_alerting``, ``finished``, ``healthy``, ``empty``) and one line saying why. A
+  run diverged when a divergence alert paged on it or its last loss is not finite (whatever
+  rules are enabled); a finished run with a warning or critical alert still open finished
+  alerting (not green); one whose only open alerts are info finished.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
 from logitwatch.server.schemas import AlertOut, RunOut
 
-__all__ = ["DUPLICATE_STEPS", "IncidentOut", "MemberOut", "VerdictOut", "incidents",
-           "locus", "verdict"]
+__all__ = ["DUPLICATE_STEPS", "KINDS", "NONFINITE_LOSS", "IncidentOut", "MemberOut",
+           "VerdictOut", "incidents", "locus", "verdict", "where_text"]
 
 #: Two alerts on the same metric and heads fired this many steps apart or closer say the
 #: same thing: the later one is a duplicate.
 DUPLICATE_STEPS = 50
 SEVERITY_RANK = {"critical": 3, "warning": 2, "info": 1}
 PAGED = ("warning", "critical")
+#: Every verdict kind, the ones that need a person first.
+KINDS = ("diverged", "stopped", "warning", "finished_alerting", "finished", "healthy", "empty")
+#: The verdict's text for a run whose last loss is not finite but that no divergence alert
+#: marked (e.g. loss_nonfinite disabled).
+NONFINITE_LOSS = "diverged: the last loss is not finite"
 
 
 class MemberOut(BaseModel):
@@ -61,7 +70,9 @@ class IncidentOut(BaseModel):
 
 
 class VerdictOut(BaseModel):
-    kind: str = Field(description="diverged, stopped, warning, finished, healthy or empty")
+    kind: str = Field(description="diverged, stopped, warning, finished_alerting (finished "
+                      "with a warning or critical alert still open), finished, healthy or "
+                      "empty")
     text: str = Field(description="the verdict in a few words, e.g. 'diverged at step 959'")
     detail: str = Field(description="one line: the first alert, or what is known")
     first_alert: int | None = Field(None, description="id of the first incident's cause")
@@ -159,17 +170,42 @@ def incidents(alerts: Sequence[AlertOut], diverged_step: int | None = None) -> l
     return [_incident(c, diverged_step) for c in _cluster(alerts)]
 
 
-def _where(layer: int | None, head: int | None, heads: list[int] | None, rank: int) -> str:
+def where_text(layer: int | None, head: int | None, heads: list[int] | None) -> str:
+    """"layer 1, head 3", "layer 1, heads 0, 1, 2, 3", "layer 1", or "" (run-level)."""
     if layer is None:
-        return f"rank {rank}"
+        return ""
     hs = heads or ([head] if head is not None else [])
     h = (f"head {hs[0]}" if len(hs) == 1 else "heads " + ", ".join(map(str, hs))) if hs else ""
-    return f"layer {layer}, {h}, rank {rank}" if h else f"layer {layer}, rank {rank}"
+    return f"layer {layer}, {h}" if h else f"layer {layer}"
+
+
+def _where(layer: int | None, head: int | None, heads: list[int] | None, rank: int) -> str:
+    w = where_text(layer, head, heads)
+    return f"{w}, rank {rank}" if w else f"rank {rank}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def _finished_text(step: int | None, open_paged: Sequence[AlertOut]) -> str:
+    """"finished at step 399 with a critical alert open: grad_nonfinite", or with several:
+    "... with 3 alerts open, the worst critical: grad_nonfinite" (the earliest of the
+    worst)."""
+    worst = min(open_paged, key=lambda a: (-SEVERITY_RANK.get(a.severity, 0), a.fired_step,
+                                           a.id))
+    if len(open_paged) == 1:
+        return f"finished at step {step} with a {worst.severity} alert open: {worst.rule}"
+    return (f"finished at step {step} with {len(open_paged)} alerts open, the worst "
+            f"{worst.severity}: {worst.rule}")
 
 
 def verdict(run: RunOut, alerts: Sequence[AlertOut],
-            found: Sequence[IncidentOut] | None = None) -> VerdictOut:
-    """One word for the run and one line saying why (see the module)."""
+            found: Sequence[IncidentOut] | None = None, *,
+            last_loss: float | None = None) -> VerdictOut:
+    """One word for the run and one line saying why (see the module). ``last_loss``: the
+    run's last loss (rank 0), if known: a non-finite one is a divergence even when no
+    divergence alert marked it (the runs list reads the same)."""
     found = incidents(alerts, run.diverged_step) if found is None else found
     by_id = {a.id: a for a in alerts}
     first = found[0] if found else None
@@ -185,22 +221,26 @@ def verdict(run: RunOut, alerts: Sequence[AlertOut],
     if run.status == "diverged":
         text = f"diverged at step {run.diverged_step}"
         if first is not None and first.fired_step < (run.diverged_step or 0):
-            detail += f" ({(run.diverged_step or 0) - first.fired_step} steps before)"
+            before = (run.diverged_step or 0) - first.fired_step
+            detail += f" ({_plural(before, 'step')} before)"
         kind = "diverged"
+    elif last_loss is not None and not math.isfinite(last_loss):
+        kind, text = "diverged", NONFINITE_LOSS
     elif run.status == "stopped":
         kind, text = "stopped", f"stopped reporting after step {run.last_step}"
     elif run.status == "finished":
-        kind, text = "finished", f"finished at step {run.end_step or run.last_step}"
+        step = run.end_step if run.end_step is not None else run.last_step
         if open_paged:
-            text += f" with {len(open_paged)} alert{'s' * (len(open_paged) > 1)} open"
+            kind, text = "finished_alerting", _finished_text(step, open_paged)
+        else:
+            kind, text = "finished", f"finished at step {step}"
     elif open_paged:
         worst = max(open_paged, key=lambda a: SEVERITY_RANK.get(a.severity, 0)).severity
-        n = len(open_paged)
-        kind, text = "warning", f"{worst}: {n} alert{'s' * (n > 1)} firing"
+        kind, text = "warning", f"{worst}: {_plural(len(open_paged), 'alert')} firing"
     else:
         kind, text = "healthy", "healthy"
         if alerts:
-            text += f" ({len(alerts)} alert{'s' * (len(alerts) > 1)}, none paging now)"
+            text += f" ({_plural(len(alerts), 'alert')}, none paging now)"
     if not detail:
         detail = "no alert" if kind in ("healthy", "finished") else f"last step {run.last_step}"
     return VerdictOut(kind=kind, text=text, detail=detail,

@@ -29,7 +29,7 @@ from logitwatch.server.store import queries
 from logitwatch.server.store.alerts import firing_alerts
 from logitwatch.server.store.downsample import minmax_downsample
 
-__all__ = ["STATUSES", "RunSummaryOut", "SparklineCache", "runs_overview"]
+__all__ = ["STATUSES", "RunSummaryOut", "SparklineCache", "last_loss", "runs_overview"]
 
 STATUSES = ("running", "finished", "stopped", "diverged", "empty")
 
@@ -58,8 +58,9 @@ class RunSummaryOut(BaseModel):
     tags: list[str] = Field(default_factory=list)
     config: dict[str, Any] | None = Field(None, description="what its job said about "
                                           "itself (PUT /api/v1/runs/{run}/config)")
-    verdict: str = Field("healthy", description="diverged, stopped, warning, finished, "
-                         "healthy or empty (the run page's verdict, from its firing alerts)")
+    verdict: str = Field("healthy", description="diverged, stopped, warning, "
+                         "finished_alerting, finished, healthy or empty (the run page's "
+                         "verdict, from its firing alerts and its last loss)")
     verdict_text: str = ""
 
 
@@ -172,14 +173,19 @@ def _searchable(r: RunOut) -> str:
     return " ".join([r.name, r.project, *r.tags, config]).lower()
 
 
-def _verdict(r: RunOut, status: str, firing: list[AlertOut]) -> inc.VerdictOut:
-    """The run page's verdict word, from the run's status and its firing alerts."""
-    if status == "empty":
+def _verdict(r: RunOut, firing: list[AlertOut], last_loss: float | None) -> inc.VerdictOut:
+    """The run page's verdict (:func:`incidents.verdict`), from the run, its firing alerts
+    and its last loss, as the run page reads it (:func:`last_loss`)."""
+    if r.last_step is None:
         return inc.VerdictOut(kind="empty", text="no data yet", detail="")
-    if status == "diverged" and r.diverged_step is None:  # a non-finite last loss
-        return inc.VerdictOut(kind="diverged", text="diverged: the last loss is not finite",
-                              detail="")
-    return inc.verdict(r.model_copy(update={"status": status}), firing)
+    return inc.verdict(r, firing, last_loss=last_loss)
+
+
+def last_loss(session: Session, cache: SparklineCache, run: RunOut) -> float | None:
+    """The run's last loss (rank 0) as the runs list reads it (its sparkline's newest point),
+    for the run page's and the inbox's verdicts, so that the list and the page agree."""
+    _, values = cache.get(session, [run])[run.id]
+    return float(values[-1]) if len(values) else None
 
 
 def runs_overview(
@@ -222,7 +228,7 @@ def runs_overview(
         st = _status(r, last)
         if status is not None and st != status:
             continue
-        v = _verdict(r, st, firing.get(r.id, []))
+        v = _verdict(r, firing.get(r.id, []), last)
         out.append(RunSummaryOut(
             id=r.id, project=r.project, name=r.name, status=st, last_step=r.last_step,
             last_time=r.last_time, seen_at=r.seen_at, first_time=r.first_time,

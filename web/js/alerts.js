@@ -7,11 +7,16 @@ import { el } from "./api.js";
 import { alertCard, foldedCard, whereText } from "./alert_card.js";
 
 const FILTERS = ["all", "firing", "resolved"];
+// [one, several]: "1 consequence (after the divergence)", "2 consequences (...)"
 const ROLE_TITLES = {
-  related: "related alerts",
-  duplicate: "saying the same (same metric and heads, within 50 steps)",
-  consequence: "consequences (after the divergence)",
+  related: ["related alert", "related alerts"],
+  duplicate: ["saying the same (same metric and heads, within 50 steps)", "saying the same (same metric and heads, within 50 steps)"],
+  consequence: ["consequence (after the divergence)", "consequences (after the divergence)"],
 };
+//: What an empty panel says when the run sent no attention statistic (no attn.* per-head
+//: metric): no alert is not evidence that the logits are healthy.
+export const NO_ATTENTION =
+  "No alerts. No attention statistics received: the attention hooks may not be attached (see docs/HOOKS.md).";
 
 export class AlertsPanel {
   /**
@@ -27,7 +32,15 @@ export class AlertsPanel {
     this.filter = "all";
     this.alerts = new Map();
     this.incidents = [];
+    this.attention = null; // whether the run sent attention statistics (null: not known)
     if (tabs) this.buildTabs();
+  }
+
+  /** Whether the run has sent any attention statistic (an attn.* per-head metric). */
+  setAttention(has) {
+    if (this.attention === has) return;
+    this.attention = has;
+    this.render();
   }
 
   buildTabs() {
@@ -84,8 +97,10 @@ export class AlertsPanel {
     const shown = groups.filter((g) => this.filter === "all" || g.state === this.filter);
     this.list.replaceChildren(...shown.map((g, i) => this.incidentCard(g, groups.indexOf(g) + 1 || i + 1)));
     const all = [...this.alerts.values()];
-    if (!all.length) this.list.append(el("p", "empty", "No alerts. Logits look healthy."));
-    else if (!shown.length) this.list.append(el("p", "empty", `No ${this.filter} incidents.`));
+    if (!all.length) {
+      const text = this.attention === false ? NO_ATTENTION : this.attention ? "No alerts. Logits look healthy." : "No alerts.";
+      this.list.append(el("p", "empty", text));
+    } else if (!shown.length) this.list.append(el("p", "empty", `No ${this.filter} incidents.`));
     const firing = all.filter((a) => a.state === "firing").length;
     const open = groups.filter((g) => g.state === "firing").length;
     this.counter.textContent = firing
@@ -140,7 +155,7 @@ export class AlertsPanel {
       if (!of.length) continue;
       const box = el("details", `fold ${role}`);
       box.dataset.role = role;
-      box.append(el("summary", null, `${of.length} ${ROLE_TITLES[role]}`));
+      box.append(el("summary", null, `${of.length} ${ROLE_TITLES[role][of.length === 1 ? 0 : 1]}`));
       for (const m of of) box.append(foldedCard(m.alert, this.opts));
       node.append(box);
     }

@@ -2,7 +2,7 @@
 // all of them (re-queried from the server), refreshed every few seconds while not zoomed.
 //   /compare?runs=1,2,3&names=loss,grad.norm
 
-import { API, el, getJSON, query } from "./api.js";
+import { API, ApiError, el, getJSON, query } from "./api.js";
 import { FigureChart, ZoomSync } from "./charts.js";
 import { needsLogin, showLogin } from "./login.js";
 
@@ -12,7 +12,7 @@ const REFRESH_MS = 5000;
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const runs = (params.get("runs") || "").split(",").filter(Boolean);
+let runs = [...new Set((params.get("runs") || "").split(",").filter(Boolean))];
 const zoom = new ZoomSync(showZoom);
 const charts = new Map(); // metric name -> chart
 
@@ -64,15 +64,43 @@ function refresh() {
   setTimeout(refresh, REFRESH_MS);
 }
 
+const notFound = (err) => err instanceof ApiError && err.status === 404 && err.code === "run-not-found";
+
+/** The chosen runs and their metrics; a run id the collector does not know (or this
+ * token may not see) is left out and named, the others are drawn. */
+async function loadRuns() {
+  const metrics = (ids) => getJSON(`${API}/compare/metrics${query({ runs: ids.join(",") })}`);
+  try {
+    return { info: await metrics(runs), missing: [] };
+  } catch (err) {
+    if (!notFound(err)) throw err;
+  }
+  const missing = [];
+  await Promise.all(runs.map((id) => metrics([id]).catch((err) => {
+    if (!notFound(err)) throw err;
+    missing.push(id);
+  })));
+  const found = runs.filter((id) => !missing.includes(id));
+  return { info: found.length ? await metrics(found) : null, missing: runs.filter((id) => missing.includes(id)), found };
+}
+
+function showMissing(missing) {
+  const box = $("compare-missing");
+  box.hidden = !missing.length;
+  box.textContent = missing.length
+    ? `${missing.length === 1 ? "No run with id" : "No runs with ids"} ${missing.join(", ")}${runs.length ? ": showing the others" : ""}.`
+    : "";
+}
+
 async function main() {
   if (!runs.length) {
     $("status").textContent = "no runs chosen: tick runs on the runs page";
     document.body.dataset.ready = "1";
     return;
   }
-  let info;
+  let loaded;
   try {
-    info = await getJSON(`${API}/compare/metrics${query({ runs: runs.join(",") })}`);
+    loaded = await loadRuns();
   } catch (err) {
     if (needsLogin(err)) {
       showLogin(err.message);
@@ -80,6 +108,14 @@ async function main() {
       return;
     }
     throw err;
+  }
+  const { info, missing, found } = loaded;
+  if (found) runs = found;
+  showMissing(missing);
+  if (!info) {
+    $("status").textContent = "none of the chosen runs exist: tick runs on the runs page";
+    document.body.dataset.ready = "1";
+    return;
   }
   $("compare-runs").replaceChildren(
     ...info.runs.map((r, i) => {
@@ -108,7 +144,7 @@ async function main() {
   );
   $("zoom-reset").addEventListener("click", () => zoom.set(null).catch(report));
   await sync();
-  $("status").textContent = `${info.runs.length} runs`;
+  $("status").textContent = `${info.runs.length} run${info.runs.length === 1 ? "" : "s"}`;
   document.body.dataset.ready = "1";
   setTimeout(refresh, REFRESH_MS);
 }

@@ -113,9 +113,15 @@ function makeChart(name, into) {
   return zoom.add(chart);
 }
 
+/** Whether the run sent any attention statistic (an attn.* per-head metric). */
+function hasAttention(list) {
+  return list.some((m) => m.kind === "heads" && m.name.startsWith("attn."));
+}
+
 /** Take the run's metric list; add charts, statistics and layers that are new. */
 function discover(list) {
   metrics = new Map(list.map((m) => [m.name, m]));
+  panel.setAttention(hasAttention(list));
   const scalars = new Set(list.filter((m) => m.kind === "scalar").map((m) => m.name));
   const added = [];
   const monitor = $("monitor");
@@ -438,6 +444,7 @@ async function main() {
   for (const c of [charts.loss, charts.gradNorm, charts.heatmap, charts.headsTime]) c.params.rank = state.rank || null;
   showRun(data.run);
   showVerdict(data, showAlert);
+  panel.attention = hasAttention(data.metrics);
   panel.setIncidents(data.incidents, data.alerts);
   fillRanks(data.ranks);
   document.body.dataset.verdictMs = String(Math.round(performance.now() - t0));

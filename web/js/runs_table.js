@@ -34,7 +34,10 @@ export function configText(config) {
     .join(" · ");
 }
 
-const VERDICT_ORDER = { diverged: 0, stopped: 1, warning: 2, running: 3, healthy: 4, finished: 5, empty: 6 };
+// The runs that need a person first: a run that finished with a warning or critical alert
+// still open sorts with them, not with the healthy ones.
+const VERDICT_ORDER = { diverged: 0, stopped: 1, warning: 2, finished_alerting: 3, running: 4, healthy: 5, finished: 6, empty: 7 };
+const VERDICT_WORDS = { finished_alerting: "finished, alerting" };
 const STATUS_ORDER = { diverged: 0, stopped: 1, running: 2, finished: 3, empty: 4 };
 
 function configCell(run) {
@@ -77,7 +80,7 @@ export const COLUMNS = [
     key: "verdict", label: "verdict", sort: (r) => VERDICT_ORDER[r.verdict] ?? 9,
     cell: (r) => {
       const td = el("td", "verdict-cell");
-      td.append(el("span", `verdict-chip ${r.verdict}`, r.verdict));
+      td.append(el("span", `verdict-chip ${r.verdict}`, VERDICT_WORDS[r.verdict] || r.verdict));
       td.title = r.verdict_text;
       return td;
     },

@@ -1,7 +1,7 @@
-// The run's verdict at the top of the page (healthy, warning, diverged, finished, stopped
-// reporting) with its first incident: the first alert's layer, head, rank, step and
-// severity, and one click to its evidence. And the run's dot: whether the run (not the
-// browser's connection) is reporting.
+// The run's verdict at the top of the page (healthy, warning, diverged, finished, finished
+// with a paging alert still open, stopped reporting) with its first incident: the first
+// alert's layer, head, rank, step and severity, and one click to its evidence. And the
+// run's dot: whether the run (not the browser's connection) is reporting.
 
 import { ago, el, lastSeen } from "./api.js";
 import { headOf, whatText, whereText } from "./alert_card.js";
@@ -11,6 +11,8 @@ const WORDS = {
   warning: "warning",
   diverged: "diverged",
   finished: "finished",
+  // finished with a warning or critical alert still open: the word, in the at-risk colour
+  finished_alerting: "finished",
   stopped: "stopped reporting",
   empty: "no data yet",
 };
@@ -23,9 +25,10 @@ export function showVerdict(data, onShow) {
   const v = data.verdict;
   const box = document.getElementById("verdict");
   box.dataset.kind = v.kind;
-  document.getElementById("verdict-word").textContent = WORDS[v.kind] || v.kind;
   const word = WORDS[v.kind] || v.kind;
-  document.getElementById("verdict-text").textContent = v.text.startsWith(word) ? v.text.slice(word.length).trim() : v.text;
+  document.getElementById("verdict-word").textContent = word;
+  // "diverged at step 959" -> "at step 959"; "diverged: the last loss ..." -> "the last loss ..."
+  document.getElementById("verdict-text").textContent = v.text.startsWith(word) ? v.text.slice(word.length).replace(/^[\s:,]+/, "") : v.text;
   const inc = data.incidents?.[0];
   const cause = inc && data.alerts.find((a) => a.id === inc.cause);
   const box2 = document.getElementById("incident");

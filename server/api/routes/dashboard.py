@@ -34,6 +34,7 @@ from logitwatch.server.schemas import (
 from logitwatch.server.store import incidents as inc
 from logitwatch.server.store import queries, views
 from logitwatch.server.store.alerts import list_alerts
+from logitwatch.server.store.runs_view import last_loss
 
 __all__ = ["MAX_COMPARE", "router"]
 
@@ -96,13 +97,16 @@ class RunPageOut(BaseModel):
 
 
 @router.get(f"{API}/dashboard/runs/{{run_id}}", response_model=RunPageOut)
-def run_page_data(run_id: RunIdDep, session: SessionDep, settings: SettingsDep) -> RunPageOut:
+def run_page_data(request: Request, run_id: RunIdDep, session: SessionDep,
+                  settings: SettingsDep) -> RunPageOut:
     """The run, its verdict, its alerts grouped into incidents (earliest first), its
     metrics and ranks: what the run page shows first, in one request."""
     run = queries.get_run(session, run_id, active_seconds=settings.run_active_seconds)
     alerts = list_alerts(session, run_id)
     found = inc.incidents(alerts, run.diverged_step)
-    return RunPageOut(run=run, verdict=inc.verdict(run, alerts, found), incidents=found,
+    loss = last_loss(session, _cache(request), run)
+    return RunPageOut(run=run, verdict=inc.verdict(run, alerts, found, last_loss=loss),
+                      incidents=found,
                       alerts=alerts, metrics=queries.list_metrics(session, run_id),
                       ranks=views.ranks(session, run_id) or [0])
 
@@ -116,6 +120,7 @@ class InboxRunOut(BaseModel):
 
 @router.get(f"{API}/dashboard/alerts", response_model=list[InboxRunOut])
 def alerts_inbox(
+    request: Request,
     session: SessionDep,
     principal: ReadDep,
     settings: SettingsDep,
@@ -146,7 +151,8 @@ def alerts_inbox(
         found = [i for i in inc.incidents(alerts, run.diverged_step)
                  if state is None or i.state == state]
         if found:
-            out.append(InboxRunOut(run=run, verdict=inc.verdict(run, alerts),
+            loss = last_loss(session, _cache(request), run)
+            out.append(InboxRunOut(run=run, verdict=inc.verdict(run, alerts, last_loss=loss),
                                    incidents=found, alerts=alerts))
             if len(out) >= limit:
                 break
