@@ -54,38 +54,11 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS_EVIDENCE.md. Round twenty-two was replayed once on
-``fresh27`` and on ``fresh28``; round twenty-three was chosen on ``--split read28`` and
-replayed once on ``fresh29`` (fixed and recorded before ``fresh28`` was read); round
-twenty-four was chosen on ``--split read29`` and replayed once on ``fresh30``; round
-twenty-five was chosen on ``--split read30`` and replayed once on ``fresh31``; round twenty-six
-was chosen on ``--split read31`` and replayed once on ``fresh32`` (fixed and recorded before
-round twenty-five was chosen); round twenty-seven was chosen on ``--split read32`` and
-replayed once on ``fresh33`` (fixed and recorded before round twenty-six was chosen); round
-twenty-eight was chosen on ``--split read33`` and replayed once on ``fresh34`` (fixed and
-recorded before ``fresh33`` was read), and ``fresh35`` was replayed with the same defaults
-(fixed and recorded before ``fresh34`` was read); round twenty-nine was chosen on ``--split
-read35`` and replayed once on ``fresh36`` (fixed and recorded before ``fresh35`` was read),
-and ``fresh37`` and ``fresh38`` were replayed with the same defaults (each fixed before the
-set before it was read); round thirty was chosen on ``--split read38``
-and replayed once on ``fresh39`` (fixed and recorded before ``fresh38`` was read); round
-thirty-one was chosen on ``--split read39`` and replayed once on ``fresh40`` (fixed before
-``fresh39`` was read, recorded after it), and ``fresh41`` and ``fresh43`` (the first set on
-a BPE vocabulary, 2,048 tokens; ``RunSpec.vocab``) once each with the same rules; round
-thirty-two was chosen on ``--split read41`` and ``fresh43`` and replayed once on ``fresh42``
-(bytes) and ``fresh44`` (4,096 tokens), each fixed and recorded before the sets before it
-were read; ``fresh45`` (3,072 tokens, fixed after those replays) once with the same rules.
-Round thirty-three was chosen on ``--split read44`` and replayed once on ``fresh46`` (1,024
-tokens, fixed before ``fresh45`` was read). Round thirty-four was chosen on ``--split
-read46`` (every run through ``fresh46``) and replayed once on ``fresh47`` (6,144 tokens,
-fixed after ``fresh45`` and ``fresh46`` were read). Round thirty-five was chosen on
-``--split read47`` and replayed once on ``fresh48`` (bytes, fixed after ``fresh47`` was
-read); ``fresh49`` (1,536 tokens, fixed before ``fresh48`` was read) was then replayed once
-with the same rules, no change made, and so is ``fresh50`` (2,560 tokens, fixed after
-``fresh48`` was read), once ``fresh52`` was fixed. The next change is chosen on ``--split
-read50`` and replayed once on ``fresh51`` (5,120 tokens, fixed after ``fresh49`` was read,
-before ``fresh50`` was); the one after it on ``--split read51`` and ``fresh52`` (768
-tokens, fixed before ``fresh50`` was read).
+what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-five) were
+chosen on ``--split read47``; ``fresh48``, ``fresh49`` and ``fresh50`` were each replayed
+once with them. The next change is chosen on ``--split read50`` and replayed once on
+``fresh51`` (5,120 tokens); the one after it on ``--split read51`` and ``fresh52`` (768
+tokens). Both are recorded and unread.
 
 Usage::
 
