@@ -243,22 +243,6 @@ def test_heatmap_of_a_diverged_step_says_so() -> None:
     assert not fine.layout.annotations
 
 
-def test_auto_colours_keep_zero_and_negative_values_apart() -> None:
-    """Positive values spanning five decades go on a log scale; with a 0 or a negative
-    value among them ``auto`` stays linear (on a log scale -5, 0 and 0.001 shared one
-    colour); ``log`` asked for is still log."""
-    spread = [[0.01, 1.0], [10.0, 1000.0]]
-    signed = [[-5.0, 0.0], [0.001, 1000.0]]
-    fig = heatmap_figure(HeatmapOut(name="attn.logit_max", rank=0, step=1, values=spread))
-    assert fig.layout.meta["log"] is True
-    fig = heatmap_figure(HeatmapOut(name="attn.logit_mean", rank=0, step=1, values=signed))
-    assert fig.layout.meta["log"] is False
-    assert list(fig.data[0].z[0]) == [-5.0, 0.0]
-    fig = heatmap_figure(HeatmapOut(name="attn.logit_mean", rank=0, step=1, values=signed),
-                         color="log")
-    assert fig.layout.meta["log"] is True
-
-
 # --- dashboard views (server/store/views.py) on SQLite and PostgreSQL ----------------------
 
 

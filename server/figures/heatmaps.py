@@ -18,8 +18,7 @@ from .marks import alert_label
 from .style import COLORS, HEATMAP_SCALE, base_layout, no_data, plain
 
 ColorScale = Literal["auto", "log", "linear"]
-#: ``auto`` colours a heatmap on a log scale when its values are all positive and span this
-#: ratio or more.
+#: ``auto`` colours a heatmap on a log scale when its positive values span this ratio or more.
 LOG_SPAN = 100.0
 
 
@@ -27,14 +26,12 @@ def _log_colors(rows: Sequence[Sequence[float | None]], mode: str,
                 name: str) -> tuple[list[list[float | None]], dict[str, object], bool]:
     """(z, colour bar, log?) for a heatmap. On a log scale z is log10 of each value, values
     at or below 0 take the smallest positive one's colour, and the colour bar is labelled in
-    the values themselves (1, 10, 100, 1k ...). ``auto`` keeps a matrix with a value at or
-    below 0 linear: on a log scale 0, a negative value and the smallest positive one would
-    share one colour (a signed statistic such as ``attn.logit_mean``)."""
+    the values themselves (1, 10, 100, 1k ...)."""
     flat = [v for row in rows for v in row if v is not None and math.isfinite(v)]
     pos = [v for v in flat if v > 0]
     lo, hi = (min(pos), max(pos)) if pos else (1.0, 1.0)
     use = mode == "log" or (mode == "auto" and "entropy" not in name and len(pos) >= 2
-                            and len(pos) == len(flat) and hi / lo >= LOG_SPAN)
+                            and hi / lo >= LOG_SPAN)
     bar: dict[str, object] = {"title": {"text": name, "side": "right"}, "thickness": 12}
     if not use or not pos:
         return [[v if v is not None and math.isfinite(v) else None for v in row]
