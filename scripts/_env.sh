@@ -48,7 +48,7 @@ EOF
 
 install_torch() {
   if .venv/bin/python -c "import torch" 2>/dev/null; then
-    echo "==> keeping the torch .venv has: $(.venv/bin/python -c \
+    echo "==> keeping the torch .venv has: $(.venv/bin/python -W ignore -c \
       'import torch; print(torch.__version__, "CUDA", torch.version.cuda or "none")')"
     return 0
   fi
@@ -57,7 +57,8 @@ install_torch() {
   echo "==> installing torch (CPU build, pinned by constraints-cpu.txt)${args:+ from ${args#--index-url }}"
   # shellcheck disable=SC2086  # $args is empty or two words
   "${PIP[@]}" -c constraints-cpu.txt $args torch
-  .venv/bin/python -c 'import torch, sys
+  # -W ignore: numpy comes with logitwatch's extras, after this check (torch warns without it)
+  .venv/bin/python -W ignore -c 'import torch, sys
 if torch.version.cuda:
     print(f"==> note: torch {torch.__version__} is a CUDA build", file=sys.stderr)'
 }
