@@ -48,6 +48,11 @@ log = logging.getLogger("logitwatch.server")
 HTTP_CODES = {404: "not-found", 405: "method-not-allowed", 400: "bad-request"}
 
 
+def _writes(request: Request) -> bool:
+    """Whether ``request`` could have stored something (its errors then say nothing was)."""
+    return request.method not in ("GET", "HEAD", "OPTIONS")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build a collector. The database is migrated to head when the app starts."""
     settings = settings or Settings()
@@ -127,12 +132,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         code = HTTP_CODES.get(exc.status_code, f"http-{exc.status_code}")
         message = str(exc.detail)
         if exc.status_code == 400:  # FastAPI's "There was an error parsing the body"
-            message = f"body: {message} (nothing was stored)"
+            message = f"body: {message}" + (" (nothing was stored)" if _writes(request) else "")
         return JSONResponse({"code": code, "message": message},
                             status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # The first few errors and a count: an answer never grows with the input.
         errors = [
             {"field": ".".join(str(p) for p in e["loc"])[:300], "message": e["msg"][:1000]}
@@ -140,11 +145,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ]
         count = max(getattr(exc, "count", 0), len(exc.errors()))
         first = errors[0] if errors else {"field": "?", "message": "invalid"}
-        more = f"; {count} errors in all, the first {len(errors)} listed" \
+        more = f"{count} errors in all, the first {len(errors)} listed" \
             if count > len(errors) else ""
+        # a read stores nothing anyway: saying so is for the requests that write
+        said = "; ".join(x for x in ("nothing was stored" if _writes(request) else "", more)
+                         if x)
         return JSONResponse(
             {"code": "invalid-request",
-             "message": f"{first['field']}: {first['message']} (nothing was stored{more})",
+             "message": f"{first['field']}: {first['message']}" + (f" ({said})" if said else ""),
              "errors": errors, "error_count": count},
             status_code=422,
         )

@@ -193,3 +193,21 @@ def test_webhook_receives_alert_json(sqlite_url: str) -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_reads_error_does_not_say_nothing_was_stored(sqlite_url: str) -> None:
+    """A bad query parameter on a read says what is wrong; "nothing was stored" is for the
+    requests that write (an ingest refused)."""
+    from fastapi.testclient import TestClient
+
+    from logitwatch.server.app import create_app
+    from logitwatch.server.settings import Settings
+
+    with TestClient(create_app(Settings(db_url=sqlite_url))) as c:
+        read = c.get("/api/v1/runs?limit=nope")
+        assert read.status_code == 422
+        assert "nothing was stored" not in read.json()["message"]
+        assert read.json()["message"].startswith("query.limit:")
+        write = c.post("/api/v1/ingest", json={"frames": "nope"})
+        assert write.status_code == 422
+        assert "(nothing was stored)" in write.json()["message"]
