@@ -174,3 +174,24 @@ def test_a_job_clock_behind_is_seen_now(tmp_path: Path, chromium: Any) -> None:
         page.close()
     finally:
         c.stop()
+
+
+def test_a_name_of_the_longest_kind_wraps_in_its_column(tmp_path: Path, chromium: Any) -> None:
+    """A run name of 128 characters without a space (the longest the collector takes) wraps
+    inside the name column: at 1920 px the table fits the window and its last column shows
+    without scrolling."""
+    c = Collector(tmp_path / "long.db")
+    try:
+        ingest(c.url, frames("r" * 128, 3, 1.0, ago=60))
+        page = chromium.new_page(viewport={"width": 1920, "height": 900})
+        page.goto(c.url)
+        page.wait_for_function("document.querySelectorAll('#runs-table tbody tr').length === 1",
+                               timeout=WAIT_MS)
+        table = page.eval_on_selector("#runs-table", "t => t.getBoundingClientRect().width")
+        assert table <= 1920, table
+        last = page.eval_on_selector("#runs-table thead th:last-child",
+                                     "t => t.getBoundingClientRect().right")
+        assert last <= 1920, last
+        page.close()
+    finally:
+        c.stop()
