@@ -22,7 +22,7 @@ from __future__ import annotations
 import time as _time
 from collections.abc import Collection
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from logitwatch.server.alerts.lifecycle import PAGING, LifecycleMixin
@@ -70,27 +70,30 @@ class NoDataMixin(LifecycleMixin):
             seconds = float(rule.param("seconds"))
             if listening_since is not None and now - listening_since < seconds:
                 continue  # not listening long enough to tell a silent job from an outage
-            q = select(Run).where(Run.seen_at.is_not(None), Run.seen_at < now - seconds,
-                                  Run.status != "finished")
+            # Only the runs that need work, chosen in SQL: a stopped run whose open alert
+            # already says so (a crashed run stays stopped for ever) is not read, nor
+            # written, each pass; the check takes no write lock when nothing changed.
+            open_ = select(Alert.id).where(
+                Alert.run_id == Run.id, Alert.rank == 0, Alert.rule == rule.name,
+                Alert.state == State.FIRING.value, Alert.layer.is_(None)).exists()
+            # already alerted for this silence: an alert's fired_at - value (its silence)
+            # is the seen_at it was raised for, whichever collector's clock raised it; not
+            # by step, since a job resumed from a checkpoint below its last step, then
+            # silent again, is a new silence at the same last step
+            alerted = select(Alert.id).where(
+                Alert.run_id == Run.id, Alert.rule == rule.name,
+                func.abs(Alert.fired_at - Alert.value - Run.seen_at) < 1e-3).exists()
+            q = (select(Run, open_)
+                 .where(Run.seen_at.is_not(None), Run.seen_at < now - seconds,
+                        Run.status != "finished",
+                        or_(and_(Run.status == "running", open_), and_(~open_, ~alerted)))
+                 .order_by(Run.id))
             if runs is not None:
                 q = q.where(Run.id.in_(list(runs)))
-            for run in session.scalars(q).all():
-                if self._open_alert(session, run.id, 0, rule.name, None) is not None:
-                    # (a run alerted before statuses were stored); conditional, so that a
-                    # run another collector's ingest just finished stays finished
-                    session.execute(update(Run).where(Run.id == run.id,
-                                                      Run.status == "running")
-                                    .values(status="stopped")
-                                    .execution_options(synchronize_session=False))
-                    continue
-                if session.scalar(select(Alert.id).where(
-                        Alert.run_id == run.id, Alert.rule == rule.name,
-                        func.abs(Alert.fired_at - Alert.value - run.seen_at) < 1e-3
-                ).limit(1)) is not None:
-                    # already alerted for this silence: an alert's fired_at - value (its
-                    # silence) is the seen_at it was raised for, whichever collector's clock
-                    # raised it; not by step, since a job resumed from a checkpoint below its
-                    # last step, then silent again, is a new silence at the same last step
+            repair: list[int] = []
+            for run, is_open in session.execute(q).all():
+                if is_open:  # a run alerted before statuses were stored: stopped below
+                    repair.append(run.id)
                     continue
                 if run.status == "running" and not session.execute(
                         update(Run).where(Run.id == run.id, Run.status == "running",
@@ -128,6 +131,13 @@ class NoDataMixin(LifecycleMixin):
                 session.flush()
                 if a.suppressed is None:
                     out.append(a)
+            for i in range(0, len(repair), 500):
+                # conditional, so that a run another collector's ingest just finished stays
+                # finished
+                session.execute(update(Run).where(Run.id.in_(repair[i:i + 500]),
+                                                  Run.status == "running")
+                                .values(status="stopped")
+                                .execution_options(synchronize_session=False))
         return out
 
     def _resolve_no_data(self, session: Session, f: NewFrame) -> list[Alert]:

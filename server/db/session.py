@@ -6,6 +6,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from importlib.resources import files
@@ -231,10 +232,22 @@ class FifoLock:
             self._cond.notify_all()
 
 
+_write_locks: weakref.WeakKeyDictionary[Engine, FifoLock] = weakref.WeakKeyDictionary()
+_write_locks_guard = threading.Lock()
+
+
 def write_lock(engine: Engine) -> AbstractContextManager[Any]:
     """What ingest transactions take first: a :class:`FifoLock` on SQLite (one writer at a
-    time anyway), nothing on PostgreSQL (row locks, many writers)."""
-    return FifoLock() if engine.dialect.name == "sqlite" else nullcontext()
+    time anyway), nothing on PostgreSQL (row locks, many writers). The same lock for every
+    call with one engine: retention's chunks (``store/retention.py``) queue in it with the
+    ingest requests."""
+    if engine.dialect.name != "sqlite":
+        return nullcontext()
+    with _write_locks_guard:
+        lock = _write_locks.get(engine)
+        if lock is None:
+            lock = _write_locks[engine] = FifoLock()
+        return lock
 
 
 #: Seconds a client is asked to wait after a 503 (its spool keeps the frames meanwhile).

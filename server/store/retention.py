@@ -24,15 +24,17 @@ import math
 import threading
 import time as _time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, delete, select, text
+from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from logitwatch.server.db.models import Frame, Metric, Point
 from logitwatch.server.db.partitions import drop_partitions, is_partitioned
-from logitwatch.server.db.session import session_scope
+from logitwatch.server.db.session import session_scope, write_lock
 from logitwatch.server.errors import ApiError
 from logitwatch.server.store.views import lower_is_worse
 
@@ -149,19 +151,23 @@ class DropResult:
 DROP_CHUNK = 2000
 
 
-def drop_old_frames(engine: Engine, *, older_than: float,
-                    now: float | None = None) -> DropResult:
+def drop_old_frames(engine: Engine, *, older_than: float, now: float | None = None,
+                    lock: AbstractContextManager[Any] | None = None) -> DropResult:
     """Delete frames older than ``older_than`` seconds with all their values: whole day
     partitions on a partitioned PostgreSQL, rows elsewhere (in chunks, each a transaction
-    of its own, so that writers are never held up for long)."""
+    of its own, so that writers are never held up for long). Each chunk takes ``lock``
+    first, by default the engine's :func:`~logitwatch.server.db.session.write_lock`, the
+    one ingest requests take: on SQLite, a writer waiting in that queue gets its turn
+    between two chunks, where one polling SQLite's lock could miss every gap."""
     cutoff = (_time.time() if now is None else now) - older_than
     if is_partitioned(engine):
         got = drop_partitions(engine, cutoff=cutoff)
         return DropResult(got.partitions, got.default_frames)
+    lock = write_lock(engine) if lock is None else lock
     out = DropResult([])
     sessions = sessionmaker(engine)
     while True:
-        with session_scope(sessions) as s:
+        with lock, session_scope(sessions) as s:
             rows = s.execute(select(Frame.id, Frame.run_id).where(Frame.time < cutoff)
                              .limit(DROP_CHUNK)).all()
             if not rows:
@@ -177,11 +183,42 @@ def drop_old_frames(engine: Engine, *, older_than: float,
             out.frames_deleted += len(ids)
 
 
-def vacuum(session: Session) -> None:
+#: Pages an incremental vacuum step gives back per transaction (16 KiB pages: 16 MiB, tens
+#: of milliseconds of the write lock).
+VACUUM_CHUNK = 1024
+
+
+def vacuum(session: Session, *, lock: AbstractContextManager[Any] | None = None) -> int:
     """Give freed pages back to the file system (SQLite: incremental vacuum; PostgreSQL's
-    autovacuum does this itself)."""
-    if session.get_bind().dialect.name == "sqlite":
-        session.execute(text("PRAGMA incremental_vacuum"))
+    autovacuum does this itself); returns the pages given back.
+
+    ``PRAGMA incremental_vacuum`` frees one page per step of its statement, and
+    ``execute`` of Python's sqlite3 steps a statement without result columns once (one
+    page a pass; ``fetchall`` does not step it further): ``executescript`` steps it to the
+    end, here :data:`VACUUM_CHUNK` pages per transaction, each under ``lock`` when given
+    (the collector's write lock), until the free list is empty."""
+    if session.get_bind().dialect.name != "sqlite":
+        return 0
+    ctx: AbstractContextManager[Any] = nullcontext() if lock is None else lock
+    session.commit()  # the caller's writes first: nothing of theirs in the chunks below
+    raw = session.connection().connection.driver_connection
+    cur = raw.cursor()
+    try:
+        if cur.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # not INCREMENTAL
+            return 0
+        freed = 0
+        left = cur.execute("PRAGMA freelist_count").fetchone()[0]
+        while left > 0:
+            with ctx:  # a transaction of its own (executescript commits first)
+                raw.executescript(f"PRAGMA incremental_vacuum({int(VACUUM_CHUNK)})")
+            now_left = cur.execute("PRAGMA freelist_count").fetchone()[0]
+            if now_left >= left:  # gave nothing back: do not spin
+                break
+            freed += left - now_left
+            left = now_left
+        return freed
+    finally:
+        cur.close()
 
 
 class RetentionWorker:
@@ -220,7 +257,7 @@ class RetentionWorker:
                                          bucket_steps=self.bucket_steps)
         if result.matrices_deleted:
             with session_scope(self.sessions) as s:
-                vacuum(s)
+                vacuum(s, lock=write_lock(self.sessions.kw["bind"]))
             log.info("retention: deleted %d old matrices (%d values), kept %d peaks",
                      result.matrices_deleted, result.values_deleted, result.matrices_kept)
         return result
