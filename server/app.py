@@ -31,7 +31,12 @@ from logitwatch.server.api.routes import (
 )
 from logitwatch.server.api.routes.pages import WEB
 from logitwatch.server.auth import Authenticator, bind_refusal
-from logitwatch.server.db.partitions import PartitionWorker, ensure_partitions, is_partitioned
+from logitwatch.server.db.partitions import (
+    PartitionWorker,
+    ensure_partitions,
+    is_lock_error,
+    is_partitioned,
+)
 from logitwatch.server.db.session import make_engine, migrate, write_lock
 from logitwatch.server.errors import ApiError
 from logitwatch.server.guards import CsrfCheck, FrameHeaders, HostCheck
@@ -77,8 +82,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                             info=settings.webhook_info)
             if settings.webhook_url else None
         )
-        # PostgreSQL: the day partitions of frames and points, made ahead of time.
-        ensure_partitions(engine)
+        # PostgreSQL: the day partitions of frames and points, made ahead of time. A lock not
+        # had (another collector's ingest or partition change) never fails the start: the
+        # PartitionWorker makes what is missing on its next pass.
+        try:
+            ensure_partitions(engine)
+        except Exception as e:
+            if not is_lock_error(e):
+                raise
+            log.warning("partitions not made ahead at start (the worker retries): %s",
+                        str(e).splitlines()[0])
         partitions = PartitionWorker(engine).start() if is_partitioned(engine) else None
         days, drop_days = settings.retention_days, settings.retention_drop_days
         retention = (

@@ -15,8 +15,10 @@ import pytest
 from alembic import command
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from logitwatch.demo.runner import Collector
+from logitwatch.server import app as app_module
 from logitwatch.server.app import create_app
 from logitwatch.server.db.partitions import (
     DAY,
@@ -328,3 +330,109 @@ def test_drop_old_frames_deletes_rows_off_partitions(db_url: str, engine: Engine
         loss = c.get("/api/v1/runs/1/series", params={"name": "loss"}).json()
         assert loss["steps"] == [40, 50, 60]
         assert count(engine, "frames") == 3 and count(engine, "points") == 3 * 3
+
+
+def test_partition_changes_never_deadlock_with_ingest(pg_url: str, pg: Engine) -> None:
+    """Creating and dropping partitions while ingest runs: ingest locks runs, metrics,
+    frames, points in that order; a partition change that took ``frames`` or ``points``
+    first and then ``runs`` (the drop of a frames partition: its foreign key) or ``frames``
+    (the creation of a points partition) deadlocked with it: the ingest answered 503 or the
+    retention pass failed with 40P01. Every change is done, every frame stored, no error."""
+    rounds, batch, old = 3, 20, TODAY - 20
+    errors: list[str] = []
+    stored = [0, 0]  # frames accepted, batches answered
+    stop, started = threading.Event(), threading.Event()
+
+    with TestClient(create_app(Settings(db_url=pg_url, rate_limit_per_second=0))) as c:
+
+        def ingest() -> None:
+            try:
+                for k in range(5000):  # bounded; stopped when the changes are done
+                    if stop.is_set():
+                        return
+                    t0 = TODAY * DAY + 1 + k * batch * 1e-3  # today's partition
+                    # Two runs a batch, one of them new: runs and metrics inserted too.
+                    frames = ([frame(k * batch + i, t0 + i * 1e-3, rank=i % 2, run="a")
+                               for i in range(batch - 4)]
+                              + [frame(i, t0 + i * 1e-3, run=f"n{k}") for i in range(4)])
+                    r = c.post("/api/v1/ingest", json={"frames": frames})
+                    if r.status_code != 200:
+                        errors.append(f"ingest {k}: {r.status_code} {r.text[:300]}")
+                    else:
+                        stored[0] += r.json()["accepted"]
+                    stored[1] += 1
+                    started.set()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(f"ingest: {exc!r}")
+            finally:
+                started.set()
+
+        def ingested(since: int) -> None:
+            """Wait (bounded) until ingest answered a batch after ``since``."""
+            for _ in range(3000):
+                if stored[1] > since or not writer.is_alive():
+                    return
+                time.sleep(0.01)
+
+        writer = threading.Thread(target=ingest)
+        writer.start()
+        made: list[str] = []
+        dropped: list[str] = []
+        try:
+            assert started.wait(60)
+            for r in range(rounds):
+                for what in ("create old", "drop", "create ahead"):
+                    ingested(stored[1])  # ingest is running while each change is made
+                    try:
+                        if what == "create old":
+                            made += ensure_partitions(pg, now=old * DAY, ahead_days=1)
+                        elif what == "drop":
+                            dropped += drop_partitions(pg, cutoff=(TODAY - 5) * DAY).partitions
+                        else:
+                            made += ensure_partitions(pg, now=(TODAY + 30 + 10 * r) * DAY,
+                                                      ahead_days=8)
+                    except Exception as exc:  # noqa: BLE001 - reported below
+                        errors.append(f"round {r} {what}: {str(exc).splitlines()[0]}")
+        finally:
+            stop.set()
+            writer.join(120)
+        assert not writer.is_alive()
+        assert not errors, (len(errors), errors)
+        olds = {partition_name(t, d) for d in range(old - 1, old + 2) for t in ("frames", "points")}
+        # Every change done (none skipped as busy): the old days made and dropped each round,
+        # ten days made ahead each round.
+        assert sorted(dropped) == sorted([*olds] * rounds)
+        assert sorted(made) == sorted([*olds] * rounds + [
+            partition_name(t, d) for r in range(rounds)
+            for d in range(TODAY + 29 + 10 * r, TODAY + 39 + 10 * r) for t in ("frames", "points")])
+        assert stored[1] >= 3 * rounds
+        assert count(pg, "frames") == stored[0] == stored[1] * batch
+        assert count(pg, "points") == stored[0] * 3  # loss, the matrix, its envelope
+
+
+class _PgError(Exception):
+    def __init__(self, sqlstate: str) -> None:
+        super().__init__(f"error {sqlstate}")
+        self.sqlstate = sqlstate
+
+
+def test_a_lock_not_had_at_start_never_fails_the_collector(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The partitions made at start lose a lock (another collector's ingest or partition
+    change): the collector starts all the same, its PartitionWorker makes them later. Any
+    other error still fails the start."""
+    def refused(engine: Engine) -> list[str]:
+        raise OperationalError("CREATE TABLE frames_p...", {}, _PgError("40P01"))
+
+    monkeypatch.setattr(app_module, "ensure_partitions", refused)
+    with TestClient(create_app(Settings(db_url=pg_url, rate_limit_per_second=0))) as c:
+        assert post(c, [frame(0, NOW)])["accepted"] == 1
+    assert "partitions not made ahead at start" in caplog.text
+
+    def denied(engine: Engine) -> list[str]:
+        engine.dispose()  # the failed start leaves it to the test
+        raise ProgrammingError("CREATE TABLE frames_p...", {}, _PgError("42501"))
+
+    monkeypatch.setattr(app_module, "ensure_partitions", denied)
+    with pytest.raises(ProgrammingError), TestClient(create_app(Settings(db_url=pg_url))):
+        pass

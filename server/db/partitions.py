@@ -16,6 +16,17 @@ fails a write: its rows land in the default partition.
   first, then ``frames``, detached first: the foreign key from ``points`` requires it) and
   deletes the older rows of the default partitions; retention calls it on PostgreSQL.
 
+Lock order: a partition change locks ``runs``, ``metrics``, ``frames``, ``points`` (the order
+ingest takes them, ``store/ingest.py``: the run, its metrics, its frames, their values) before
+its DDL (:data:`INGEST_ORDER`). The DDL alone takes them in another order (``DETACH`` and
+``DROP`` of a frames partition: ``frames`` then ``runs``, the foreign key's triggers; a points
+partition made: ``points`` then ``frames``), and deadlocked with an ingest in between.
+``runs`` in ``ACCESS EXCLUSIVE`` mode: an ingest reads it first and writes it later, so any
+weaker mode would let one in that then waits on the change's later locks. The change thus
+waits for the ingests in flight and the next ones wait for it, a few milliseconds. A change
+that still loses a lock (timeout, 55P03; deadlock, 40P01) is skipped, logged, and made on the
+next pass.
+
 SQLite has no native partitioning: nothing here applies there (:func:`is_partitioned` is
 false), and retention deletes rows (``store/retention.py``).
 """
@@ -34,8 +45,8 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 __all__ = ["AHEAD_DAYS", "DAY", "Partition", "PartitionWorker", "drop_partitions",
-           "ensure_partitions", "include_object", "is_partitioned", "list_partitions",
-           "partition_name"]
+           "ensure_partitions", "include_object", "is_lock_error", "is_partitioned",
+           "list_partitions", "partition_name"]
 
 log = logging.getLogger("logitwatch.partitions")
 
@@ -47,6 +58,10 @@ TABLES = ("frames", "points")
 PARTITION_LOCK = 0x6C77_7061
 #: How long a partition change waits for the table's lock before giving up for this pass.
 LOCK_TIMEOUT = "5s"
+#: The tables a partition change locks before its DDL, in the order ingest locks them.
+INGEST_ORDER = ("runs", "metrics", "frames", "points")
+#: SQLSTATEs of a lock not had: lock_not_available (the timeout), deadlock_detected.
+LOCK_ERRORS = frozenset({"55P03", "40P01"})
 PARTITION_RE = re.compile(r"^(frames|points)_(p\d{8}|default)$")
 _BOUNDS = re.compile(r"FROM \('?([-0-9.e+]+)'?\) TO \('?([-0-9.e+]+)'?\)")
 
@@ -120,8 +135,21 @@ def _locked(conn: Connection) -> None:
     conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PARTITION_LOCK})
 
 
+def _lock_tables(conn: Connection) -> None:
+    """Lock the tables a partition change touches, in ingest's order (module docstring;
+    ``LOCK TABLE`` takes them in the order listed). ``ONLY``: the parents; the DDL locks the
+    partitions it touches after them, as ingest does."""
+    conn.execute(text("LOCK TABLE " + ", ".join(
+        f"ONLY {t}" for t in INGEST_ORDER) + " IN ACCESS EXCLUSIVE MODE"))
+
+
 def _sqlstate(e: DBAPIError) -> str | None:
     return getattr(e.orig, "sqlstate", None)
+
+
+def is_lock_error(e: BaseException) -> bool:
+    """Whether ``e`` is a lock not had (timeout or deadlock): the next pass tries again."""
+    return isinstance(e, DBAPIError) and _sqlstate(e) in LOCK_ERRORS
 
 
 def ensure_partitions(engine: Engine, *, now: float | None = None,
@@ -142,14 +170,15 @@ def ensure_partitions(engine: Engine, *, now: float | None = None,
                     _locked(conn)
                     if _exists(conn, name):  # another collector made it meanwhile
                         continue
+                    _lock_tables(conn)
                     conn.execute(text(
                         f"CREATE TABLE IF NOT EXISTS {name} PARTITION OF {table} "
                         f"FOR VALUES FROM ({day * DAY}) TO ({(day + 1) * DAY})"))
                 created.append(name)
             except DBAPIError as e:
                 # 23514: the default partition holds rows of that day (they stay there);
-                # 55P03: the table is busy, the next pass creates it.
-                if _sqlstate(e) not in ("23514", "55P03"):
+                # 55P03, 40P01: a lock not had, the next pass creates it.
+                if _sqlstate(e) != "23514" and not is_lock_error(e):
                     raise
                 log.info("partition %s not created now: %s", name,
                          str(e.orig).splitlines()[0])
@@ -180,25 +209,29 @@ def drop_partitions(engine: Engine, *, cutoff: float) -> DropResult:
         try:
             with engine.begin() as conn:
                 _locked(conn)
+                if not _exists(conn, p.name):
+                    continue
+                _lock_tables(conn)
                 conn.execute(text(f"DROP TABLE IF EXISTS {p.name}"))
             out.partitions.append(p.name)
         except DBAPIError as e:
-            if _sqlstate(e) != "55P03":
+            if not is_lock_error(e):
                 raise
-            log.info("partition %s not dropped now: busy", p.name)
+            log.info("partition %s not dropped now: %s", p.name, str(e.orig).splitlines()[0])
     for p in parts["frames"]:
         try:
             with engine.begin() as conn:
                 _locked(conn)
                 if not _exists(conn, p.name):
                     continue
+                _lock_tables(conn)
                 conn.execute(text(f"ALTER TABLE frames DETACH PARTITION {p.name}"))
                 conn.execute(text(f"DROP TABLE {p.name}"))
             out.partitions.append(p.name)
         except DBAPIError as e:
-            if _sqlstate(e) != "55P03":
+            if not is_lock_error(e):
                 raise
-            log.info("partition %s not dropped now: busy", p.name)
+            log.info("partition %s not dropped now: %s", p.name, str(e.orig).splitlines()[0])
     return out
 
 
