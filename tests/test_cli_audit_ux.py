@@ -21,7 +21,6 @@ from sqlalchemy.orm import sessionmaker
 
 import logitwatch.cli as cli_module
 from logitwatch.cli import main
-from logitwatch.server.alerts.engine import AlertEngine
 from logitwatch.server.db.models import Point, Run
 from logitwatch.server.db.session import (
     alembic_config,
@@ -32,6 +31,7 @@ from logitwatch.server.db.session import (
 )
 from logitwatch.server.schemas import IngestIn
 from logitwatch.server.store import lifecycle
+from tests.test_run_lifecycle import stale_an_hour_later
 
 HOUR = 3600.0
 HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
@@ -161,18 +161,6 @@ def frames(n: int, run: str = "r", loss: Any = None) -> list[dict[str, Any]]:
     return [{"run": run, "rank": 0, "seq": i, "step": 10 * i, "time": t0 + i,
              "scalars": {"loss": 2.5 - 0.001 * i if loss is None else loss(i)}}
             for i in range(n)]
-
-
-def stale_an_hour_later(url: str) -> list[str]:
-    """What a collector's no-data check (``serve`` on the store) fires an hour from now."""
-    engine = make_engine(url)
-    try:
-        with session_scope(sessionmaker(engine, expire_on_commit=False)) as s:
-            names = {r.id: r.name for r in s.scalars(select(Run))}
-            return sorted(names[a.run_id] for a in AlertEngine().check_stale(
-                s, now=time.time() + HOUR))
-    finally:
-        engine.dispose()
 
 
 def statuses(url: str) -> dict[str, tuple[str, Any, Any]]:
