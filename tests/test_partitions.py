@@ -213,12 +213,17 @@ def test_reads_plan_only_the_runs_days(pg_url: str, pg: Engine) -> None:
     event.remove(pg, "before_cursor_execute", seen)
     assert len(statements) >= 6
     yesterday = {partition_name(t, TODAY - 1) for t in ("frames", "points")}
+    assert_plans_only(pg, statements, yesterday)
+
+
+def assert_plans_only(pg: Engine, statements: list[tuple[str, Any]], wanted: set[str]) -> None:
+    """Each statement's plan (EXPLAIN) reads some partition, and only those of ``wanted``."""
     with pg.connect() as conn:
         for statement, params in statements:
             plan = "\n".join(r[0] for r in conn.exec_driver_sql(
                 "EXPLAIN " + statement, params).all())
             scanned = set(re.findall(r"\b(?:frames|points)_(?:p\d{8}|default)\b", plan))
-            assert scanned and scanned <= yesterday, (statement, plan)
+            assert scanned and scanned <= wanted, (statement, plan)
 
 
 def test_ingests_dedup_lookup_plans_only_the_runs_days(pg_url: str, pg: Engine) -> None:
@@ -242,13 +247,7 @@ def test_ingests_dedup_lookup_plans_only_the_runs_days(pg_url: str, pg: Engine) 
         event.remove(c.app.state.db, "before_cursor_execute", seen)
     assert (again["accepted"], again["duplicates"]) == (1, 1)
     assert statements
-    yesterday = {partition_name("frames", TODAY - 1)}
-    with pg.connect() as conn:
-        for statement, params in statements:
-            plan = "\n".join(r[0] for r in conn.exec_driver_sql(
-                "EXPLAIN " + statement, params).all())
-            scanned = set(re.findall(r"\bframes_(?:p\d{8}|default)\b", plan))
-            assert scanned and scanned <= yesterday, (statement, plan)
+    assert_plans_only(pg, statements, {partition_name("frames", TODAY - 1)})
 
 
 def test_two_collectors_create_partitions_at_once(pg_url: str) -> None:
