@@ -156,6 +156,19 @@ def test_vacuum_gives_back_every_free_page(sqlite_sessions: sessionmaker[Session
     assert _pragma(sqlite_sessions, "page_count") <= pages - free
 
 
+def test_the_retention_worker_gives_back_the_pages_its_drop_freed(
+        sqlite_sessions: sessionmaker[Session]) -> None:
+    """A pass that only drops old frames (no thinning) vacuums too: the worker vacuumed
+    after thinning alone, and a store kept by ``retention_drop_days`` never shrank."""
+    _store(sqlite_sessions, ["r", "s"], frames=150, heads=True)
+    worker = retention.RetentionWorker(sqlite_sessions, older_than=None, bucket_steps=10,
+                                       interval=3600.0, drop_older_than=60.0)
+    worker.run_once()
+    assert _pragma(sqlite_sessions, "freelist_count") == 0
+    with sqlite_sessions() as s:
+        assert s.scalar(select(func.count()).select_from(Frame)) == 0
+
+
 class CountingLock:
     def __init__(self) -> None:
         self.taken = 0

@@ -24,7 +24,7 @@ import math
 import threading
 import time as _time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,11 +195,13 @@ def vacuum(session: Session, *, lock: AbstractContextManager[Any] | None = None)
     ``PRAGMA incremental_vacuum`` frees one page per step of its statement, and
     ``execute`` of Python's sqlite3 steps a statement without result columns once (one
     page a pass; ``fetchall`` does not step it further): ``executescript`` steps it to the
-    end, here :data:`VACUUM_CHUNK` pages per transaction, each under ``lock`` when given
-    (the collector's write lock), until the free list is empty."""
-    if session.get_bind().dialect.name != "sqlite":
+    end, here :data:`VACUUM_CHUNK` pages per transaction, each under ``lock``, by default
+    the engine's :func:`~logitwatch.server.db.session.write_lock` (as
+    :func:`drop_old_frames`), until the free list is empty."""
+    bind = session.get_bind()
+    if bind.dialect.name != "sqlite":
         return 0
-    ctx: AbstractContextManager[Any] = nullcontext() if lock is None else lock
+    ctx = write_lock(bind) if lock is None else lock  # type: ignore[arg-type]
     session.commit()  # the caller's writes first: nothing of theirs in the chunks below
     raw = session.connection().connection.driver_connection
     cur = raw.cursor()
@@ -244,9 +246,11 @@ class RetentionWorker:
         self._thread.join(10)
 
     def run_once(self) -> RetentionResult:
+        frames_deleted = 0
         if self.drop_older_than is not None:
             dropped = drop_old_frames(self.sessions.kw["bind"],
                                       older_than=self.drop_older_than)
+            frames_deleted = dropped.frames_deleted
             if dropped.partitions or dropped.frames_deleted:
                 log.info("retention: dropped partitions %s, deleted %d old frames",
                          ", ".join(dropped.partitions) or "none", dropped.frames_deleted)
@@ -255,9 +259,10 @@ class RetentionWorker:
             with session_scope(self.sessions) as s:
                 result = thin_old_frames(s, older_than=self.older_than,
                                          bucket_steps=self.bucket_steps)
-        if result.matrices_deleted:
+        if result.matrices_deleted or frames_deleted:
             with session_scope(self.sessions) as s:
-                vacuum(s, lock=write_lock(self.sessions.kw["bind"]))
+                vacuum(s)  # the pages the deletes freed, under the collector's write lock
+        if result.matrices_deleted:
             log.info("retention: deleted %d old matrices (%d values), kept %d peaks",
                      result.matrices_deleted, result.values_deleted, result.matrices_kept)
         return result
