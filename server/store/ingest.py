@@ -36,6 +36,7 @@ from logitwatch.server.db.models import Frame, Metric, Point, Run
 from logitwatch.server.db.partitions import is_partitioned
 from logitwatch.server.errors import BadRequest
 from logitwatch.server.schemas import FrameIn
+from logitwatch.server.store.pruning import run_bounds
 
 _F32 = np.dtype("<f4")
 #: Suffix of the hidden scalar metric that holds a per-head metric's max over heads per
@@ -220,15 +221,6 @@ TIMED_POINTS = table("points", column("metric_id"), column("frame_id"), column("
                      column("data"))
 
 
-def _stored_bounds(session: Session, run_id: int) -> tuple[float, float] | None:
-    """The run's least and greatest stored frame time, or None when it has none (unknown:
-    the lookup then reads every partition)."""
-    row = session.execute(select(Run.time_min, Run.time_max).where(Run.id == run_id)).first()
-    if row is None or row[0] is None or row[1] is None:
-        return None
-    return float(row[0]), float(row[1])
-
-
 def _unstored(session: Session, run_id: int, rows: dict[tuple[int, int], _R],
               bounds: tuple[float, float] | None = None) -> dict[tuple[int, int], _R]:
     """``rows`` (keyed by rank and seq) without those stored already. With time in the
@@ -304,7 +296,7 @@ def ingest_frames(
         metric_ids = _metric_ids(session, run_id, shapes, max_metrics_per_run)
         sent = unique
         if by_time:  # the time in the dedup key would let a resent frame in again
-            bounds = _stored_bounds(session, run_id)
+            bounds = run_bounds(session, run_id)  # None for a run with no frame yet
             sent = _unstored(session, run_id, unique, bounds)
             history = _unstored(session, run_id, history, bounds) if history else history
         rows: list[FrameIn | _Step] = [*sent.values(), *history.values()]
