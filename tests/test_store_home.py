@@ -111,15 +111,18 @@ def test_every_command_names_its_store(tmp_path: Path, logitwatch_home: Path) ->
 @pytest.mark.slow
 def test_the_demo_runs_land_in_the_default_store(tmp_path: Path,
                                                  logitwatch_home: Path) -> None:
-    """The demo writes where ``runs list`` reads, from any directory."""
-    here, there = tmp_path / "here", tmp_path / "there"
+    """The demo writes where ``runs list`` reads, from any directory, and leaves nothing in
+    the temporary directory (its jobs' summaries are read back and printed)."""
+    here, there, tmp = tmp_path / "here", tmp_path / "there", tmp_path / "tmp"
     here.mkdir()
     there.mkdir()
+    tmp.mkdir()
     demo = lw("demo", "--setting", "healthy", "--steps", "3", "--exit", "--port", "0",
-              cwd=here, timeout=300)
+              cwd=here, env={"TMPDIR": str(tmp)}, timeout=300)
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
     assert f"store: sqlite:///{logitwatch_home.resolve() / 'logitwatch.db'}" in demo.stderr
     assert "`logitwatch runs list` lists them from any directory" in demo.stdout
     listed = lw("runs", "list", cwd=there)
     assert listed.returncode == 0 and "healthy-" in listed.stdout, listed
     assert not (here / ".logitwatch").exists()
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("logitwatch-demo-")]

@@ -75,7 +75,14 @@ def _stream(proc: subprocess.Popen[str], echo: Callable[[str], None]) -> None:
 def run_jobs(url: str, *, settings: list[str], steps: int | None, seed: int, stamp: str,
              echo: Callable[[str], None]) -> list[dict[str, Any]]:
     """Run one job process per setting side by side; return their JSON summaries."""
-    out_dir = Path(tempfile.mkdtemp(prefix="logitwatch-demo-"))
+    # the jobs' summaries are read back here and printed: nothing to keep afterwards
+    with tempfile.TemporaryDirectory(prefix="logitwatch-demo-") as tmp:
+        return _run_jobs(url, Path(tmp), settings=settings, steps=steps, seed=seed,
+                         stamp=stamp, echo=echo)
+
+
+def _run_jobs(url: str, out_dir: Path, *, settings: list[str], steps: int | None, seed: int,
+              stamp: str, echo: Callable[[str], None]) -> list[dict[str, Any]]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     procs = []
     for name in settings:
