@@ -1,7 +1,7 @@
 """The :class:`~logitwatch.hooks._monitor.Monitor`'s sampling schedule, as seen from outside:
 the current step, whether it is sampled, the requested and effective intervals, the
-overhead budget, and requests to sample (or max-measure) a coming step. Deciding the next
-step's schedule once a step has ended is ``_reschedule`` (``hooks/_optimizer_step.py``)."""
+overhead budget, requests to sample (or max-measure) a coming step, and, once a step has
+ended, the next step's schedule (``_reschedule``; ``_agree`` where ranks agree on it)."""
 
 from __future__ import annotations
 
@@ -103,3 +103,53 @@ class ScheduleMixin:
             raise TypeError(f"request_sample_at: step must be an int, got {step!r}")
         if step > self._step and len(self._sample_at) < 64:
             self._sample_at.add(step)
+
+    def _reschedule(self, agree: bool = False) -> None:
+        try:
+            proposal = self._cost.interval(self.sample_every)
+        except Exception:
+            proposal = self._effective_every
+            self._fail("step")
+        ranks = self._ranks
+        if self._shard is None and ranks is None:
+            self._effective_every = proposal
+        elif agree:  # the end of a sampled step, on every rank alike
+            self._agree(proposal)
+        if ranks is not None and not agree:
+            force = False  # waits for the next agreement: every rank samples alike
+        else:
+            force, self._force_next = self._force_next, False
+        if self._sample_at:
+            force = force or self._step in self._sample_at
+            self._sample_at = {s for s in self._sample_at if s > self._step}
+        self._sampled = (
+            force
+            or self._last_sampled is None
+            or self._step >= self._last_sampled + self._effective_every
+        )
+
+    def _agree(self, proposal: int) -> None:
+        """The end of a sampled step under sharding or reduction, on every rank alike: the
+        next interval and requests to sample, agreed over the reduce group (``_reduce``),
+        then over the sharding group where it is wider than the reduce group (its exchange
+        needs every rank of it to sample alike), each collective entered whatever failed."""
+        ranks, shard = self._ranks, self._shard
+        if ranks is not None:  # requests to sample are agreed too (``_reduce``)
+            try:
+                floor = self._cost.interval(1)  # what this rank's budget needs
+            except Exception:
+                floor = 1
+            try:
+                self._effective_every, self._force_next = ranks.agree(
+                    proposal, self._force_next, self.client.control, floor)
+            except Exception:
+                self._force_next = False
+                self._warn_once("interval", "the ranks' interval agreement failed")
+        if shard is not None and (ranks is None or ranks.agree_shard):
+            every = proposal if ranks is None else self._effective_every
+            try:
+                self._effective_every, force = shard.agree_schedule(every, self._force_next)
+                self._force_next = force
+            except Exception:
+                self._force_next = self._force_next and ranks is None
+                self._warn_once("interval", "the ranks' interval agreement failed")
