@@ -3,7 +3,6 @@ answered and what a deletion removed."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -18,7 +17,6 @@ __all__ = [
     "MetricOut",
     "RunOut",
     "SeriesOut",
-    "finite_or_none",
 ]
 
 
@@ -146,6 +144,3 @@ class DeletedOut(BaseModel):
     frames: int
     points: int
 
-
-def finite_or_none(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None

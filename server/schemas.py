@@ -33,7 +33,6 @@ from logitwatch.server.response_schemas import (  # noqa: F401  (re-exported)
     MetricOut,
     RunOut,
     SeriesOut,
-    finite_or_none,
 )
 from logitwatch.server.wire_values import (  # noqa: F401  (re-exported)
     _EXPECTED,
