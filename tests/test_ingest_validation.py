@@ -215,3 +215,14 @@ def test_replay_a_number_of_thousands_of_digits_names_the_line(tmp_path: Path) -
                  '"scalars":{"loss":' + "1" * 5000 + "}}\n")
     out = _clean(_replay(p))
     assert f"{p}:3" in out and "too many digits" in out
+
+
+@pytest.mark.parametrize("query", ["/api/v1/runs?since=nan", "/api/v1/runs?until=inf",
+                                   "/api/v1/runs/1/series?name=loss&start_time=nan",
+                                   "/api/v1/runs/1/series?name=loss&end_time=-inf"])
+def test_a_non_finite_time_in_a_query_is_named_as_such(app_client: TestClient,
+                                                       query: str) -> None:
+    """``since=nan`` is not "more than 10^12": the 422 says the time must be finite."""
+    r = app_client.get(query)
+    assert r.status_code == 422
+    assert "finite" in r.json()["message"], r.json()

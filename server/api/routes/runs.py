@@ -73,10 +73,12 @@ def runs(
               "data: hung or crashed), `diverged`; `alerting`: an alert is firing; "
               "`active`: a frame within run_active_seconds; `idle`: none"),
     ] = None,
-    since: Annotated[float | None, Query(ge=0, le=TIME, description="active at or after "
-                                         "this time (unix seconds)")] = None,
-    until: Annotated[float | None, Query(ge=0, le=TIME, description="first seen at or "
-                                         "before this time (unix seconds)")] = None,
+    since: Annotated[float | None, Query(ge=0, le=TIME, allow_inf_nan=False,
+                                         description="active at or after this time (unix "
+                                         "seconds)")] = None,
+    until: Annotated[float | None, Query(ge=0, le=TIME, allow_inf_nan=False,
+                                         description="first seen at or before this time "
+                                         "(unix seconds)")] = None,
     name: Annotated[str | None, Query(max_length=128, description="run name contains")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="runs in this page")]
     = PAGE,
@@ -181,10 +183,12 @@ def series(
     head: Annotated[int | None, Query(ge=0, le=65_536, description="with layer")] = None,
     start: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="first step")] = None,
     end: Annotated[int | None, Query(ge=0, le=MAX_STEP, description="last step")] = None,
-    start_time: Annotated[float | None, Query(ge=0, le=TIME, description="first frame "
-                                              "time (unix seconds)")] = None,
-    end_time: Annotated[float | None, Query(ge=0, le=TIME, description="last frame time "
-                                            "(unix seconds)")] = None,
+    start_time: Annotated[float | None, Query(ge=0, le=TIME, allow_inf_nan=False,
+                                              description="first frame time (unix "
+                                              "seconds)")] = None,
+    end_time: Annotated[float | None, Query(ge=0, le=TIME, allow_inf_nan=False,
+                                            description="last frame time (unix seconds)")]
+    = None,
     max_points: Annotated[int, Query(ge=4, le=100_000)] = 2000,
 ) -> SeriesOut:
     """One series by metric name and labels (layer, head), over a step and/or time range,
