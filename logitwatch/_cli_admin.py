@@ -1,5 +1,5 @@
 """The store's administration commands of ``logitwatch``: ``token`` (ingest and read
-tokens), ``runs`` (list, tag, delete) and ``retention`` (thin old per-head data now). They
+tokens), ``runs`` (list, tag, export, delete) and ``retention`` (thin old per-head data now). They
 work on the database directly: no collector needed."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from logitwatch._cli_export import runs_export
 from logitwatch._cli_store import DB_OPTION as _DB
 from logitwatch._cli_store import NoStore
 from logitwatch._cli_store import find_run as _find_run
@@ -96,9 +97,10 @@ def token_revoke(token_id: int, db_url: str | None) -> None:
 
 @click.group()
 def runs() -> None:
-    """List, tag and delete runs (directly in the database: no collector needed)."""
+    """List, tag, export and delete runs (directly in the database: no collector needed)."""
 
 
+runs.add_command(runs_export)  # `runs export`: logitwatch/_cli_export.py
 
 
 @runs.command("list")
