@@ -15,8 +15,9 @@ the machine's load weighs on both alike: "id only" is the query without the run'
 Reads, server time (the store function in-process, min and median of ``--repeat`` runs
 after one warm-up; on a loaded machine the min is the steadier figure): a scalar series
 (``loss``), one head's series, the run's envelope (the max over heads of
-``attn.logit_max``), the latest heatmap, the heatmap reduced over the whole run, and the
-worst heads (the dashboard's table, 50 samples back).
+``attn.logit_max``), the latest heatmap, the heatmap reduced over the whole run, the
+worst heads (the dashboard's table, 50 samples back), and the live stream's poll
+(``store/live.py``) finding nothing new, and finding the run's last 50 frames.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from logitwatch.server.db.partitions import ensure_partitions, list_partitions  # noqa: E402
 from logitwatch.server.db.session import alembic_config, make_engine  # noqa: E402
-from logitwatch.server.store import queries, views  # noqa: E402
+from logitwatch.server.store import live, queries, views  # noqa: E402
 from logitwatch.server.store.ingest import ingest_frames  # noqa: E402
 from logitwatch.server.store.parse import parse_ingest  # noqa: E402
 from logitwatch.server.store.queries import get_heatmap, get_series  # noqa: E402
@@ -82,11 +83,14 @@ def upgrade(engine: Any, target: str) -> None:
 
 def unpruned(on: bool) -> None:
     """Reads without the run's time bounds (on) or with them (off)."""
-    for mod in (queries, views):
+    for mod in (queries, views, live):
         mod.run_bounds = (lambda *a, **k: None) if on else REAL_BOUNDS  # type: ignore[attr-defined]
+    # the live stream bounds its points by its frames' times where the store is partitioned
+    live.is_partitioned = (lambda *a: False) if on else REAL_PARTITIONED  # type: ignore[attr-defined]
 
 
 REAL_BOUNDS = queries.run_bounds
+REAL_PARTITIONED = live.is_partitioned
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> tuple[list[float], list[float]]:
@@ -105,6 +109,7 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[list[float], list[float]]
 def reads(engine: Any, repeat: int) -> dict[str, tuple[list[float], list[float]]]:
     with Session(engine) as s:
         run_id = s.execute(text("SELECT id FROM runs WHERE name = 'part'")).scalar_one()
+        last = s.execute(text("SELECT max(id) FROM frames")).scalar_one()
         cases: dict[str, Callable[[], Any]] = {
             "scalar series (loss)": lambda: get_series(s, run_id=run_id, name="loss"),
             "one head's series": lambda: get_series(s, run_id=run_id, name="attn.logit_max",
@@ -115,6 +120,11 @@ def reads(engine: Any, repeat: int) -> dict[str, tuple[list[float], list[float]]
             "heatmap, max over the run": lambda: get_heatmap(s, run_id=run_id,
                                                              name="attn.logit_max", agg="max"),
             "worst heads": lambda: worst_heads(s, run_id=run_id, name="attn.logit_max"),
+            # the live stream's poll (store/live.py), about once a second per open run page
+            "live poll, nothing new": lambda: live.frames_since(s, run_id=run_id,
+                                                               after_id=last),
+            "live poll, the last 50 frames": lambda: live.frames_since(s, run_id=run_id,
+                                                                      after_id=last - 50),
         }
         return {name: timed(fn, repeat) for name, fn in cases.items()}
 

@@ -7,6 +7,12 @@ Each stream holds a thread-pool slot every poll and a connection open for as lon
 dashboard stays, so a process serves at most ``stream_max_total`` streams at once, and one
 token (without auth: one client address) at most ``stream_max_per_principal``; past either a
 new stream is answered 429 ``streams-busy`` with ``Retry-After``.
+
+A poll reads ``frames`` and ``points`` within time bounds (``store/live.py``): on a
+PostgreSQL store partitioned by day, only the partitions of the run's days are planned, not
+every day kept. The stream keeps only the id of the last frame it sent, not its time: a
+frame of the run stored later may be stamped earlier (a resumed job whose clock is behind,
+a spool pushed late), and a lower bound from the last time sent would skip it.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Query, Request
+from sqlalchemy import select
 from sse_starlette import EventSourceResponse
 
 from logitwatch.server.api.deps import ReadDep, RunIdDep, client_address, credentials
+from logitwatch.server.db.models import Run
 from logitwatch.server.db.session import session_scope
-from logitwatch.server.errors import ApiError, RateLimited
+from logitwatch.server.errors import ApiError, NotFound, RateLimited
 from logitwatch.server.schemas import MAX_RANK, MAX_STEP, AlertOut
-from logitwatch.server.store import queries
 from logitwatch.server.store.alerts import list_alerts
 from logitwatch.server.store.live import frames_since
 
@@ -117,7 +124,11 @@ async def stream(
     def poll(after_id: int, alerts_seen: dict[int, Any]) -> tuple[int, list[Any], Any, list[Any]]:
         state.auth.authorize(secret, scope="read", charge=False)
         with session_scope(state.sessions) as s:
-            queries.get_run(s, run_id)
+            # the run still there (deleted: the stream ends), by its row alone: not the
+            # run's summary (queries.get_run: alerts, tags, newest frame), which a poll does
+            # not send; no read of frames without a time bound (store/live.py)
+            if s.scalar(select(Run.id).where(Run.id == run_id)) is None:
+                raise NotFound("run-not-found", f"no run with id {run_id}")
             last, frames, latest = frames_since(s, run_id=run_id, after_id=after_id, rank=rank)
             alerts = [(a.model_dump(mode="json"), _shown(a)) for a in list_alerts(s, run_id)
                       if alerts_seen.get(a.id) != _shown(a)]
