@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import time as _time
 from collections.abc import Collection
+from contextlib import AbstractContextManager
+from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import Engine, Select, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from logitwatch.server.alerts.lifecycle import PAGING, LifecycleMixin
-from logitwatch.server.alerts.rules import State, remedies_for
+from logitwatch.server.alerts.rules import RuleSpec, State, remedies_for
 from logitwatch.server.db.models import Alert, Frame, Run
+from logitwatch.server.db.session import write_lock
 from logitwatch.server.store.ingest import NewFrame
 
 __all__ = ["NoDataMixin"]
@@ -38,7 +41,8 @@ class NoDataMixin(LifecycleMixin):
 
     def check_stale(self, session: Session, now: float | None = None, *,
                     runs: Collection[int] | None = None,
-                    listening_since: float | None = None) -> list[Alert]:
+                    listening_since: float | None = None,
+                    lock: AbstractContextManager[Any] | None = None) -> list[Alert]:
         """Fire ``no_data`` for every run that has not finished and that the collector
         last received a frame of (``runs.seen_at``, the collector's clock: a job's skewed
         clock does not matter) more than the rule's ``seconds`` before ``now`` (and that
@@ -48,50 +52,102 @@ class NoDataMixin(LifecycleMixin):
         collector that checks started; nothing is fired before it has listened for the
         rule's ``seconds`` itself (after a collector's own outage, the jobs' clients resend
         within their backoff: their silence was the collector's, not theirs).
-        Returns the alerts fired or resolved that people should hear about."""
+        Returns the alerts fired or resolved that people should hear about.
+
+        Writes. With ``runs`` (the ingest route, a replay), the check is part of the
+        caller's transaction, which holds the engine's write lock already where it needs
+        it: nothing is taken or committed here; so on PostgreSQL (row locks, many writers:
+        that lock is nothing there). Without, on SQLite (the checker thread, every
+        :data:`~logitwatch.server.alerts.config.STALE_CHECK_S`), or with ``lock``, the
+        check is a transaction of its own: it looks for work first, without any lock (most
+        passes find none and write nothing), then does it and commits it under ``lock``,
+        by default the engine's :func:`~logitwatch.server.db.session.write_lock`, the one
+        ingest requests queue in. It waited for SQLite's own lock instead, in its busy
+        handler, which polls: under a steady stream of ingests handing the lock on to each
+        other it could miss every gap, then fail ``database is locked`` after the busy
+        timeout (the silent runs went unalerted that pass); and an ingest at the head of
+        the queue polled for the lock the check held, where it would have waited its turn
+        in order."""
         names = [r.name for r in self._rules if r.kind == "no_data"]
         if not names:
             return []
         now = _time.time() if now is None else now
-        out: list[Alert] = []
+        bind = session.get_bind()
+        if lock is None:
+            if runs is not None or bind.dialect.name != "sqlite":
+                return self._stale(session, names, now, runs, listening_since)
+            lock = write_lock(bind if isinstance(bind, Engine) else bind.engine)
+        if not self._stale_work(session, names, now, runs, listening_since):
+            return []
+        with lock:
+            try:
+                out = self._stale(session, names, now, runs, listening_since)
+                session.commit()
+            except BaseException:
+                session.rollback()  # under the lock: SQLite's is let go before the turn is
+                raise
+        return out
+
+    def _ended(self, names: list[str], runs: Collection[int] | None) -> Select[Any]:
+        """The open ``no_data`` alerts of finished runs, with their runs."""
         ended = (select(Alert, Run).join(Run, Run.id == Alert.run_id)
                  .where(Alert.rule.in_(names), Alert.state == State.FIRING.value,
                         Run.status == "finished"))
-        if runs is not None:
-            ended = ended.where(Run.id.in_(list(runs)))
-        for a, run in session.execute(ended).all():
+        return ended if runs is None else ended.where(Run.id.in_(list(runs)))
+
+    def _silent(self, rule: RuleSpec, now: float,
+                runs: Collection[int] | None) -> Select[Any]:
+        """The runs silent for ``rule``'s ``seconds`` that need work, with whether their
+        ``no_data`` alert is open."""
+        seconds = float(rule.param("seconds"))
+        # Only the runs that need work, chosen in SQL: a stopped run whose open alert
+        # already says so (a crashed run stays stopped for ever) is not read, nor
+        # written, each pass; the check takes no write lock when nothing changed.
+        open_ = select(Alert.id).where(
+            Alert.run_id == Run.id, Alert.rank == 0, Alert.rule == rule.name,
+            Alert.state == State.FIRING.value, Alert.layer.is_(None)).exists()
+        # already alerted for this silence: an alert's fired_at - value (its silence)
+        # is the seen_at it was raised for, whichever collector's clock raised it; not
+        # by step, since a job resumed from a checkpoint below its last step, then
+        # silent again, is a new silence at the same last step
+        alerted = select(Alert.id).where(
+            Alert.run_id == Run.id, Alert.rule == rule.name,
+            func.abs(Alert.fired_at - Alert.value - Run.seen_at) < 1e-3).exists()
+        q = (select(Run, open_)
+             .where(Run.seen_at.is_not(None), Run.seen_at < now - seconds,
+                    Run.status != "finished",
+                    or_(and_(Run.status == "running", open_), and_(~open_, ~alerted)))
+             .order_by(Run.id))
+        return q if runs is None else q.where(Run.id.in_(list(runs)))
+
+    def _judged(self, now: float, listening_since: float | None) -> list[RuleSpec]:
+        """The enabled ``no_data`` rules the check may fire now: not before the collector
+        has listened for the rule's ``seconds`` (a silent job, not its own outage)."""
+        return [r for r in self._rules if r.kind == "no_data" and r.enabled
+                and (listening_since is None
+                     or now - listening_since >= float(r.param("seconds")))]
+
+    def _stale_work(self, session: Session, names: list[str], now: float,
+                    runs: Collection[int] | None, listening_since: float | None) -> bool:
+        """Whether :meth:`_stale` has anything to write: the same reads, a row each."""
+        if session.execute(self._ended(names, runs).limit(1)).first() is not None:
+            return True
+        return any(session.execute(self._silent(rule, now, runs).limit(1)).first()
+                   is not None for rule in self._judged(now, listening_since))
+
+    def _stale(self, session: Session, names: list[str], now: float,
+               runs: Collection[int] | None, listening_since: float | None) -> list[Alert]:
+        """:meth:`check_stale`'s reads and writes, in the session's transaction."""
+        out: list[Alert] = []
+        for a, run in session.execute(self._ended(names, runs)).all():
             a.state = State.RESOLVED.value  # the job said it ended: it did not hang
             a.resolved_step = run.end_step if run.end_step is not None else a.fired_step
             if a.suppressed is None:
                 out.append(a)
-        for rule in self._rules:
-            if rule.kind != "no_data" or not rule.enabled:
-                continue
+        for rule in self._judged(now, listening_since):
             seconds = float(rule.param("seconds"))
-            if listening_since is not None and now - listening_since < seconds:
-                continue  # not listening long enough to tell a silent job from an outage
-            # Only the runs that need work, chosen in SQL: a stopped run whose open alert
-            # already says so (a crashed run stays stopped for ever) is not read, nor
-            # written, each pass; the check takes no write lock when nothing changed.
-            open_ = select(Alert.id).where(
-                Alert.run_id == Run.id, Alert.rank == 0, Alert.rule == rule.name,
-                Alert.state == State.FIRING.value, Alert.layer.is_(None)).exists()
-            # already alerted for this silence: an alert's fired_at - value (its silence)
-            # is the seen_at it was raised for, whichever collector's clock raised it; not
-            # by step, since a job resumed from a checkpoint below its last step, then
-            # silent again, is a new silence at the same last step
-            alerted = select(Alert.id).where(
-                Alert.run_id == Run.id, Alert.rule == rule.name,
-                func.abs(Alert.fired_at - Alert.value - Run.seen_at) < 1e-3).exists()
-            q = (select(Run, open_)
-                 .where(Run.seen_at.is_not(None), Run.seen_at < now - seconds,
-                        Run.status != "finished",
-                        or_(and_(Run.status == "running", open_), and_(~open_, ~alerted)))
-                 .order_by(Run.id))
-            if runs is not None:
-                q = q.where(Run.id.in_(list(runs)))
             repair: list[int] = []
-            for run, is_open in session.execute(q).all():
+            for run, is_open in session.execute(self._silent(rule, now, runs)).all():
                 if is_open:  # a run alerted before statuses were stored: stopped below
                     repair.append(run.id)
                     continue
