@@ -171,3 +171,39 @@ def test_a_noisy_loss_own_wander_is_no_ramp_but_a_climb_through_it_is() -> None:
         assert run(seed) == [], seed
         climbed = run(seed, ramp_at=400)
         assert climbed and 400 < climbed[0] <= 430, (seed, climbed)
+
+
+def test_a_fast_ramp_late_in_a_decayed_schedule_pages_a_step_held_does_not() -> None:
+    """A second warm-up begun late, from an LR decayed to a quarter of its peak, climbs x20
+    over 50 steps (past ``rising_max``, 4x) with the loss's level 0.4 nat over its best at
+    the clip: the ramp still going on (the LR up on each of its last 5 steps,
+    ``ramp_steps``) pages ``loss_clip_ramp`` before the LR is ten times its settled peak
+    (``lr_above_peak``), at intervals 1 and 25. The same loss under a step x8 taken and
+    held (a bump: up on one step only) does not: that is the LR rules' to judge."""
+    peak, start = 1e-3, 650
+
+    def decayed(step: int) -> float:
+        return peak * (1 if step < 200 else max(0.25, 1 - 0.75 * (step - 200) / 400))
+
+    def ramp(step: int) -> float:  # x300 over 300 steps from `start`, linear
+        return decayed(step) * (1 + 299 * min(step - start, 300) / 300 if step > start else 1)
+
+    def bump(step: int) -> float:
+        return decayed(step) * (8.0 if step > start else 1.0)
+
+    def loss(step: int) -> float:
+        return 2.0 + (min(0.4, 0.02 * (step - start)) if step > start else 0.0)
+
+    def clipped(step: int) -> float:
+        return 1.0 if step > start - 40 else 0.0
+
+    for k in (1, 25):
+        got, alerts = _fired_by("loss_clip_ramp", start + 60,
+                                _warmup_run(ramp, loss, lambda s: 1.5, clipped), k)
+        assert got and start + 15 <= got[0][0] <= start + 35, (k, got)
+        assert by_rule(alerts, "loss_clip_ramp")[0].evidence["ramping"] is True
+        peak_alerts = by_rule(alerts, "lr_above_peak")
+        assert not peak_alerts or peak_alerts[0].fired_step > got[0][0]
+        held, _ = _fired_by("loss_clip_ramp", start + 60,
+                            _warmup_run(bump, loss, lambda s: 1.5, clipped), k)
+        assert held == [], (k, held)

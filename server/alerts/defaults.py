@@ -237,10 +237,21 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # noise stays under 0.3 and nothing moves. The 164 runs whose level comes within 2.6x
     # their noise of the margin, at intervals 1 and 50: caught 298/298 both ways, healthy
     # paged 2 -> 0, degraded warned 20 -> 20, 7 diverging runs paged 2-30 steps later (all
-    # on 4,096 tokens, the nearest 5 steps ahead of its divergence), none earlier
+    # on 4,096 tokens, the nearest 5 steps ahead of its divergence), none earlier.
+    # Round thirty-six (--split read50 and long1, the first runs of 4,000 steps): past
+    # rising_max while the LR rose on each of its last 5 steps (ramp_steps; loss_clip_ramp
+    # too). A second warm-up begun late, from an LR a cosine had decayed to a quarter of
+    # its peak, climbs x25 in 50 steps with no tenfold step and diverges before it is ten
+    # times the settled peak: no rule paged it before it diverged (long_gpt2_rewarm, paged
+    # at 3040 by lr_above_peak, divergence 3035). A step taken and held (an LR bump x5-x10
+    # for 50 steps, 61 healthy runs read) rises on one step, and stays capped. On the
+    # 3,068 runs the condition holds on no healthy or degraded run (bench/mirror_ramps.py
+    # --maxima 4 --monotone); the 100 diverging runs where it holds, at intervals 1 and
+    # 50: caught 99 -> 100, 3 paged earlier (3-22 steps), none later
     RuleSpec("loss_grad_ramp", "level_rise", "loss", severity="warning",
              params={"window": 20, "margin": 0.3, "min_history": 50, "while_rising": "lr",
                      "rising_span": 50, "rising_factor": 1.05, "rising_max": 4.0,
+                     "ramp_steps": 5,
                      "also_metric": "grad.norm", "also_factor": 2.5, "also_window": 50,
                      "also_min_history": 100, "noise_margin": 2.0},
              summary="the loss's level rose 0.3 nat (or twice its batch noise) above its best "
@@ -268,6 +279,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     RuleSpec("loss_clip_ramp", "level_rise", "loss", severity="warning",
              params={"window": 20, "margin": 0.3, "min_history": 50, "while_rising": "lr",
                      "rising_span": 50, "rising_factor": 1.05, "rising_max": 4.0,
+                     "ramp_steps": 5,
                      "also_metric": "grad.clipped", "also_window": 20, "also_rate": 0.75,
                      "noise_margin": 2.0},
              summary="the loss's level rose 0.3 nat (or twice its batch noise) above its best "

@@ -324,7 +324,7 @@ KINDS: dict[str, Kind] = {
                                      "factor": 5.0, "margin": None, "floor": 0.0,
                                      "while_rising": None, "rising_span": 50,
                                      "rising_factor": 1.05, "rising_max": None,
-                                     "also_metric": None, "also_factor": 2.0,
+                                     "ramp_steps": None, "also_metric": None, "also_factor": 2.0,
                                      "also_window": 50, "also_min_history": 100,
                                      "also_rate": None, "noise_margin": None,
                                      "noise_window": 100}),

@@ -80,7 +80,9 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    ``rising_span`` steps before (a warm-up still climbing; not within
                    ``rising_span`` steps of a frame whose ``fuse.lr_backoff.multiplier``
                    is below 1: the job's LR backoff coming back to its schedule), and with
-                   ``rising_max`` at most that many times (a climb, not a step).
+                   ``rising_max`` at most that many times (a climb, not a step) unless,
+                   with ``ramp_steps: n``, it rose on each of its last n steps (a ramp still
+                   going on, however fast: a step taken and held rises on one).
                    ``also_metric: grad.norm``: only while that series' level (median of
                    its last ``also_window`` steps) is ``also_factor`` x the lowest it
                    settled to (from ``also_min_history`` steps into it) as well: two

@@ -222,8 +222,14 @@ def level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         how["while_rising"] = r.param("while_rising")
         how[f"{r.param('while_rising')}_ratio"] = rising
     top = r.param("rising_max")  # a climb, not a jump: an LR stepped x10 has lr_jump
+    ramping = (rising is not None and top is not None and rising > float(top)
+               and r.param("ramp_steps") is not None
+               and _ramping(m, step, int(r.param("ramp_steps"))))
+    if ramping:
+        how["ramping"] = True
     breach = level >= limit and (rising is None or (
-        rising > float(r.param("rising_factor")) and (top is None or rising <= float(top))))
+        rising > float(r.param("rising_factor"))
+        and (top is None or rising <= float(top) or ramping)))
     if also is not None:
         rate = r.param("also_rate")
         how[f"{r.param('also_metric')}_{'rate' if rate is not None else 'ratio'}"] = also
@@ -301,6 +307,17 @@ def _still_rising(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | N
     if not before or not seen or seen[-1][0] != step or before[-1] <= 0:
         return 0.0
     return seen[-1][1] / before[-1]
+
+
+def _ramping(m: Memory, step: int, n: int) -> bool:
+    """Whether the ``while_rising`` scalar (the LR) rose on each of its last ``n`` steps
+    (samples, for a job that sends no per-step history): a ramp still going on, not a step
+    taken and held, which a climb past ``rising_max`` over ``rising_span`` cannot tell."""
+    seen = m.extra.get("rising")
+    if not seen or len(seen) < n + 1 or seen[-1][0] != step:
+        return False
+    last = list(seen)[-(n + 1):]
+    return all(b[1] > a[1] for a, b in zip(last, last[1:], strict=False))
 
 
 #: the scalar a job's LR backoff fuse sends: the multiplier on the schedule's LR (1: none)
