@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Float,
     ForeignKey,
@@ -74,6 +75,17 @@ class Run(Base):
     # 0013: when the collector last received a frame of it, by the collector's clock (the
     # no_data rule and `active` read this, not last_time, which is the job's clock)
     seen_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # 0016: what the runs list and the alerts inbox read of its frames, kept by ingest so
+    # that they never read frames: its newest frame's id (the live stream's `after`), and
+    # rank 0's loss at its newest (step, seq) with a loss, as stored (float32), with that
+    # step and seq (a later batch replaces it only with a newer one). last_loss_finite is
+    # null before the first loss; SQLite stores NaN as NULL, so a NaN reads back from
+    # (last_loss NULL, last_loss_finite false) there (store/runs.py: last_loss).
+    last_frame_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_loss: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_loss_finite: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    last_loss_step: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_loss_seq: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class RunTag(Base):

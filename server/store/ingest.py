@@ -21,6 +21,7 @@ nor as duplicate frames and never move the run's ``last_step``/``last_time``.
 
 from __future__ import annotations
 
+import math
 import time as _time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -28,7 +29,19 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
-from sqlalchemy import case, column, func, insert, or_, select, table, update
+from sqlalchemy import (
+    Boolean,
+    and_,
+    case,
+    column,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    table,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -246,6 +259,30 @@ def _unstored(session: Session, run_id: int, rows: dict[tuple[int, int], _R],
     return {k: r for k, r in rows.items() if k not in stored}
 
 
+#: The metric whose last value (rank 0) the runs list and the inbox read from ``runs``.
+LOSS = "loss"
+
+
+def _last_frame_and_loss(top_id: int, loss: tuple[int, int, float] | None,
+                         greatest: Any) -> dict[str, Any]:
+    """The UPDATE's values that keep ``runs.last_frame_id`` (the newest frame id) and the
+    run's last loss (0016: rank 0's loss at its newest (step, seq), NaN and inf as they
+    are). Conditional in SQL, so that an older batch stored after a newer one (another
+    collector, a spool pushed late) leaves the newer loss in place."""
+    out: dict[str, Any] = {"last_frame_id": greatest(func.coalesce(Run.last_frame_id, 0),
+                                                     top_id)}
+    if loss is None:
+        return out
+    step, seq, value = loss
+    newer = or_(Run.last_loss_step.is_(None), Run.last_loss_step < step,
+                and_(Run.last_loss_step == step, Run.last_loss_seq < seq))
+    finite = literal(math.isfinite(value), Boolean())
+    for col, new in (("last_loss", value), ("last_loss_finite", finite),
+                     ("last_loss_step", step), ("last_loss_seq", seq)):
+        out[col] = case((newer, new), else_=getattr(Run, col))
+    return out
+
+
 def ingest_frames(
     session: Session, frames: Sequence[FrameIn], *, max_metrics_per_run: int | None = None,
     now: float | None = None,
@@ -259,6 +296,8 @@ def ingest_frames(
     new are in :attr:`IngestResult.new_frames` too, in (rank, step) order with the rest.
     Every run with a frame in the batch, new or resent, gets ``seen_at = now`` (the
     collector's clock, ``time.time()`` unless given): what the ``no_data`` rule reads.
+    Each run keeps its newest frame id and rank 0's last loss (:func:`_last_frame_and_loss`,
+    migration 0016): what the runs list and the alerts inbox read instead of its frames.
     """
     result = IngestResult()
     seen = _time.time() if now is None else now
@@ -316,6 +355,7 @@ def ingest_frames(
             session.execute(update(Run).where(Run.id == run_id).values(seen_at=seen))
             continue
         points = []
+        loss: tuple[int, int, float] | None = None  # rank 0's newest (step, seq, loss)
         for f in fresh_rows:
             fid = ids[(f.rank, f.seq)]
             n_before = len(points)
@@ -324,6 +364,9 @@ def ingest_frames(
                 values = _saturated(np.array(list(scalars.values()), dtype=np.float64))
                 if values is not None:
                     scalars = dict(zip(scalars, values.tolist(), strict=True))
+                if f.rank == 0 and LOSS in scalars and (loss is None
+                                                        or (f.step, f.seq) > loss[:2]):
+                    loss = (f.step, f.seq, float(np.float32(scalars[LOSS])))  # as stored
                 blob = np.array(list(scalars.values()), dtype=_F32).tobytes()
                 for i, k in enumerate(scalars):
                     points.append({"metric_id": metric_ids[k], "frame_id": fid,
@@ -361,7 +404,8 @@ def ingest_frames(
         least, greatest = (func.least, func.greatest) if pg else (func.min, func.max)
         bounds = {"time_min": least(func.coalesce(Run.time_min, lo), lo),
                   "time_max": greatest(func.coalesce(Run.time_max, hi), hi),
-                  "seen_at": seen}  # the collector's clock, not the job's
+                  "seen_at": seen,  # the collector's clock, not the job's
+                  **_last_frame_and_loss(max(ids.values()), loss, greatest)}
         if not fresh:
             session.execute(update(Run).where(Run.id == run_id).values(**bounds))
             continue
