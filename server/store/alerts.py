@@ -27,7 +27,7 @@ from logitwatch.server.schemas import AlertOut
 from logitwatch.server.store.fuses import alert_fuses
 from logitwatch.wire import fuses_for
 
-__all__ = ["alert_out", "fired_at", "firing_alerts", "list_alerts"]
+__all__ = ["alert_out", "alerts_of", "fired_at", "firing_alerts", "list_alerts"]
 
 
 @event.listens_for(Alert, "before_insert")
@@ -82,6 +82,24 @@ def list_alerts(session: Session, run_id: int, *, after_id: int = 0) -> list[Ale
         .order_by(Alert.id)
     ).all()
     return [alert_out(a, r) for a, r in rows]
+
+
+def alerts_of(session: Session, run_ids: Iterable[int]) -> dict[int, list[AlertOut]]:
+    """Every alert of each of ``run_ids``, oldest first (:func:`list_alerts` of each), in
+    one query: what a page of runs shows (the alerts inbox)."""
+    ids = list(run_ids)
+    out: dict[int, list[AlertOut]] = {i: [] for i in ids}
+    if not ids:
+        return out
+    rows = session.execute(
+        select(Alert, Run)
+        .join(Run, Run.id == Alert.run_id)
+        .where(Alert.run_id.in_(ids))
+        .order_by(Alert.id)
+    ).all()
+    for a, r in rows:
+        out[a.run_id].append(alert_out(a, r))
+    return out
 
 
 def firing_alerts(session: Session, run_ids: Iterable[int]) -> list[AlertOut]:

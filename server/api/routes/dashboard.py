@@ -13,7 +13,7 @@ import plotly.io as pio
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
-from sqlalchemy import case, func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from logitwatch.server import figures
@@ -21,7 +21,7 @@ from logitwatch.server.api.deps import INT32_MAX, ReadDep, RunIdDep, SessionDep,
 from logitwatch.server.api.routes.pages import WEB
 from logitwatch.server.api.routes.runs import MAX_PAGE, PAGE, paginate
 from logitwatch.server.auth import Principal
-from logitwatch.server.db.models import Alert, Run
+from logitwatch.server.db.models import Run
 from logitwatch.server.errors import BadRequest, NotFound
 from logitwatch.server.schemas import (
     MAX_RANK,
@@ -31,10 +31,11 @@ from logitwatch.server.schemas import (
     RunOut,
     SeriesOut,
 )
+from logitwatch.server.store import inbox, queries, views
 from logitwatch.server.store import incidents as inc
-from logitwatch.server.store import queries, views
 from logitwatch.server.store.alerts import list_alerts
-from logitwatch.server.store.runs_view import last_loss
+from logitwatch.server.store.inbox import InboxRunOut
+from logitwatch.server.store.runs import read_run
 
 __all__ = ["MAX_COMPARE", "router"]
 
@@ -97,30 +98,21 @@ class RunPageOut(BaseModel):
 
 
 @router.get(f"{API}/dashboard/runs/{{run_id}}", response_model=RunPageOut)
-def run_page_data(request: Request, run_id: RunIdDep, session: SessionDep,
-                  settings: SettingsDep) -> RunPageOut:
+def run_page_data(run_id: RunIdDep, session: SessionDep, settings: SettingsDep) -> RunPageOut:
     """The run, its verdict, its alerts grouped into incidents (earliest first), its
     metrics and ranks: what the run page shows first, in one request."""
-    run = queries.get_run(session, run_id, active_seconds=settings.run_active_seconds)
+    read = read_run(session, run_id, active_seconds=settings.run_active_seconds)
+    run = read.out
     alerts = list_alerts(session, run_id)
     found = inc.incidents(alerts, run.diverged_step)
-    loss = last_loss(session, _cache(request), run)
-    return RunPageOut(run=run, verdict=inc.verdict(run, alerts, found, last_loss=loss),
+    return RunPageOut(run=run, verdict=inc.verdict(run, alerts, found, last_loss=read.last_loss),
                       incidents=found,
                       alerts=alerts, metrics=queries.list_metrics(session, run_id),
                       ranks=views.ranks(session, run_id) or [0])
 
 
-class InboxRunOut(BaseModel):
-    run: RunOut
-    verdict: inc.VerdictOut
-    incidents: list[inc.IncidentOut]
-    alerts: list[AlertOut]
-
-
 @router.get(f"{API}/dashboard/alerts", response_model=list[InboxRunOut])
 def alerts_inbox(
-    request: Request,
     session: SessionDep,
     principal: ReadDep,
     settings: SettingsDep,
@@ -135,28 +127,8 @@ def alerts_inbox(
         if project not in (None, principal.project):
             return []
         project = principal.project
-    # Ordered and cut in SQL: firing runs first, then by their latest alert, so that many
-    # runs with newer resolved alerts cannot push a run still firing out of the first page.
-    firing = func.max(case((Alert.state == "firing", 1), else_=0))
-    q = select(Alert.run_id).group_by(Alert.run_id)
-    if project is not None:
-        q = q.join(Run, Run.id == Alert.run_id).where(Run.project == project)
-    if state == "firing":
-        q = q.having(firing == 1)
-    q = q.order_by(firing.desc(), func.max(Alert.id).desc())
-    out: list[InboxRunOut] = []
-    for run_id in session.scalars(q).all():
-        run = queries.get_run(session, run_id, active_seconds=settings.run_active_seconds)
-        alerts = list_alerts(session, run_id)
-        found = [i for i in inc.incidents(alerts, run.diverged_step)
-                 if state is None or i.state == state]
-        if found:
-            loss = last_loss(session, _cache(request), run)
-            out.append(InboxRunOut(run=run, verdict=inc.verdict(run, alerts, last_loss=loss),
-                                   incidents=found, alerts=alerts))
-            if len(out) >= limit:
-                break
-    return out
+    return inbox.alerts_inbox(session, project=project, state=state, limit=limit,
+                              active_seconds=settings.run_active_seconds)
 
 
 @router.get("/alerts", include_in_schema=False)
