@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from fastapi.testclient import TestClient
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 
 from logitwatch.server.app import create_app
 from logitwatch.server.db.models import Frame, Metric, Point, Run
@@ -59,6 +59,7 @@ def _seed_run(conn, name: str, steps: int, scalars: list[str],
         mids[h] = conn.execute(insert(Metric).values(run_id=run_id, name=h, layers=layers,
                                                      heads=n).returning(Metric.id)).scalar_one()
     spike = steps // 2
+    last_id = 0
     for lo in range(0, steps, CHUNK):
         hi = min(steps, lo + CHUNK)
         ids = conn.execute(
@@ -66,6 +67,7 @@ def _seed_run(conn, name: str, steps: int, scalars: list[str],
             [{"run_id": run_id, "rank": 0, "seq": i, "step": i * 10, "time": now - steps + i}
              for i in range(lo, hi)],
         ).scalars().all()
+        last_id = max(last_id, *ids)
         points = []
         for fid, i in zip(ids, range(lo, hi), strict=True):
             t = i / max(1, steps)
@@ -79,6 +81,13 @@ def _seed_run(conn, name: str, steps: int, scalars: list[str],
                 m = (5.0 + rng.random((layers, n)) + 10.0 * t).astype("<f4")
                 points.append({"metric_id": mids[h], "frame_id": fid, "data": m.tobytes()})
         conn.execute(insert(Point), points)
+    # what ingest keeps on the run (0016): its newest frame, rank 0's last loss
+    last = steps - 1
+    loss = float(np.float32(50.0 if last == spike else
+                            3.0 * math.exp(-4 * last / max(1, steps)) + 0.5))
+    conn.execute(update(Run).where(Run.id == run_id).values(
+        last_frame_id=last_id, last_loss=loss, last_loss_finite=True,
+        last_loss_step=last * 10, last_loss_seq=last))
     return run_id
 
 
