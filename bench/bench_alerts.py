@@ -54,11 +54,11 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-five) were
-chosen on ``--split read47``; ``fresh48``, ``fresh49`` and ``fresh50`` were each replayed
-once with them. The next change is chosen on ``--split read50`` and replayed once on
-``fresh51`` (5,120 tokens); the one after it on ``--split read51`` and ``fresh52`` (768
-tokens). Both are recorded and unread.
+what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-six) were
+chosen on ``--split read50`` and ``long1`` (runs of 4,000 steps) and replayed once on
+``fresh51`` (5,120 tokens) and ``long2``. The next change is chosen on ``--split read51``
+(with ``long1`` and ``long2``) and replayed once on ``fresh52`` (768 tokens, recorded and
+unread).
 
 Usage::
 
