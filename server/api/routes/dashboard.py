@@ -68,7 +68,9 @@ def runs_overview(
                                         description="running, finished, stopped, diverged "
                                         "or empty")] = None,
     alerting: Annotated[bool, Query(description="only runs with a firing alert")] = False,
-    q: Annotated[str | None, Query(max_length=128, description="name contains")] = None,
+    q: Annotated[str | None, Query(max_length=128, description="a substring (any case) of "
+                                   "the run's name, project, a tag or its configuration")]
+    = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="runs in this page")] = PAGE,
     offset: Annotated[int, Query(ge=0, le=2**31, description="runs to skip")] = 0,
 ) -> list[views.RunSummaryOut]:
