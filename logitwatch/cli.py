@@ -1,7 +1,8 @@
 """The ``logitwatch`` command line: ``serve`` the collector, ``push`` a spool, run the
-``demo``, ``replay`` recorded frames, print a run's ``alerts``; the store's administration
-(``token``, ``runs``, ``retention``) is in :mod:`logitwatch._cli_admin`, what every command
-that opens the store shares in :mod:`logitwatch._cli_store`."""
+``demo``, print a run's ``alerts``; ``replay`` recorded frames is in
+:mod:`logitwatch._cli_replay` (its progress, :class:`_Progress`, here), the store's
+administration (``token``, ``runs``, ``retention``) in :mod:`logitwatch._cli_admin`, what
+every command that opens the store shares in :mod:`logitwatch._cli_store`."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import time
 import click
 
 from logitwatch._cli_admin import retention, runs, token
+from logitwatch._cli_replay import replay
 from logitwatch._cli_store import DB_OPTION as _DB
 from logitwatch._cli_store import find_run as _find_run
 from logitwatch._cli_store import need_server as _need_server
-from logitwatch._cli_store import resolve_db, schema_too_new, show_store
+from logitwatch._cli_store import resolve_db, show_store
 from logitwatch._cli_store import store as _store
-from logitwatch._cli_store import store_exists as _store_exists
 from logitwatch._cli_store import url_host as _url_host
 
 __all__ = ["main"]
@@ -31,6 +32,7 @@ def main() -> None:
 
 for _admin in (token, runs, retention):  # the store's administration: logitwatch/_cli_admin.py
     main.add_command(_admin)
+main.add_command(replay)  # logitwatch/_cli_replay.py
 
 
 # The options that are settings (--db, --host, --port, --webhook, --insecure-no-auth) have
@@ -282,94 +284,6 @@ def demo(port: int, db_url: str | None, steps: int | None, settings: tuple[str, 
     sys.exit(code)
 
 
-@main.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--db", "db_url", default=None, metavar="URL",
-              help="Store the replayed run here, and apply the rules stored there (default: "
-              "a temporary SQLite database, with the rules stored in the default store).")
-@click.option("--rules", "rules_file", default=None, type=click.Path(exists=True),
-              help="A YAML rules file, merged over the defaults in place of "
-              "$LOGITWATCH_ALERT_RULES.")
-@click.option("--json", "as_json", is_flag=True, help="Print the alerts as JSON.")
-def replay(file: str, db_url: str | None, rules_file: str | None, as_json: bool) -> None:
-    """Feed the frames of FILE (one JSON frame a line, the wire format, gzip'd if FILE ends
-    in .gz; an optional header line without `seq`) through the collector's ingest path and
-    alert engine, and print the alerts they fire.
-
-    The rules are those `logitwatch serve` applies: the defaults with the LOGITWATCH_ALERT_*
-    settings, the YAML file of --rules (else $LOGITWATCH_ALERT_RULES), and the rules stored
-    through the API in the store (--db, else the default store: the replay then goes to a
-    temporary database, and the default store is only read). Which ones is printed.
-
-    A replayed run has no live job: each run FILE leaves running is then marked finished,
-    after its last frame, as its job's end frame (Monitor.close()) would have done, so that
-    `logitwatch serve` on that store does not report it stopped (no data: hung or crashed).
-    A run FILE ends itself is left as it is. The summary names them.
-    """
-    _need_server()
-    import json
-
-    from logitwatch.server.alerts.config import configured_rules
-    from logitwatch.server.alerts.replay import read_frame_lines, replay_rules
-    from logitwatch.server.alerts.replay import replay as run_replay
-    from logitwatch.server.alerts.rules import RuleError
-    from logitwatch.server.settings import Settings
-
-    try:
-        header, frames, lines = read_frame_lines(file)
-        settings = Settings()
-        configured_rules(settings, rules_file)  # a bad rules file: say so before replaying
-    except (ValueError, RuleError, OSError) as e:
-        raise click.ClickException(str(e)) from e
-    if not frames:
-        raise click.ClickException(f"{file}: no frames")
-    rules = source = None
-    if db_url:
-        db_url = resolve_db(db_url)
-        click.echo(f"store: {show_store(db_url)}", err=True)
-        with _store(db_url, announce=False):  # migrated (saying so), or why it cannot be
-            pass
-    else:
-        store = resolve_db(None)
-        click.echo(f"store: {show_store(store)} (its rules only; the replay goes to a "
-                   "temporary database: --db URL keeps it)", err=True)
-        if _store_exists(store):  # never create the default store just to read its rules
-            with _store(store, announce=False) as s:
-                rules, source = replay_rules(settings, path=rules_file, session=s)
-    click.echo(f"replaying {len(frames)} frames of {file}", err=True)
-    from logitwatch.server.db.session import SchemaTooNew
-
-    progress = _Progress(len(frames))
-    try:
-        result = run_replay(frames, db_url=db_url, settings=settings, rules_file=rules_file,
-                            rules=rules, lines=lines, progress=progress)
-    except SchemaTooNew as e:  # the store's fault, not the file's
-        raise schema_too_new(db_url or "", e) from e
-    except Exception as e:  # a frame the collector refuses: say which
-        raise click.ClickException(f"{file}: {e}") from e
-    finally:
-        progress.close()
-    n_runs = len(result.runs)
-    click.echo(f"replayed {result.frames} frames of {n_runs} run{'s' if n_runs != 1 else ''}"
-               f" ({_some(result.runs)})", err=True)
-    if db_url and result.ended:
-        click.echo(f"marked finished in {show_store(db_url)}: {_some(result.ended)} (a "
-                   "replayed run has no live job: left running, it would be reported stopped)",
-                   err=True)
-    click.echo(f"rules: {source or result.rules}", err=True)
-    if as_json:
-        click.echo(json.dumps([a.model_dump(mode="json") for a in result.alerts], indent=1))
-    else:
-        _print_alerts(result.alerts)
-        if header and header.get("divergence_step") is not None:
-            click.echo(f"(the file's header says the loss diverged at step "
-                       f"{header['divergence_step']})")
-        elif header and header.get("label") == "degraded":
-            click.echo(f"(the file's header says the run did not diverge but ended "
-                       f"{_nats(header.get('regression'))} above its best loss: degraded)")
-
-
-
 #: The clock replay's progress lines are spaced by (a test stops or speeds it).
 _clock = time.monotonic
 
@@ -377,9 +291,10 @@ _clock = time.monotonic
 class _Progress:
     """Replay's progress on stderr: a line about every ``every`` seconds (a single line
     redrawn in place on a terminal), none for a replay quicker than that; the summary after
-    it always says how many frames were replayed."""
+    it always says how many frames were replayed. ``total`` None: not known (a gzip'd file
+    read as it goes), the lines say the frames done without a percentage."""
 
-    def __init__(self, total: int, every: float = 1.0) -> None:
+    def __init__(self, total: int | None, every: float = 1.0) -> None:
         self.total, self.every = total, every
         self.tty = sys.stderr.isatty()
         self.last = _clock()
@@ -387,10 +302,13 @@ class _Progress:
 
     def __call__(self, n: int) -> None:
         now = _clock()
-        if n >= self.total or now - self.last < self.every:
+        if (self.total is not None and n >= self.total) or now - self.last < self.every:
             return
         self.last = now
-        line = f"  {n}/{self.total} frames ({100 * n // self.total} %)"
+        if self.total is None:
+            line = f"  {n} frames"
+        else:
+            line = f"  {n}/{self.total} frames ({100 * n // self.total} %)"
         if self.tty:
             click.echo("\r" + line.ljust(self.width), nl=False, err=True)
             self.width = len(line)
