@@ -177,7 +177,8 @@ def runs_export(run: str, project: str | None, output: str, fmt: str | None,
     per-head matrices, the every-step scalars between samples in its `history`, NaN and
     infinities as "NaN"/"Infinity"/"-Infinity", and the run's end frame if it finished.
     `logitwatch replay FILE --db URL` stores it again, value for value; the first line
-    (the run's config, tags and status) is for people and tools, replay reads past it.
+    holds the run's config, tags and status, and replay gives the copy its config and tags
+    from it.
 
     csv has one row per stored value, history steps included (a scalar's layer and head
     are empty), for pandas.

@@ -26,7 +26,7 @@ frame's matrices away the copy has no envelope for that frame (:attr:`RunExport.
 counts them); a history row that no sampled frame of its time carries (a store's odd past:
 no such row arises from the client) has no frame to travel with (:attr:`RunExport.left_out`).
 The run's configuration, tags and status travel in the file's header line (:func:`header`),
-which ``replay`` reads past.
+whose configuration and tags ``replay`` applies to the copy.
 """
 
 from __future__ import annotations
@@ -379,8 +379,8 @@ def end_frame(session: Session, export: RunExport) -> dict[str, Any] | None:
 
 def header(session: Session, export: RunExport, *, frames: int) -> dict[str, Any]:
     """The file's first line: what the run is beyond its frames (configuration, tags,
-    status), for a person or a tool; ``replay`` reads past it (no ``seq``). ``frames``:
-    the sampled frames that follow."""
+    status), for a person or a tool; ``replay`` applies its configuration and tags (it has
+    no ``seq``: no frame). ``frames``: the sampled frames that follow."""
     run = session.get(Run, export.run_id)
     assert run is not None
     tags = list(session.scalars(select(RunTag.tag).where(RunTag.run_id == export.run_id)
