@@ -21,30 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
 import logitwatch.cli as cli_module
-from logitwatch.cli import main
 from logitwatch.server.alerts.replay import read_frames, replay
 from logitwatch.server.db.models import RuleMemory, Run, RunTag
 from logitwatch.server.db.session import make_engine, migrate, session_scope
 from logitwatch.server.store.run_edits import set_config
 from tests.test_cli_audit_ux import one_line_error
-from tests.test_cli_export import made_frames, stored
+from tests.test_cli_export import lw, made_frames, ok, stored
 
 T0 = time.time() - 7 * 86400
-
-
-def lw(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args))
-
-
-def ok(*args: str) -> Result:
-    r = lw(*args)
-    assert r.exit_code == 0, (r.output, r.exception)
-    return r
 
 
 def write(path: Path, frames: Iterable[dict[str, Any]],
