@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from logitwatch.server.alerts.series import Memory, diff_noise, step_median, window
+from logitwatch.server.alerts.series import Memory, between, diff_noise, step_median, window
 from logitwatch.server.alerts.tracks import FrameView, Verdict
 
 if TYPE_CHECKING:
@@ -180,8 +180,8 @@ def _still_climbing(r: RuleSpec, m: Memory, step: int, raw: float, over: float
     rise (None when unread)."""
     span, w = int(r.param("climb_span")), int(r.param("climb_window"))
     need = max(3, w // 2)
-    now = [x for s_, x in m.recent if step - w < s_ < step] + [raw]
-    then = [x for s_, x in m.recent if step - span - w < s_ <= step - span]
+    now = [x for _, x in between(m.recent, step - w + 1, step)] + [raw]
+    then = [x for _, x in between(m.recent, step - span - w + 1, step - span + 1)]
     if len(now) < need or len(then) < need:
         return True, None
     climbed = median(now) - median(then)

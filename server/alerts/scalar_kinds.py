@@ -11,7 +11,16 @@ from collections import deque
 from statistics import median
 from typing import TYPE_CHECKING, Any
 
-from logitwatch.server.alerts.series import SCALAR_KEEP, Memory, diff_noise, mad, window
+from logitwatch.server.alerts.series import (
+    SCALAR_KEEP,
+    Memory,
+    Samples,
+    between,
+    diff_noise,
+    last_at_or_before,
+    mad,
+    window,
+)
 from logitwatch.server.alerts.tracks import FrameView, Verdict
 
 if TYPE_CHECKING:
@@ -97,9 +106,9 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     out = spike(r, m, step, v, fv, cell)
     lr, prev_lr = fv.get("lr"), m.extra.get("lr")
     g = fv.get("grad.norm")
-    grads: deque[tuple[int, float]] = m.extra.setdefault("grads", deque(maxlen=SCALAR_KEEP))
+    grads: deque[tuple[int, float]] = m.extra.setdefault("grads", Samples(maxlen=SCALAR_KEEP))
     span = int(r.param("window"))
-    recent_g = [x for s, x in grads if s >= step - span]
+    recent_g = [x for _, x in between(grads, step - span)]
     gmed = median(recent_g) if recent_g else None
     if lr is not None and math.isfinite(lr):
         m.extra["lr"] = lr
@@ -258,7 +267,7 @@ def _other_series(m: Memory, key: str, fv: FrameView, name: str, step: int
                   ) -> deque[tuple[int, float]]:
     """The ``(step, value)`` samples of another scalar ``name`` a rule reads beside its own
     series, kept in ``m.extra[key]``, with this frame's value (when finite) appended."""
-    seen: deque[tuple[int, float]] = m.extra.setdefault(key, deque(maxlen=SCALAR_KEEP))
+    seen: deque[tuple[int, float]] = m.extra.setdefault(key, Samples(maxlen=SCALAR_KEEP))
     x = fv.get(name)
     if x is not None and math.isfinite(x) and (not seen or step > seen[-1][0]):
         seen.append((step, x))
@@ -282,11 +291,11 @@ def _also_level(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | Non
         # (``grad.clipped``: the share of those steps that were clipped), once it spans them
         if not seen or seen[-1][0] != step or step - seen[0][0] < span - 1:
             return 0.0
-        inside = [v for s_, v in seen if s_ > step - span]
+        inside = [v for _, v in between(seen, step - span + 1)]
         return sum(inside) / len(inside)
     if not seen or seen[-1][0] != step or step - seen[0][0] < int(r.param("also_min_history")):
         return 0.0
-    level = median(v for s_, v in seen if s_ > step - span)
+    level = median(v for _, v in between(seen, step - span + 1))
     low = min(m.extra.get("also_low", math.inf), level)
     m.extra["also_low"] = low
     return level / low if low > 0 else 0.0
@@ -303,10 +312,10 @@ def _still_rising(r: RuleSpec, m: Memory, step: int, fv: FrameView) -> float | N
     if name == "lr" and _backing_off(m, fv, step, span):
         return 0.0
 
-    before = [val for s_, val in seen if s_ <= step - span]
-    if not before or not seen or seen[-1][0] != step or before[-1] <= 0:
+    before = last_at_or_before(seen, step - span)
+    if before is None or not seen or seen[-1][0] != step or before[1] <= 0:
         return 0.0
-    return seen[-1][1] / before[-1]
+    return seen[-1][1] / before[1]
 
 
 def _ramping(m: Memory, step: int, n: int) -> bool:
@@ -316,7 +325,7 @@ def _ramping(m: Memory, step: int, n: int) -> bool:
     seen = m.extra.get("rising")
     if not seen or len(seen) < n + 1 or seen[-1][0] != step:
         return False
-    last = list(seen)[-(n + 1):]
+    last = [seen[i] for i in range(-(n + 1), 0)]
     return all(b[1] > a[1] for a, b in zip(last, last[1:], strict=False))
 
 
@@ -360,7 +369,7 @@ def above_peak(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
 
 def lr_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
              cell: tuple[int | None, int | None]) -> Verdict | None:
-    past = [x for _, x in list(m.recent)[-4:]]
+    past = [m.recent[i][1] for i in range(-min(4, len(m.recent)), 0)]
     if len(past) < 3 or not math.isfinite(v):
         return None  # three samples first: a warm-up's start is a ramp, not a jump
     prev = past[-1]
@@ -371,7 +380,7 @@ def lr_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     steps = median(abs(b - a) for a, b in zip(past, past[1:], strict=False))
     abrupt = abs(v - prev) > float(r.param("vs_schedule")) * max(steps, 1e-12)
     return Verdict((ratio > f or ratio < 1 / f) and abrupt, v,
-                   {"value": v, "previous": prev, "previous_step": list(m.recent)[-1][0],
+                   {"value": v, "previous": prev, "previous_step": m.recent[-1][0],
                     "ratio": ratio, "schedule_step": steps}, baseline=prev)
 
 
@@ -379,9 +388,10 @@ def clip_rate(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                cell: tuple[int | None, int | None]) -> Verdict | None:
     w = int(r.param("window"))
     n = int(r.param("min_samples"))
-    pts = [*m.recent, *([(step, v)] if math.isfinite(v) else [])]
-    now = [x for s, x in pts if s > step - w]
-    before = [x for s, x in pts if step - 2 * w < s <= step - w]
+    tail = [(step, v)] if math.isfinite(v) else []  # this frame's, after the memory's
+    now = [x for s, x in [*between(m.recent, step - w + 1), *tail] if s > step - w]
+    before = [x for s, x in [*between(m.recent, step - 2 * w + 1, step - w + 1), *tail]
+              if step - 2 * w < s <= step - w]
     first = m.first_step
     if len(now) < n or len(before) < n or first is None or first > step - 2 * w + 1:
         return None

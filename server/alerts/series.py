@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-__all__ = ["EARLY_MAX", "RECENT_MAX", "SCALAR_KEEP", "Memory", "diff_noise", "first_window",
-           "kendall_tau", "mad", "step_median", "theil_sen", "window"]
+__all__ = ["EARLY_MAX", "RECENT_MAX", "SCALAR_KEEP", "Memory", "Samples", "between",
+           "diff_noise", "first_window", "kendall_tau", "last_at_or_before", "mad",
+           "step_median", "theil_sen", "window"]
 
 #: Samples a scalar cell keeps: every step of the longest default window (and twice a
 #: clip-rate window), when the job sends every step's scalars.
@@ -28,13 +29,77 @@ RECENT_MAX = 64
 EARLY_MAX = 32  # the first finite samples every cell keeps (its early baseline)
 
 
+class Samples(deque):  # type: ignore[type-arg]
+    """A bounded deque of ``(step, value)`` samples, oldest first, that knows whether its
+    steps are in order (never falling from one sample to the next).
+
+    They are, but for a job resumed from an earlier checkpoint, whose steps start again
+    below the ones kept. In order, the samples of a span of steps are read from the newest
+    end and the scan stops where the span does (:func:`between`, :func:`window`): a rule
+    reads its last few hundred steps, not all :data:`SCALAR_KEEP` kept, on every step.
+    Out of order, the reads fall back to a whole scan (the same answer) until the samples
+    that fell are out of the deque again (``maxlen`` appends later at most).
+    """
+
+    __slots__ = ("_mixed",)
+
+    def __init__(self, iterable: Any = (), maxlen: int | None = None) -> None:
+        super().__init__((), maxlen)
+        self._mixed = 0  # appends left before every pair out of order has been dropped
+        for p in iterable:
+            self.append(p)
+
+    def append(self, p: tuple[int, float]) -> None:  # type: ignore[override]
+        if self._mixed > 0:
+            self._mixed -= 1
+        if self and p[0] < self[-1][0]:
+            # the pair (last, p) is out of the deque within maxlen appends (a pop only
+            # drops samples); unbounded, it stays: out of order for good
+            self._mixed = self.maxlen if self.maxlen is not None else -1
+        super().append(p)
+
+    @property
+    def in_order(self) -> bool:
+        """Whether the steps never fall from one sample to the next."""
+        return self._mixed == 0
+
+
+def between(seen: deque[tuple[int, float]], lo: float, hi: float = math.inf
+            ) -> list[tuple[int, float]]:
+    """The samples with ``lo <= step < hi``, oldest first: ``[p for p in seen if lo <=
+    p[0] < hi]``, read from the newest end when ``seen`` is :class:`Samples` in order."""
+    if not (isinstance(seen, Samples) and seen.in_order):
+        return [p for p in seen if lo <= p[0] < hi]
+    out = []
+    for p in reversed(seen):
+        s = p[0]
+        if s < lo:
+            break
+        if s < hi:
+            out.append(p)
+    out.reverse()
+    return out
+
+
+def last_at_or_before(seen: deque[tuple[int, float]], step: float
+                      ) -> tuple[int, float] | None:
+    """The newest sample (in the deque's order) at or before ``step``, or None."""
+    if isinstance(seen, Samples) and seen.in_order:
+        for p in reversed(seen):
+            if p[0] <= step:
+                return p
+        return None
+    before = [p for p in seen if p[0] <= step]
+    return before[-1] if before else None
+
+
 @dataclass(slots=True)
 class Memory:
     """What a detector remembers about one cell: recent finite samples and the first ones,
     as (step, value)."""
 
     recent: deque[tuple[int, float]] = field(
-        default_factory=lambda: deque(maxlen=SCALAR_KEEP))
+        default_factory=lambda: Samples(maxlen=SCALAR_KEEP))
     early: list[tuple[int, float]] = field(default_factory=list)
     last: tuple[int, float] | None = None
     seen: int = 0
@@ -43,7 +108,7 @@ class Memory:
     @classmethod
     def per_head(cls) -> Memory:
         """The memory of one layer/head cell (as many samples as the engine's arrays)."""
-        return cls(recent=deque(maxlen=RECENT_MAX))
+        return cls(recent=Samples(maxlen=RECENT_MAX))
 
     def push(self, step: int, value: float, keep_early: int = EARLY_MAX) -> None:
         self.seen += 1
@@ -64,6 +129,16 @@ def window(m: Memory, step: int, lag: int, span: int, min_samples: int) -> list[
     ``step - lag - span <= s < step - lag``), oldest first; when they are fewer than
     ``min_samples``, the newest ``min_samples`` samples before ``step - lag`` instead."""
     end = step - lag
+    if isinstance(m.recent, Samples) and m.recent.in_order:
+        out: list[tuple[int, float]] = []  # the same samples, read from the newest end
+        for p in reversed(m.recent):
+            if p[0] >= end:
+                continue
+            if p[0] < end - span and len(out) >= min_samples:
+                break
+            out.append(p)
+        out.reverse()
+        return out
     eligible = [p for p in m.recent if p[0] < end]
     inside = [p for p in eligible if p[0] >= end - span]
     if len(inside) >= min_samples:
