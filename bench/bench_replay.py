@@ -17,6 +17,12 @@ both, or the script says so and exits 1.
     git show <commit>:server/alerts/replay.py > /tmp/replay_old.py
     python bench/bench_replay.py --old-module /tmp/replay_old.py
 
+``--old-tree DIR`` runs the old way with the whole package of another checkout, the alert
+engine included, e.g. to time an engine change at the same batch size::
+
+    git worktree add /tmp/lw-old <commit>
+    python bench/bench_replay.py --old-tree /tmp/lw-old --old-batch 256 --frames 1000
+
 ``--profile`` prints where the new way's time goes (cProfile, top 15 by cumulative time).
 """
 
@@ -201,6 +207,28 @@ def run_child(way: str, path: Path, batch: int, tmp: Path, args: argparse.Namesp
         drop()
 
 
+#: where each folder of a checkout goes in the installed package (pyproject's package-dir)
+PACKAGE_DIRS = ("server", "hooks", "client", "web", "migrations")
+
+
+def package_of(tree: Path, tmp: Path) -> Path:
+    """A folder to put on ``PYTHONPATH`` that imports ``logitwatch`` from the checkout
+    ``tree`` as the installed package lays it out (``logitwatch/`` with ``server/``,
+    ``hooks/`` ... inside), by symbolic links; made once under ``tmp``."""
+    root = tmp / "old-package"
+    pkg = root / "logitwatch"
+    if pkg.exists():
+        return root
+    if not (tree / "logitwatch" / "__init__.py").is_file():
+        sys.exit(f"--old-tree {tree}: not a checkout of this project (no logitwatch/)")
+    pkg.mkdir(parents=True)
+    for item in (tree / "logitwatch").iterdir():
+        (pkg / item.name).symlink_to(item.resolve())
+    for d in PACKAGE_DIRS:
+        (pkg / d).symlink_to((tree / d).resolve())
+    return root
+
+
 def _run_child(way: str, path: Path, batch: int, url: str, args: argparse.Namespace
                ) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", way, "--file", str(path), "--batch",
@@ -211,8 +239,11 @@ def _run_child(way: str, path: Path, batch: int, url: str, args: argparse.Namesp
         cmd.append("--no-rules")
     if args.profile and way == "new":
         cmd.append("--profile")
+    code = str(ROOT)
+    if way == "old" and args.old_tree:
+        code = str(package_of(Path(args.old_tree), path.parent))
     out = subprocess.run(cmd, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
+                         env={**os.environ, "PYTHONPATH": code}, cwd=ROOT)
     if out.returncode:
         sys.exit(f"the {way} way failed:\n{out.stderr[-4000:]}")
     if args.profile and way == "new":
@@ -235,6 +266,9 @@ def main() -> int:
                    help="an empty rule set: the storing alone, without the alert engine")
     p.add_argument("--old-module", default=None, metavar="FILE",
                    help="the replay module the old way runs (default: today's)")
+    p.add_argument("--old-tree", default=None, metavar="DIR",
+                   help="a checkout of another commit (git worktree add DIR REV): the old "
+                   "way runs its whole package, the alert engine included")
     p.add_argument("--pg", default=None, metavar="URL",
                    help="replay into a new database on this PostgreSQL server each time "
                    "(default: a SQLite file)")
