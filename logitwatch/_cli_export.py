@@ -183,7 +183,7 @@ def runs_export(run: str, project: str | None, output: str, fmt: str | None,
     csv has one row per stored value, history steps included (a scalar's layer and head
     are empty), for pandas.
     """
-    from logitwatch.cli import _Progress  # replay's progress on stderr, the same lines
+    from logitwatch._cli_progress import Progress  # replay's progress lines
     from logitwatch.server.store.export import ExportError, prepare
 
     form = _format_of(output, fmt)
@@ -198,7 +198,7 @@ def runs_export(run: str, project: str | None, output: str, fmt: str | None,
             export = prepare(s, rid, ranks=list(ranks) or None, metrics=chosen)
         except ExportError as e:
             raise click.ClickException(str(e)) from e
-        progress = _Progress(0)
+        progress = Progress(0)
         where = "stdout" if output == "-" else output
         click.echo(f"exporting {export.project}/{export.name} (run {rid}) as {form} to "
                    f"{where}", err=True)

@@ -55,7 +55,7 @@ def replay(file: str, db_url: str | None, rules_file: str | None, use_header: bo
     A run FILE ends itself is left as it is. The summary names them.
     """
     _need_server()
-    from logitwatch.cli import _Progress
+    from logitwatch._cli_progress import Progress
     from logitwatch.server.alerts.config import configured_rules
     from logitwatch.server.alerts.replay import (
         REPLAY_BATCH,
@@ -99,7 +99,7 @@ def replay(file: str, db_url: str | None, rules_file: str | None, use_header: bo
                    f"{file}", err=True)
         from logitwatch.server.db.session import SchemaTooNew
 
-        progress = _Progress(total)
+        progress = Progress(total)
         try:
             result = run_replay(source, db_url=db_url, settings=settings,
                                 rules_file=rules_file, rules=rules, progress=progress,

@@ -1,14 +1,14 @@
 """The ``logitwatch`` command line: ``serve`` the collector, ``push`` a spool, run the
 ``demo``, print a run's ``alerts``; ``replay`` recorded frames is in
-:mod:`logitwatch._cli_replay` (its progress, :class:`_Progress`, here), the store's
-administration (``token``, ``runs``, ``retention``) in :mod:`logitwatch._cli_admin`, what
-every command that opens the store shares in :mod:`logitwatch._cli_store`."""
+:mod:`logitwatch._cli_replay` (its progress lines, and ``runs export``'s, in
+:mod:`logitwatch._cli_progress`), the store's administration (``token``, ``runs``,
+``retention``) in :mod:`logitwatch._cli_admin`, what every command that opens the store
+shares in :mod:`logitwatch._cli_store`."""
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 
 import click
 
@@ -242,8 +242,9 @@ def push(spool: str | None, url: str | None, token: str | None, max_batch: int,
 
 
 @main.command()
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
-              help="Collector port (0: any free port).")
+@click.option("--port", default=None, type=click.IntRange(0, 65535),
+              help="Collector port, 0: any free port (default: $LOGITWATCH_PORT, else 8000, "
+              "as `logitwatch serve`).")
 @click.option("--db", "db_url", default=None, metavar="URL",
               help="Database of the demo collector (default: the store `logitwatch serve`, "
               "`runs` and `alerts` use: $LOGITWATCH_DB_URL, else logitwatch.db in "
@@ -259,7 +260,7 @@ def push(spool: str | None, url: str | None, token: str | None, max_batch: int,
               help="Random seed of the jobs (model initialisation and batches).")
 @click.option("--serve/--exit", "keep_serving", default=True, show_default=True,
               help="Keep the dashboard up after the jobs end (Ctrl-C to stop).")
-def demo(port: int, db_url: str | None, steps: int | None, settings: tuple[str, ...],
+def demo(port: int | None, db_url: str | None, steps: int | None, settings: tuple[str, ...],
          seed: int, keep_serving: bool) -> None:
     """Start a collector on SQLite, train three tiny transformers that stream to it (one
     setting drives attention logits up until loss diverges, one is the same run with fuses
@@ -272,7 +273,14 @@ def demo(port: int, db_url: str | None, steps: int | None, settings: tuple[str, 
 
     url = resolve_db(db_url)
     click.echo(f"store: {show_store(url)}", err=True)
-    _check_rules(Settings(db_url=url))
+    try:
+        settings_now = Settings(db_url=url)
+    except ValueError as e:  # a bad LOGITWATCH_* (the port's, say): one line, as serve
+        from logitwatch._cli_store import settings_error
+
+        raise click.ClickException(settings_error(e)) from e
+    _check_rules(settings_now)
+    port = settings_now.port if port is None else port
     try:
         check_port("127.0.0.1", port)
     except PortInUse as e:
@@ -282,44 +290,6 @@ def demo(port: int, db_url: str | None, steps: int | None, settings: tuple[str, 
     code = run_demo(port=port, db_url=url, steps=steps, settings=list(settings) or None,
                     seed=seed, keep_serving=keep_serving, echo=click.echo)
     sys.exit(code)
-
-
-#: The clock replay's progress lines are spaced by (a test stops or speeds it).
-_clock = time.monotonic
-
-
-class _Progress:
-    """Replay's progress on stderr: a line about every ``every`` seconds (a single line
-    redrawn in place on a terminal), none for a replay quicker than that; the summary after
-    it always says how many frames were replayed. ``total`` None: not known (a gzip'd file
-    read as it goes), the lines say the frames done without a percentage."""
-
-    def __init__(self, total: int | None, every: float = 1.0) -> None:
-        self.total, self.every = total, every
-        self.tty = sys.stderr.isatty()
-        self.last = _clock()
-        self.width = 0
-
-    def __call__(self, n: int) -> None:
-        now = _clock()
-        if (self.total is not None and n >= self.total) or now - self.last < self.every:
-            return
-        self.last = now
-        if self.total is None:
-            line = f"  {n} frames"
-        else:
-            line = f"  {n}/{self.total} frames ({100 * n // self.total} %)"
-        if self.tty:
-            click.echo("\r" + line.ljust(self.width), nl=False, err=True)
-            self.width = len(line)
-        else:
-            click.echo(line, err=True)
-
-    def close(self) -> None:
-        """Clear the line redrawn in place, if any."""
-        if self.width:
-            click.echo("\r" + " " * self.width + "\r", nl=False, err=True)
-            self.width = 0
 
 
 def _some(names: list[str], most: int = 5) -> str:

@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import sessionmaker
 
-import logitwatch.cli as cli_module
+import logitwatch._cli_progress as progress_module
 from logitwatch.cli import main
 from logitwatch.server.db.models import Point, Run
 from logitwatch.server.db.session import (
@@ -224,16 +224,17 @@ def progress_lines(output: str) -> list[str]:
 def test_replay_progress_is_a_line_a_second_and_the_summary_is_always_there(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tick: float, least: int,
         most: int) -> None:
-    """1,024 frames in 64 batches of 16. A clock that stands still: no progress line (the
-    old code printed one every 256 frames, whatever the time); one that moves a quarter of
-    a second a batch: a line every 4 batches, not every batch."""
+    """1,024 frames, judged 16 at a time, each time reported to the progress. A clock that
+    stands still: no progress line (the old code printed one every 256 frames, whatever the
+    time); one that moves a quarter of a second a report: a line every 4 reports (a second),
+    not every one."""
     now = [0.0]
 
     def clock() -> float:
         now[0] += tick
         return now[0]
 
-    monkeypatch.setattr(cli_module, "_clock", clock, raising=False)
+    monkeypatch.setattr(progress_module, "_clock", clock, raising=False)
     data = tmp_path / "big.jsonl"
     data.write_text("\n".join(json.dumps(f) for f in frames(1024)) + "\n")
     r = lw("replay", str(data))

@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-import logitwatch.cli as cli_module
+import logitwatch._cli_progress as progress_module
 from logitwatch.cli import main
 from logitwatch.server.db.models import Frame, Metric, Point, Run
 from logitwatch.server.db.session import make_engine, migrate, session_scope
@@ -428,7 +428,7 @@ def test_progress_is_replays_a_line_a_second(tmp_path: Path,
         now[0] += 0.25
         return now[0]
 
-    monkeypatch.setattr(cli_module, "_clock", clock)
+    monkeypatch.setattr(progress_module, "_clock", clock)
     monkeypatch.setattr(export_module, "MAX_CHUNK", 50)
     url = f"sqlite:///{tmp_path / 'long.db'}"
     seed_long_run(url, 400)
@@ -438,7 +438,7 @@ def test_progress_is_replays_a_line_a_second(tmp_path: Path,
     assert progress[0].strip().startswith("4/400 frames")
     assert "exported 400 frames" in r.stderr
     now[0] = 0.0
-    monkeypatch.setattr(cli_module, "_clock", lambda: 0.0)  # a quick export: no line
+    monkeypatch.setattr(progress_module, "_clock", lambda: 0.0)  # a quick export: no line
     r = ok("runs", "export", "long", "--db", url, "-o", str(tmp_path / "long.jsonl"))
     assert not [line for line in r.stderr.splitlines() if line.endswith("%)")]
 

@@ -158,3 +158,29 @@ def test_insecure_variable_on_all_interfaces_warns_like_the_option(
                                                  "LOGITWATCH_HOST": "0.0.0.0"})
     assert r.exit_code == 0 and "serving on 0.0.0.0 WITHOUT AUTHENTICATION" in r.stderr, (
         r.output)
+
+
+def test_demo_takes_its_port_from_logitwatch_port_and_says_a_bad_one_in_a_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``logitwatch demo`` used a fixed ``--port 8000`` whatever ``LOGITWATCH_PORT`` said.
+    A port taken by another process, named by the variable: the demo stops before training
+    and names that port; a variable that is no port: one line naming it, no traceback."""
+    import socket
+
+    for k in _SERVE_VARS:
+        monkeypatch.delenv(k, raising=False)
+    db = f"sqlite:///{tmp_path / 'demo.db'}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("LOGITWATCH_PORT", str(port))
+        r = CliRunner().invoke(main, ["demo", "--db", db, "--exit", "--steps", "1",
+                                      "--setting", "healthy"])
+    assert r.exit_code == 1, r.output
+    assert f"port {port} on 127.0.0.1 is already in use" in r.output
+    monkeypatch.setenv("LOGITWATCH_PORT", "eighty")
+    r = CliRunner().invoke(main, ["demo", "--db", db, "--exit"])
+    assert r.exit_code == 1 and r.exception is not None
+    assert isinstance(r.exception, SystemExit), r.exception  # a ClickException, not a crash
+    assert "LOGITWATCH_PORT" in r.output, r.output

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import sessionmaker
 
-import logitwatch.cli as cli_module
+import logitwatch._cli_progress as progress_module
 from logitwatch.server.alerts.replay import read_frames, replay
 from logitwatch.server.db.models import RuleMemory, Run, RunTag
 from logitwatch.server.db.session import make_engine, migrate, session_scope
@@ -115,7 +115,7 @@ def ticking(monkeypatch: pytest.MonkeyPatch) -> None:
         now[0] += 1.0
         return now[0]
 
-    monkeypatch.setattr(cli_module, "_clock", clock)
+    monkeypatch.setattr(progress_module, "_clock", clock)
 
 
 def test_progress_of_a_gzip_file_says_the_frames_done_without_a_total(
