@@ -403,10 +403,10 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 52
-#: every recorded set, in the order they were fixed
-SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, NEWEST + 1)), "long1",
-        "long2")
+NEWEST = 53
+#: every recorded set, in the order they were fixed (the long runs after ``fresh52``)
+SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1", "long2",
+        *(f"fresh{i}" for i in range(53, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
 #: from read6 on, readN reads through freshN
 READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4",
