@@ -67,11 +67,6 @@ def test_the_no_data_check_waits_its_turn_behind_an_ingest(
     # raising=False: a check that never asks for the lock leaves it unused
     monkeypatch.setattr(no_data, "write_lock", asked_lock, raising=False)
     try:
-        # the pool's connections opened first: a connection opened while a writer holds
-        # SQLite's lock waits for it on its first PRAGMAs (make_engine), checker or not
-        opened = [engine.connect() for _ in range(3)]
-        for conn in opened:
-            conn.close()
         with session_scope(sessions) as s:
             ingest_frames(s, _frames("quiet", 3), now=T0 + 3)  # silent from then on
         holding, release = threading.Event(), threading.Event()

@@ -78,9 +78,14 @@ def make_engine(
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _: Any) -> None:
             cur = dbapi_conn.cursor()
-            # Both only take effect on a new, empty file (before WAL is switched on).
-            cur.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
-            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            # Both only take effect on a new, empty file (before WAL is switched on), and
+            # only there are they set: setting auto_vacuum on a file in use waits for
+            # SQLite's write lock, so a connection the pool opened while a writer held it (a
+            # long ingest batch, a retention chunk) waited for that writer before its first
+            # read (WAL readers otherwise never wait for a writer)
+            if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+                cur.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
+                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
