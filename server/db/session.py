@@ -216,23 +216,36 @@ class FifoLock:
     wait in its busy handler, which sleeps and polls: under a dozen concurrent ingest
     requests, whoever polls at the right moment wins, and the unlucky one waited past a
     client's 10 s timeout (p99 7 s, max 11 s with 16 senders). Queued here instead, in
-    order, a request waits for those ahead of it only."""
+    order, a request waits for those ahead of it only.
+
+    Not re-entrant: the thread that holds it and asks again gets a :class:`RuntimeError`
+    at once (it would wait for itself for ever; e.g. ``check_stale`` without ``runs``, which
+    takes the lock, called inside an ingest's transaction, which holds it)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._next = 0
         self._serving = 0
+        self._owner: int | None = None  # the thread holding it
 
     def __enter__(self) -> FifoLock:
+        me = threading.get_ident()
         with self._cond:
+            if self._owner == me:
+                raise RuntimeError(
+                    "this thread already holds the store's write lock: taking it again "
+                    "would wait for ever (pass the caller's lock, or runs=, to stay in the "
+                    "caller's transaction)")
             ticket = self._next
             self._next += 1
             while ticket != self._serving:
                 self._cond.wait()
+            self._owner = me
         return self
 
     def __exit__(self, *exc: object) -> None:
         with self._cond:
+            self._owner = None
             self._serving += 1
             self._cond.notify_all()
 
