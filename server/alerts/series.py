@@ -11,8 +11,10 @@ rank statistics: a few outliers do not move them.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from statistics import median
 from typing import Any
 
@@ -70,13 +72,27 @@ def between(seen: deque[tuple[int, float]], lo: float, hi: float = math.inf
     p[0] < hi]``, read from the newest end when ``seen`` is :class:`Samples` in order."""
     if not (isinstance(seen, Samples) and seen.in_order):
         return [p for p in seen if lo <= p[0] < hi]
-    out = []
-    for p in reversed(seen):
-        s = p[0]
-        if s < lo:
-            break
-        if s < hi:
-            out.append(p)
+    return _slice(seen, _index(seen, lo), _index(seen, hi))
+
+
+def _step(p: tuple[int, float]) -> int:
+    return p[0]
+
+
+def _index(seen: Samples, step: float) -> int:
+    """Where the first sample at ``step`` or after is in ``seen`` (in order): a bisection,
+    each probe near an end of the deque costing little."""
+    if step == math.inf:
+        return len(seen)
+    return bisect_left(seen, step, key=_step)
+
+
+def _slice(seen: Samples, i: int, j: int) -> list[tuple[int, float]]:
+    """``seen[i:j]``, counted off from the newest end (where a rule's window lies)."""
+    if j <= i:
+        return []
+    n = len(seen)
+    out = list(islice(reversed(seen), n - j, n - i))
     out.reverse()
     return out
 
@@ -130,15 +146,12 @@ def window(m: Memory, step: int, lag: int, span: int, min_samples: int) -> list[
     ``min_samples``, the newest ``min_samples`` samples before ``step - lag`` instead."""
     end = step - lag
     if isinstance(m.recent, Samples) and m.recent.in_order:
-        out: list[tuple[int, float]] = []  # the same samples, read from the newest end
-        for p in reversed(m.recent):
-            if p[0] >= end:
-                continue
-            if p[0] < end - span and len(out) >= min_samples:
-                break
-            out.append(p)
-        out.reverse()
-        return out
+        # the same samples, found by bisection and read from the newest end
+        j = _index(m.recent, end)
+        i = _index(m.recent, end - span)
+        if j - i < min_samples:
+            i = max(0, j - min_samples) if min_samples > 0 else i
+        return _slice(m.recent, i, j)
     eligible = [p for p in m.recent if p[0] < end]
     inside = [p for p in eligible if p[0] >= end - span]
     if len(inside) >= min_samples:
