@@ -56,8 +56,9 @@ readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-six) were
 chosen on ``--split read50`` and ``long1`` (runs of 4,000 steps) and replayed once on
-``fresh51`` (5,120 tokens) and ``long2``. The next change is chosen on ``--split read51``
-(with ``long1`` and ``long2``) and replayed once on ``fresh52`` (768 tokens, recorded and
+``fresh51`` (5,120 tokens) and ``long2``; ``fresh52`` (768 tokens) was then read with them,
+no change made, after ``fresh53`` was fixed. The next change is chosen on ``--split read52``
+(with ``long1`` and ``long2``) and replayed once on ``fresh53`` (8,192 tokens, recorded and
 unread).
 
 Usage::
