@@ -15,7 +15,8 @@ kept in the default store (~/.local/share/logitwatch/logitwatch.db, or $LOGITWAT
 `logitwatch runs list` and `logitwatch serve` show them afterwards.
 
 Options (passed on to `logitwatch demo`):
-  --port INTEGER          Collector port (0: any free port).  [default: 8000]
+  --port INTEGER          Collector port (0: any free port).  [default: $LOGITWATCH_PORT,
+                          else 8000]
   --db URL                Database of the demo collector (default: the default store).
   --steps INTEGER         Steps per job (default: each setting's own).
   --setting [unstable|fused|healthy]
@@ -31,6 +32,7 @@ Environment:
                           https://download.pytorch.org/whl/cpu; empty: your pip
                           configuration only).
   LOGITWATCH_HOME         Home of the default store (default: ~/.local/share/logitwatch).
+  LOGITWATCH_PORT         The collector's port when --port is not given (default: 8000).
 
 To use a torch you already have (e.g. a GPU build) instead:
   python3 -m venv --system-site-packages .venv   # with the python3 that has it

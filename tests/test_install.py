@@ -17,7 +17,6 @@ import subprocess
 import sys
 import sysconfig
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,12 +152,11 @@ def sandbox(tmp_path: Path) -> Path:
 
 def test_demo_help_installs_nothing(tmp_path: Path) -> None:
     root = sandbox(tmp_path)
-    t0 = time.monotonic()
     r = subprocess.run(["bash", str(root / "scripts" / "demo.sh"), "--help"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("Usage: scripts/demo.sh"), r
-    assert time.monotonic() - t0 < 10
-    assert not (root / ".venv").exists()
+    assert not (root / ".venv").exists()  # nothing installed (not a wall time: a shared box)
+    assert "LOGITWATCH_PORT" in r.stdout  # the port's default, as `logitwatch demo` takes it
     demo = main.commands["demo"]
     for p in demo.params:
         if isinstance(p, click.Option):
