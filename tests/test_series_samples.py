@@ -95,3 +95,34 @@ def test_samples_copy_keeps_the_samples_and_their_bound() -> None:
     s = Samples([(1, 1.0), (3, 2.0), (2, 0.5)], maxlen=8)
     c = copy.copy(s)
     assert list(c) == list(s) and c.maxlen == 8 and not c.in_order
+
+
+@pytest.mark.parametrize("change", ["extend", "iadd", "appendleft", "extendleft", "insert",
+                                    "rotate", "reverse", "setitem"])
+def test_every_way_to_change_samples_keeps_the_reads_right(change: str) -> None:
+    """Only ``append`` looked at the order: a deque's other mutators (``extend`` among
+    them, which bypasses ``append``) put samples out of order behind its back."""
+    s = Samples([(1, 0.0), (5, 0.0), (9, 0.0)], maxlen=8)
+    more = [(2, 1.0), (3, 1.0)]  # steps below the newest kept: out of order after it
+    if change == "extend":
+        s.extend(more)
+    elif change == "iadd":
+        s += more
+    elif change == "appendleft":
+        s.appendleft((20, 1.0))
+    elif change == "extendleft":
+        s.extendleft([(20, 1.0)])
+    elif change == "insert":
+        s.insert(1, (20, 1.0))
+    elif change == "rotate":
+        s.rotate(1)
+    elif change == "reverse":
+        s.reverse()
+    else:
+        s[0] = (20, 1.0)
+    plain = list(s)
+    assert between(s, 2, 10) == [p for p in plain if 2 <= p[0] < 10]
+    before = [p for p in plain if p[0] <= 4]
+    assert last_at_or_before(s, 4) == (before[-1] if before else None)
+    m = Memory(recent=s)
+    assert window(m, 10, 0, 8, 2) == scan_window(deque(plain), 10, 0, 8, 2)

@@ -60,6 +60,43 @@ class Samples(deque):  # type: ignore[type-arg]
             self._mixed = self.maxlen if self.maxlen is not None else -1
         super().append(p)
 
+    def extend(self, ps: Any) -> None:  # type: ignore[override]
+        for p in ps:
+            self.append(p)
+
+    def __iadd__(self, ps: Any) -> Samples:  # type: ignore[override]
+        self.extend(ps)
+        return self
+
+    def _unsure(self) -> None:
+        """After a change that may put steps out of order where :meth:`append` does not
+        look: whole scans from now on (bounded: until maxlen appends have pushed it out)."""
+        self._mixed = self.maxlen if self.maxlen is not None else -1
+
+    def appendleft(self, p: tuple[int, float]) -> None:  # type: ignore[override]
+        self._unsure()
+        super().appendleft(p)
+
+    def extendleft(self, ps: Any) -> None:  # type: ignore[override]
+        self._unsure()
+        super().extendleft(ps)
+
+    def insert(self, i: int, p: tuple[int, float]) -> None:  # type: ignore[override]
+        self._unsure()
+        super().insert(i, p)
+
+    def rotate(self, n: int = 1) -> None:
+        self._unsure()
+        super().rotate(n)
+
+    def reverse(self) -> None:
+        self._unsure()
+        super().reverse()
+
+    def __setitem__(self, i: Any, p: Any) -> None:
+        self._unsure()
+        super().__setitem__(i, p)
+
     @property
     def in_order(self) -> bool:
         """Whether the steps never fall from one sample to the next."""
