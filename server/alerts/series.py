@@ -187,8 +187,8 @@ def window(m: Memory, step: int, lag: int, span: int, min_samples: int) -> list[
         # the same samples, found by bisection and read from the newest end
         j = _index(m.recent, end)
         i = _index(m.recent, end - span)
-        if j - i < min_samples:
-            i = max(0, j - min_samples) if min_samples > 0 else i
+        if j - i < min_samples:  # fewer in the span: the newest min_samples before end
+            i = max(0, j - min_samples)
         return _slice(m.recent, i, j)
     eligible = [p for p in m.recent if p[0] < end]
     inside = [p for p in eligible if p[0] >= end - span]
