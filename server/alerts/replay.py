@@ -159,6 +159,14 @@ def _key(raw: Any) -> tuple[str, str]:
     return (str(raw.get("project", "default")), str(raw.get("run")))
 
 
+def _ident(raw: Any) -> tuple[tuple[str, str], str, str, bool]:
+    """(project, run), rank, seq and whether it is an end frame, of a frame as sent (not yet
+    validated: as text, whatever their types)."""
+    if not isinstance(raw, dict):
+        return _key(raw), "", "", False
+    return _key(raw), str(raw.get("rank", 0)), str(raw.get("seq")), raw.get("end") is not None
+
+
 def _history_steps(raw: Any) -> int:
     h = raw.get("history") if isinstance(raw, dict) else None
     steps = h.get("steps") if isinstance(h, dict) else None
@@ -190,10 +198,7 @@ class _Batch:
         batch would be judged as of a running run) start a batch of their own."""
         if not self.items:
             return True
-        run = _key(raw)
-        is_dict = isinstance(raw, dict)
-        rank = str(raw.get("rank", 0)) if is_dict else ""
-        end = is_dict and raw.get("end") is not None
+        run, rank, seq, end = _ident(raw)
         return not (
             len(self.items) >= self.most
             or end != self.ends
@@ -201,21 +206,19 @@ class _Batch:
             or self.steps + _history_steps(raw) > MAX_REQUEST_HISTORY_STEPS
             or (run not in self.runs and len(self.runs) >= MAX_REQUEST_RUNS)
             or ((*run, rank) not in self.ranks and len(self.ranks) >= MAX_REQUEST_RANKS)
-            or (*run, rank, str(raw.get("seq") if is_dict else "")) in self.sent
+            or (*run, rank, seq) in self.sent
             or (rank == "0" and not end and run in self.runs and finished(run))
         )
 
     def add(self, where: str, raw: Any, size: int) -> None:
-        run = _key(raw)
-        is_dict = isinstance(raw, dict)
-        rank = str(raw.get("rank", 0)) if is_dict else ""
+        run, rank, seq, end = _ident(raw)
         self.items.append((where, raw))
         self.bytes += size
         self.steps += _history_steps(raw)
         self.runs.add(run)
         self.ranks.add((*run, rank))
-        self.sent.add((*run, rank, str(raw.get("seq") if is_dict else "")))
-        self.ends = is_dict and raw.get("end") is not None
+        self.sent.add((*run, rank, seq))
+        self.ends = end
 
 
 # --- the replay ---------------------------------------------------------------------------
