@@ -82,6 +82,20 @@ def on_vocabulary(runs: list[Scenario], old: int, new: int, vocab: int,
     return out
 
 
+def on_batch(runs: list[Scenario], old: int, new: int, batch_size: int,
+             seed_add: int) -> list[Scenario]:
+    """``runs`` (the set ``fresh{old}``) as the set ``fresh{new}``: the same shapes, each seed
+    plus ``seed_add``, trained on batches of ``batch_size`` sequences (``RunSpec.batch_size``;
+    the LRs and schedules unchanged); names as :func:`on_vocabulary` renames them."""
+    out = []
+    for s in runs:
+        name = re.sub(rf"_s{old}(\d)$", rf"_s{new}\1", s.name.replace(f"f{old}_", f"f{new}_", 1))
+        out.append(replace(s, name=name, spec=replace(s.spec, batch_size=batch_size,
+                                                      seed=s.spec.seed + seed_add),
+                           mechanism=f"{s.mechanism}; batches of {batch_size}"))
+    return out
+
+
 S = Scenario
 D, H, G = "diverging", "healthy", "degraded"
 SGD: dict[str, Any] = {"optimizer": "sgd", "max_norm": None}

@@ -198,7 +198,8 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
             "fresh48": rec.FRESH48, "fresh49": rec.FRESH49,
             "fresh50": rec.FRESH50, "fresh51": rec.FRESH51,
             "fresh52": rec.FRESH52, "long1": rec.LONG1,
-            "long2": rec.LONG2, "fresh53": rec.FRESH53}
+            "long2": rec.LONG2, "fresh53": rec.FRESH53,
+            "fresh54": rec.FRESH54}
     splits = {n: h for n, h in rec.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
