@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import httpx
 import pytest
@@ -58,11 +57,12 @@ def test_flush_false_on_timeout_and_shutdown_keeps_the_rest_in_the_spool(
         make_client, caplog, monkeypatch) -> None:
     unregistered: list = []
     monkeypatch.setattr("atexit.unregister", unregistered.append)
-    entered, release = threading.Event(), threading.Event()
+    entered, release, replied = threading.Event(), threading.Event(), threading.Event()
 
     def reply(request: httpx.Request, n: int) -> httpx.Response:
         entered.set()
-        release.wait(10)
+        release.wait(60)  # released by make_client after the test; 60 s: a safety net only
+        replied.set()
         return ok()
 
     client = make_client(Collector(reply), release=release)
@@ -70,10 +70,9 @@ def test_flush_false_on_timeout_and_shutdown_keeps_the_rest_in_the_spool(
     assert entered.wait(5)
     assert client.flush(0.05) is False
     with caplog.at_level(logging.WARNING, logger="logitwatch.client"):
-        t0 = time.monotonic()
         client.shutdown(0.3)
-        elapsed = time.monotonic() - t0
-    assert elapsed < 2.0
+    # shutdown gave up on the request still in flight instead of waiting for its answer
+    assert not replied.is_set(), "shutdown waited for the answer of the stuck request"
     stats = client.stats
     assert stats["undelivered_at_shutdown"] == 0 and stats["spooled"] == 5  # and the end
     path = client.spool_path

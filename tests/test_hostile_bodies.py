@@ -37,22 +37,21 @@ def test_all_invalid_values_cost_one_short_error(app_client: TestClient, bad: An
     body = gzip.compress(json.dumps({"frames": frames}).encode())
     assert len(body) < 64_000
     tracemalloc.start()
-    t0 = time.perf_counter()
     try:
         r = app_client.post("/api/v1/ingest", content=body,
                             headers={**JSON, "Content-Encoding": "gzip"})
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    took = time.perf_counter() - t0
     assert r.status_code == 422, r.text[:500]
     out = r.json()
     assert len(r.content) < 8_000, len(r.content)
     assert out["code"] == "invalid-request" and len(out["errors"]) <= 10
-    assert out["error_count"] >= 40  # counted, not listed
+    # counted, not listed: at most one error for each frame's scalars and one for its
+    # heads, where one per value (330,000) cost seconds to build
+    assert len(frames) <= out["error_count"] <= 2 * len(frames), out["error_count"]
     assert "frames.0." in out["message"] and "errors in all" in out["message"]
     assert peak < 60 * 2**20, f"{peak / 2**20:.0f} MB"
-    assert took < 10, took
     assert runs(app_client) == []
 
 
