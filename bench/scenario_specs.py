@@ -67,33 +67,31 @@ def hf(family: str, **kw: Any) -> RunSpec:
     return RunSpec(**{**base, **kw})
 
 
-def on_vocabulary(runs: list[Scenario], old: int, new: int, vocab: int,
-                  seed_add: int) -> list[Scenario]:
+def as_set(runs: list[Scenario], old: int, new: int, seed_add: int, note: str,
+           **spec: Any) -> list[Scenario]:
     """``runs`` (the set ``fresh{old}``) as the set ``fresh{new}``: the same shapes, each seed
-    plus ``seed_add``, trained on a byte-level BPE of ``vocab`` tokens (``RunSpec.vocab``);
+    plus ``seed_add``, with ``spec``'s fields changed and ``note`` added to each mechanism;
     names ``f{old}_...`` become ``f{new}_...`` and a trailing seed tag ``_s{old}N`` becomes
     ``_s{new}N``."""
     out = []
     for s in runs:
         name = re.sub(rf"_s{old}(\d)$", rf"_s{new}\1", s.name.replace(f"f{old}_", f"f{new}_", 1))
-        out.append(replace(s, name=name, spec=replace(s.spec, vocab=vocab,
-                                                      seed=s.spec.seed + seed_add),
-                           mechanism=f"{s.mechanism}; BPE vocabulary {vocab}"))
+        out.append(replace(s, name=name, spec=replace(s.spec, seed=s.spec.seed + seed_add, **spec),
+                           mechanism=f"{s.mechanism}; {note}"))
     return out
+
+
+def on_vocabulary(runs: list[Scenario], old: int, new: int, vocab: int,
+                  seed_add: int) -> list[Scenario]:
+    """:func:`as_set` trained on a byte-level BPE of ``vocab`` tokens (``RunSpec.vocab``)."""
+    return as_set(runs, old, new, seed_add, f"BPE vocabulary {vocab}", vocab=vocab)
 
 
 def on_batch(runs: list[Scenario], old: int, new: int, batch_size: int,
              seed_add: int) -> list[Scenario]:
-    """``runs`` (the set ``fresh{old}``) as the set ``fresh{new}``: the same shapes, each seed
-    plus ``seed_add``, trained on batches of ``batch_size`` sequences (``RunSpec.batch_size``;
-    the LRs and schedules unchanged); names as :func:`on_vocabulary` renames them."""
-    out = []
-    for s in runs:
-        name = re.sub(rf"_s{old}(\d)$", rf"_s{new}\1", s.name.replace(f"f{old}_", f"f{new}_", 1))
-        out.append(replace(s, name=name, spec=replace(s.spec, batch_size=batch_size,
-                                                      seed=s.spec.seed + seed_add),
-                           mechanism=f"{s.mechanism}; batches of {batch_size}"))
-    return out
+    """:func:`as_set` trained on batches of ``batch_size`` sequences (``RunSpec.batch_size``;
+    the LRs and schedules unchanged)."""
+    return as_set(runs, old, new, seed_add, f"batches of {batch_size}", batch_size=batch_size)
 
 
 S = Scenario
