@@ -57,9 +57,9 @@ rounds' data) and replayed once on the set fixed after it; which round read whic
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-six) were
 chosen on ``--split read50`` and ``long1`` (runs of 4,000 steps) and replayed once on
 ``fresh51`` (5,120 tokens) and ``long2``; ``fresh52`` (768 tokens) was then read with them,
-no change made, after ``fresh53`` was fixed. The next change is chosen on ``--split read52``
-(with ``long1`` and ``long2``) and replayed once on ``fresh53`` (8,192 tokens, recorded and
-unread).
+no change made, after ``fresh53`` was fixed, and ``fresh53`` (8,192 tokens) after ``fresh54``
+was fixed. The next change is chosen on ``--split read53`` (with ``long1`` and ``long2``)
+and replayed once on ``fresh54`` (bytes in batches of 8; recorded and unread).
 
 Usage::
 
