@@ -154,6 +154,13 @@ def _summary(result: Any, db_url: str | None, header: dict[str, Any] | None,
                    f"{len(config)} config key{'s' if len(config) != 1 else ''} and the tags "
                    f"{', '.join(tags) or '(none)'}", err=True)
     click.echo(f"rules: {where or result.rules}", err=True)
+    if result.unsent_steps:
+        n = result.unsent_steps
+        click.echo(f"note: {n} step{'s' if n != 1 else ''} between the frames came with no "
+                   "`history` (every step's loss, gradient norm, clip flag and LR, as the "
+                   "hooks send them): the rules judged those series only at the frames' "
+                   "own steps, so a NaN, an LR jump or a blow-up between two of them may be "
+                   "seen late or not at all (docs/ALERTS.md, Steps, not samples)", err=True)
 
 
 def _print(result: Any, header: dict[str, Any] | None, as_json: bool) -> None:

@@ -115,6 +115,9 @@ class ReplayResult:
     batches: int = 0
     #: the export header's config and tags were applied to its run
     header_applied: bool = False
+    #: steps between two frames of a (run, rank) that neither carried (no ``history``):
+    #: their loss, gradient norm, clip flag and LR were never judged
+    unsent_steps: int = 0
 
 
 def replay_rules(settings: Any = None, *, path: str | None = None,
@@ -256,6 +259,8 @@ class _Replay:
         # (run_id, rank) -> the highest seq and step given to the engine: a frame below
         # both may be late (what AlertEngine.process skips and rebuilds after)
         self.high: dict[tuple[int, int], tuple[int, int]] = {}
+        # (project, run, rank) -> the newest step a frame or its history carried
+        self.sent: dict[tuple[str, str, int], int] = {}
 
     def finished(self, run: tuple[str, str]) -> bool:
         """Whether ``run`` is finished in the store (as of the last batch stored)."""
@@ -265,6 +270,22 @@ class _Replay:
                     Run.project == run[0], Run.name == run[1])) == "finished"
         return self.status[run]
 
+    def count_unsent(self, frames: Sequence[FrameIn]) -> None:
+        """Add to ``result.unsent_steps`` the steps after a (run, rank)'s newest sent step
+        and before each scalar frame of ``frames`` that neither it nor its ``history``
+        carried. A frame at or before that step (a late frame, or a job resumed from an
+        earlier checkpoint) counts nothing: the count goes on from the newest step."""
+        for f in frames:
+            if f.end is not None or not f.scalars:
+                continue
+            key = (f.project, f.run, f.rank)
+            prev = self.sent.get(key)
+            if prev is not None and f.step > prev + 1:
+                carried = sum(1 for st in f.history.steps if prev < st < f.step) if (
+                    f.history is not None) else 0
+                self.result.unsent_steps += f.step - prev - 1 - carried
+            self.sent[key] = f.step if prev is None else max(prev, f.step)
+
     def store(self, batch: _Batch) -> None:
         """Validate, store and judge one batch, in one transaction."""
         where = [w for w, _ in batch.items]
@@ -273,6 +294,7 @@ class _Replay:
         except ValidationError as e:
             raise _refusal(e, where) from None
         result = self.result
+        self.count_unsent(body.frames)
         try:
             check_batch(body, self.settings)  # the limits `serve` holds a batch to
             with session_scope(self.sessions) as s:
