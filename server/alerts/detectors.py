@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 # re-exported: the engine, the screens and the rule spec import them from here
 from logitwatch.server.alerts.departure import departure, departure_limit  # noqa: F401
 from logitwatch.server.alerts.scalar_kinds import (
+    LR_JUMP_READS,
     above_peak,
     clip_rate,
     level_rise,
@@ -72,12 +73,16 @@ class Kind:
     """A rule kind: its detector, parameter defaults, whether breaching samples are kept
     out of the cell's memory (so a climb cannot become its own baseline), and its default
     hold in steps (``RuleSpec.keep_firing_for``): how long its condition must stay clear
-    before a firing alert resolves."""
+    before a firing alert resolves. ``keep``: how many of a run-level cell's newest samples
+    its detector reads (``Memory.recent``; None: :data:`SCALAR_KEEP`, for the kinds that read
+    windows). A kind that judges each value alone (or keeps what it needs in
+    ``Memory.extra``) keeps one, not a thousand copies of a series another rule keeps."""
 
     detect: Detect
     defaults: Mapping[str, Any]
     hold_breaches: bool = False
     keep_firing_for: int = 100
+    keep: int | None = None
 
 
 def _threshold(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
@@ -289,8 +294,8 @@ def _no_data(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
 #: others. Every window, lag, history and ``first_steps`` is in steps; ``min_samples`` is
 #: what a window's statistic needs at any interval.
 KINDS: dict[str, Kind] = {
-    "threshold": Kind(_threshold, {"op": ">", "value": 0.0}, keep_firing_for=0),
-    "nonfinite": Kind(_nonfinite, {}, keep_firing_for=0),
+    "threshold": Kind(_threshold, {"op": ">", "value": 0.0}, keep_firing_for=0, keep=1),
+    "nonfinite": Kind(_nonfinite, {}, keep_firing_for=0, keep=1),
     "baseline": Kind(_baseline, {"first_steps": 100, "min_samples": 5, "factor": 4.0,
                                  "floor": 0.0, "below": False}),
     "departure": Kind(departure, {"factor": 4.0, "floor": 30.0, "window": 200, "lag": 50,
@@ -328,15 +333,16 @@ KINDS: dict[str, Kind] = {
                                      "also_window": 50, "also_min_history": 100,
                                      "also_rate": None, "noise_margin": None,
                                      "noise_window": 100}),
-    "above_peak": Kind(above_peak, {"factor": 10.0, "settle": 100}),
-    "lr_jump": Kind(lr_jump, {"factor": 2.0, "vs_schedule": 5.0}),
+    "above_peak": Kind(above_peak, {"factor": 10.0, "settle": 100}, keep=1),
+    "lr_jump": Kind(lr_jump, {"factor": 2.0, "vs_schedule": 5.0}, keep=LR_JUMP_READS),
     "entropy_collapse": Kind(_entropy_collapse, {"first_steps": 100, "min_samples": 5,
                                                  "fraction": 0.25}),
     "clip_rate": Kind(clip_rate, {"window": 100, "min_samples": 3, "rate": 0.9,
                                    "rise": 0.5}),
     "ratio": Kind(_ratio, {"other": "qk.q_bias_norm", "window": 100, "min_change": 0.2,
                            "share": 0.0, "logit": None, "logit_floor": 0.0}),
-    "first_loss": Kind(_first_loss, {"vocab": None, "tolerance": 1.5}, keep_firing_for=0),
+    "first_loss": Kind(_first_loss, {"vocab": None, "tolerance": 1.5}, keep_firing_for=0,
+                       keep=1),
     "no_data": Kind(_no_data, {"seconds": 600.0}, keep_firing_for=0),
 }
 DETECTORS = {k: v.detect for k, v in KINDS.items()}

@@ -211,7 +211,8 @@ class EvaluationMixin(LifecycleMixin):
             key = (rule.name, run_id, rank, *cell)
             mem = self._mem.get(key)
             if mem is None:
-                mem = self._mem[key] = Memory() if cell[0] is None else Memory.per_head()
+                mem = self._mem[key] = (Memory.keeping(kind.keep) if cell[0] is None
+                                        else Memory.per_head())
             verdict = kind.detect(rule, mem, step, value, fv, cell)
             if verdict is not None and verdict.breach:
                 if rule.over in ("max", "min"):

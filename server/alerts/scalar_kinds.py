@@ -367,9 +367,13 @@ def above_peak(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                    baseline=peak, limit=limit)
 
 
+#: the newest samples :func:`lr_jump` reads (its kind keeps no more)
+LR_JUMP_READS = 4
+
+
 def lr_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
              cell: tuple[int | None, int | None]) -> Verdict | None:
-    past = [m.recent[i][1] for i in range(-min(4, len(m.recent)), 0)]
+    past = [m.recent[i][1] for i in range(-min(LR_JUMP_READS, len(m.recent)), 0)]
     if len(past) < 3 or not math.isfinite(v):
         return None  # three samples first: a warm-up's start is a ramp, not a jump
     prev = past[-1]

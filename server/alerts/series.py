@@ -160,6 +160,12 @@ class Memory:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
+    def keeping(cls, keep: int | None) -> Memory:
+        """The memory of a run-level cell whose rule reads its newest ``keep`` samples
+        (None: :data:`SCALAR_KEEP`)."""
+        return cls(recent=Samples(maxlen=SCALAR_KEEP if keep is None else keep))
+
+    @classmethod
     def per_head(cls) -> Memory:
         """The memory of one layer/head cell (as many samples as the engine's arrays)."""
         return cls(recent=Samples(maxlen=RECENT_MAX))
