@@ -272,12 +272,13 @@ class _Replay:
 
     def count_unsent(self, frames: Sequence[FrameIn]) -> None:
         """Add to ``result.unsent_steps`` the steps after a (run, rank)'s newest sent step
-        and before each scalar frame of ``frames`` that neither it nor its ``history``
-        carried. A frame at or before that step (a late frame, or a job resumed from an
-        earlier checkpoint) counts nothing: the count goes on from the newest step."""
+        and before each frame of ``frames`` with scalars or a ``history`` that neither it
+        nor its ``history`` carried. A frame at or before that step (a late frame, or a job
+        resumed from an earlier checkpoint) counts nothing: the count goes on from the
+        newest step."""
         for f in frames:
-            if f.end is not None or not f.scalars:
-                continue
+            if f.end is not None or not (f.scalars or f.history):
+                continue  # an end frame, or per-head statistics alone
             key = (f.project, f.run, f.rank)
             prev = self.sent.get(key)
             if prev is not None and f.step > prev + 1:
