@@ -250,6 +250,45 @@ def test_ingests_dedup_lookup_plans_only_the_runs_days(pg_url: str, pg: Engine) 
     assert_plans_only(pg, statements, {partition_name("frames", TODAY - 1)})
 
 
+def test_no_data_reads_plan_only_the_runs_days(pg_url: str, pg: Engine) -> None:
+    """The no-data check's read of a silent run's newest frame, and the reads that tell
+    whether a frame after the silence is news, carry the run's time bounds: PostgreSQL
+    plans the partitions of the run's days, not one per day kept. They run once when a run
+    stops and when it comes back, not per poll, but a stopped run's read should not grow
+    with the days the store keeps."""
+    from sqlalchemy import event, select
+
+    from logitwatch.server.db.models import Alert
+    from logitwatch.server.db.session import session_scope
+
+    old = (TODAY - 1) * DAY + 100
+    statements: list[tuple[str, Any]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if re.match(r"\s*SELECT\b.*\bFROM frames\b", statement, re.S | re.I):
+            statements.append((statement, params))
+
+    with TestClient(create_app(Settings(db_url=pg_url, rate_limit_per_second=0))) as c:
+        assert post(c, [frame(i, old + i) for i in range(4)])["accepted"] == 4
+        eng, sessions = c.app.state.alert_engine, c.app.state.sessions
+        event.listen(c.app.state.db, "before_cursor_execute", seen)
+        with session_scope(sessions) as s:
+            fired = eng.check_stale(s, now=time.time() + 3600)
+        event.remove(c.app.state.db, "before_cursor_execute", seen)
+        assert [(a.rule, a.fired_step) for a in fired] == [("no_data", 30)]
+        assert statements  # the newest frame's id
+        assert_plans_only(pg, statements, {partition_name("frames", TODAY - 1)})
+        statements.clear()
+        event.listen(c.app.state.db, "before_cursor_execute", seen)
+        post(c, [frame(4, NOW)])  # the job again, today
+        event.remove(c.app.state.db, "before_cursor_execute", seen)
+        with sessions() as s:
+            assert s.scalars(select(Alert.state).where(Alert.rule == "no_data")).all() == [
+                "resolved"]
+    assert statements
+    assert_plans_only(pg, statements, {partition_name("frames", d) for d in (TODAY - 1, TODAY)})
+
+
 def test_two_collectors_create_partitions_at_once(pg_url: str) -> None:
     engines = [make_engine(pg_url) for _ in range(4)]
     try:

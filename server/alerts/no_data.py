@@ -32,6 +32,7 @@ from logitwatch.server.alerts.rules import RuleSpec, State, remedies_for
 from logitwatch.server.db.models import Alert, Frame, Run
 from logitwatch.server.db.session import write_lock
 from logitwatch.server.store.ingest import NewFrame
+from logitwatch.server.store.pruning import prune_frames, run_bounds
 
 __all__ = ["NoDataMixin"]
 
@@ -166,9 +167,12 @@ class NoDataMixin(LifecycleMixin):
                        f"(limit {seconds:.0f} s) and its job did not say it ended: it may "
                        "have hung or crashed.")
                 sid = self._silenced(session, run, rule.name, 0, None, now)
-                # what it fired on: the run's newest frame row (_resolve_no_data)
-                newest = session.scalar(select(func.max(Frame.id))
-                                        .where(Frame.run_id == run.id))
+                # what it fired on: the run's newest frame row (_resolve_no_data), read
+                # within the run's time bounds (only its days' partitions on PostgreSQL);
+                # the UPDATE above holds the run's row, so no frame of it lands meanwhile
+                newest = session.scalar(prune_frames(
+                    select(func.max(Frame.id)).where(Frame.run_id == run.id),
+                    run_bounds(session, run.id)))
                 a = Alert(
                     run_id=run.id, rule=rule.name, metric="*", severity=rule.severity,
                     state=State.FIRING.value, rank=0, layer=None, head=None,
@@ -234,32 +238,39 @@ def _back(session: Session, f: NewFrame, a: Alert) -> int | None:
     fid = (a.evidence or {}).get("frame_id")
     if not isinstance(fid, int):
         return f.step
-    arrived = session.execute(
+    # every read within the run's time bounds (only its days' partitions on PostgreSQL):
+    # the batch that brought f widened them in this transaction
+    bounds = run_bounds(session, f.run_id)
+
+    def frames(q: Select[Any]) -> Select[Any]:
+        return prune_frames(q, bounds)
+
+    arrived = session.execute(frames(
         select(Frame.rank, func.max(Frame.seq)).where(
             Frame.run_id == f.run_id, Frame.id > fid, Frame.seq >= 0)  # not history rows
-        .group_by(Frame.rank)).all()
+        .group_by(Frame.rank))).all()
     steps: list[int] = []
     before = None  # the run's highest seq when it fired (any rank), read once if needed
     for rank, seq in arrived:
-        if session.scalar(select(Frame.id).where(
+        if session.scalar(frames(select(Frame.id).where(
                 Frame.run_id == f.run_id, Frame.rank == rank, Frame.seq > seq
-        ).limit(1)) is not None:
+        ).limit(1))) is not None:
             continue  # numbered before a frame it had sent: an old spool
-        if session.scalar(select(Frame.id).where(
+        if session.scalar(frames(select(Frame.id).where(
                 Frame.run_id == f.run_id, Frame.rank == rank, Frame.id <= fid,
-                Frame.seq >= 0).limit(1)) is None:
+                Frame.seq >= 0).limit(1))) is None:
             # a rank heard of for the first time: news only if numbered after what the
             # run had sent (seqs follow the job's clock on every rank), not an old spool
             # of a rank that never reached the collector
             if before is None:
-                before = session.scalar(select(func.max(Frame.seq)).where(
-                    Frame.run_id == f.run_id, Frame.id <= fid, Frame.seq >= 0)) or -1
+                before = session.scalar(frames(select(func.max(Frame.seq)).where(
+                    Frame.run_id == f.run_id, Frame.id <= fid, Frame.seq >= 0))) or -1
             if seq < before:
                 continue
-        steps.append(session.scalar(select(Frame.step).where(
-            Frame.run_id == f.run_id, Frame.rank == rank, Frame.seq == seq)))
-    past = session.scalar(select(func.max(Frame.step)).where(
-        Frame.run_id == f.run_id, Frame.id > fid, Frame.seq >= 0))
+        steps.append(session.scalar(frames(select(Frame.step).where(
+            Frame.run_id == f.run_id, Frame.rank == rank, Frame.seq == seq))))
+    past = session.scalar(frames(select(func.max(Frame.step)).where(
+        Frame.run_id == f.run_id, Frame.id > fid, Frame.seq >= 0)))
     if past is not None and past > a.fired_step:  # past where it fell silent: news
         steps.append(past)
     return max(steps) if steps else None
