@@ -260,7 +260,7 @@ class _Replay:
         # both may be late (what AlertEngine.process skips and rebuilds after)
         self.high: dict[tuple[int, int], tuple[int, int]] = {}
         # (project, run, rank) -> the newest step a frame or its history carried
-        self.sent: dict[tuple[str, str, int], int] = {}
+        self.reached: dict[tuple[str, str, int], int] = {}
 
     def finished(self, run: tuple[str, str]) -> bool:
         """Whether ``run`` is finished in the store (as of the last batch stored)."""
@@ -271,21 +271,21 @@ class _Replay:
         return self.status[run]
 
     def count_unsent(self, frames: Sequence[FrameIn]) -> None:
-        """Add to ``result.unsent_steps`` the steps after a (run, rank)'s newest sent step
-        and before each frame of ``frames`` with scalars or a ``history`` that neither it
-        nor its ``history`` carried. A frame at or before that step (a late frame, or a job
-        resumed from an earlier checkpoint) counts nothing: the count goes on from the
-        newest step."""
+        """Add to ``result.unsent_steps`` the steps no frame carried: for each frame of
+        ``frames`` with scalars or a ``history``, those between its (run, rank)'s newest
+        step so far and its own that its ``history`` leaves out. A frame at or before that
+        newest step (a late frame, or a job resumed from an earlier checkpoint) counts
+        nothing, and the count goes on from the newest step."""
         for f in frames:
             if f.end is not None or not (f.scalars or f.history):
                 continue  # an end frame, or per-head statistics alone
             key = (f.project, f.run, f.rank)
-            prev = self.sent.get(key)
+            prev = self.reached.get(key)
             if prev is not None and f.step > prev + 1:
                 carried = sum(1 for st in f.history.steps if prev < st < f.step) if (
                     f.history is not None) else 0
                 self.result.unsent_steps += f.step - prev - 1 - carried
-            self.sent[key] = f.step if prev is None else max(prev, f.step)
+            self.reached[key] = f.step if prev is None else max(prev, f.step)
 
     def store(self, batch: _Batch) -> None:
         """Validate, store and judge one batch, in one transaction."""
