@@ -11,7 +11,7 @@ that database (:func:`replay_rules`).
 
 A file is read a line at a time (:class:`FrameFile`) and stored a batch at a time, so a
 replay holds one batch in memory whatever the file's size; a batch keeps to what one ingest
-request may carry (frames, history steps, runs, ranks; :meth:`_Batch.takes`).
+request may carry (frames, history steps, runs, ranks; :meth:`.replay_batch.Batch.takes`).
 
 **The batch size changes nothing stored or judged**: both are those of a replay one frame at
 a time, in the file's order. The engine sorts what one call gives it by (run, rank, step)
@@ -55,6 +55,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from logitwatch.server.alerts.config import api_rules, configured_rules, rules_file
 from logitwatch.server.alerts.defaults import merge_rules
 from logitwatch.server.alerts.engine import AlertEngine
+from logitwatch.server.alerts.replay_batch import (
+    BATCH_BYTES,
+    JUDGE_FRAMES,
+    REPLAY_BATCH,
+    Batch,
+    run_key,
+)
 from logitwatch.server.alerts.replay_file import (
     FrameFile,
     FrameFileError,
@@ -68,14 +75,7 @@ from logitwatch.server.db.models import Run
 from logitwatch.server.db.session import make_engine, migrate, session_scope
 from logitwatch.server.errors import ApiError
 from logitwatch.server.limits import check_batch
-from logitwatch.server.schemas import (
-    MAX_REQUEST_HISTORY_STEPS,
-    MAX_REQUEST_RANKS,
-    MAX_REQUEST_RUNS,
-    AlertOut,
-    FrameIn,
-    IngestIn,
-)
+from logitwatch.server.schemas import AlertOut, FrameIn, IngestIn
 from logitwatch.server.store import lifecycle
 from logitwatch.server.store.alerts import alert_out, list_alerts
 from logitwatch.server.store.ingest import NewFrame
@@ -83,20 +83,6 @@ from logitwatch.server.store.ingest import NewFrame
 __all__ = ["BATCH_BYTES", "JUDGE_FRAMES", "REPLAY_BATCH", "FrameFile", "FrameFileError",
            "ReplayError", "ReplayResult", "export_header", "read_frame_lines", "read_frames",
            "replay", "replay_rules"]
-
-#: Frames ``logitwatch replay`` stores a batch (a transaction): a client's batch
-#: (``max_batch``), far under ``max_frames_per_request``. A commit on PostgreSQL waits for
-#: the disk: the storing alone is 5.7x faster there than in batches of 16 (on SQLite, WAL,
-#: about the same); the alert engine's work does not change (bench_replay.py).
-REPLAY_BATCH = 256
-#: Frames judged by one engine call at most (of a batch already stored), with progress said
-#: after each: the engine takes 0.7-1.4 ms a step (history steps included), so a batch of
-#: 256 frames carrying 9 steps each is judged in seconds, 16 of them in a fifth of one.
-JUDGE_FRAMES = 16
-#: Most bytes of a file's lines one batch holds (a frame as JSON text; as Python objects,
-#: several times that): 256 frames of up to 16 KiB each, fewer larger ones.
-BATCH_BYTES = 4 << 20
-
 
 @dataclass
 class ReplayResult:
@@ -150,78 +136,6 @@ def replay_rules(settings: Any = None, *, path: str | None = None,
         source += f" + {len(extra)} API rule{'s' if len(extra) > 1 else ''} from the database"
     n = sum(1 for r in rules if r.enabled)
     return rules, f"{source}: {n} rule{'s' if n != 1 else ''}"
-
-
-# --- batches ------------------------------------------------------------------------------
-
-
-def _key(raw: Any) -> tuple[str, str]:
-    """(project, run) of a frame as sent (not yet validated: anything hashable)."""
-    if not isinstance(raw, dict):
-        return ("", "")
-    return (str(raw.get("project", "default")), str(raw.get("run")))
-
-
-def _ident(raw: Any) -> tuple[tuple[str, str], str, str, bool]:
-    """(project, run), rank, seq and whether it is an end frame, of a frame as sent (not yet
-    validated: as text, whatever their types)."""
-    if not isinstance(raw, dict):
-        return _key(raw), "", "", False
-    return _key(raw), str(raw.get("rank", 0)), str(raw.get("seq")), raw.get("end") is not None
-
-
-def _history_steps(raw: Any) -> int:
-    h = raw.get("history") if isinstance(raw, dict) else None
-    steps = h.get("steps") if isinstance(h, dict) else None
-    return len(steps) if isinstance(steps, list) else 0
-
-
-class _Batch:
-    """The frames one transaction will store, and what :meth:`takes` checks of them."""
-
-    def __init__(self, most: int, most_bytes: int | None) -> None:
-        self.most, self.most_bytes = most, most_bytes
-        self.items: list[tuple[str, Any]] = []  # (where, frame)
-        self.bytes = self.steps = 0
-        self.sent: set[tuple[str, str, str, str]] = set()
-        self.ranks: set[tuple[str, str, str]] = set()
-        self.runs: set[tuple[str, str]] = set()
-        self.ends = False
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def takes(self, raw: Any, size: int, finished: Callable[[tuple[str, str]], bool]) -> bool:
-        """Whether ``raw`` joins this batch, not the next: within the per-request limits
-        (frames, history steps, runs, ranks) and the batch's bytes, and changing nothing
-        that would make what is judged depend on the batch (module docstring): an end frame
-        keeps to a batch of end frames, a frame resent within the batch (its history would
-        be dropped in one batch, stored from two) and a rank 0 frame of a finished run that
-        has frames in the batch (it may resume the run, and the run's other frames in the
-        batch would be judged as of a running run) start a batch of their own."""
-        if not self.items:
-            return True
-        run, rank, seq, end = _ident(raw)
-        return not (
-            len(self.items) >= self.most
-            or end != self.ends
-            or (self.most_bytes is not None and self.bytes + size > self.most_bytes)
-            or self.steps + _history_steps(raw) > MAX_REQUEST_HISTORY_STEPS
-            or (run not in self.runs and len(self.runs) >= MAX_REQUEST_RUNS)
-            or ((*run, rank) not in self.ranks and len(self.ranks) >= MAX_REQUEST_RANKS)
-            or (*run, rank, seq) in self.sent
-            or (rank == "0" and not end and run in self.runs and finished(run))
-        )
-
-    def add(self, where: str, raw: Any, size: int) -> None:
-        run, rank, seq, end = _ident(raw)
-        self.items.append((where, raw))
-        self.bytes += size
-        self.steps += _history_steps(raw)
-        self.runs.add(run)
-        self.ranks.add((*run, rank))
-        self.sent.add((*run, rank, seq))
-        self.ends = end
 
 
 # --- the replay ---------------------------------------------------------------------------
@@ -287,7 +201,7 @@ class _Replay:
                 self.result.unsent_steps += f.step - prev - 1 - carried
             self.reached[key] = f.step if prev is None else max(prev, f.step)
 
-    def store(self, batch: _Batch) -> None:
+    def store(self, batch: Batch) -> None:
         """Validate, store and judge one batch, in one transaction."""
         where = [w for w, _ in batch.items]
         try:
@@ -420,7 +334,7 @@ class _Replay:
 
 def _check_run(raw: Any, header: Mapping[str, Any], where: str) -> None:
     """A frame of another run than the export header's: refused, naming both."""
-    run = _key(raw)
+    run = run_key(raw)
     if isinstance(raw, dict) and run != (header["project"], header["run"]):
         raise ReplayError(
             f"{where}: a frame of run {run[0]}/{run[1]}, but the file's header (line 1) is "
@@ -516,7 +430,7 @@ def replay(
 def _feed(run: _Replay, numbered: Iterable[Numbered], most: int) -> None:
     """Read ``numbered`` into batches and store each (:meth:`_Replay.store`)."""
     most_bytes = min(BATCH_BYTES, run.settings.max_request_bytes)
-    pending = _Batch(most, most_bytes)
+    pending = Batch(most, most_bytes)
     k = 0  # frames read
     items = iter(numbered)
 
@@ -524,7 +438,7 @@ def _feed(run: _Replay, numbered: Iterable[Numbered], most: int) -> None:
         nonlocal pending
         if pending:
             run.store(pending)
-        pending = _Batch(most, most_bytes)
+        pending = Batch(most, most_bytes)
 
     while True:
         try:
