@@ -94,6 +94,15 @@ def on_batch(runs: list[Scenario], old: int, new: int, batch_size: int,
     return as_set(runs, old, new, seed_add, f"batches of {batch_size}", batch_size=batch_size)
 
 
+def on_context(runs: list[Scenario], old: int, new: int, seq_len: int, batch_size: int,
+               seed_add: int) -> list[Scenario]:
+    """:func:`as_set` trained on sequences of ``seq_len`` tokens in batches of ``batch_size``
+    (``RunSpec.seq_len``, ``RunSpec.batch_size``; the LRs and schedules unchanged)."""
+    return as_set(runs, old, new, seed_add,
+                  f"sequences of {seq_len} tokens, batches of {batch_size}",
+                  seq_len=seq_len, batch_size=batch_size)
+
+
 S = Scenario
 D, H, G = "diverging", "healthy", "degraded"
 SGD: dict[str, Any] = {"optimizer": "sgd", "max_norm": None}
