@@ -367,3 +367,23 @@ def _quiet_now_paged_before(ba: Any, before: Any, healthy: tuple[str, int],
         assert row["divergence_step"] == divergence, row
         assert row["logitwatch"]["from50"] == now and rule in row["logitwatch_rules"], (k, row)
         assert ba.bench_one(paged, k, rules=before)["logitwatch"]["from50"] == then, (run, k)
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_log_z_falling_away_is_paged_and_a_garbage_dip_is_not(tmp_path: Path) -> None:
+    """Round thirty-seven, chosen on ``--split read54``, at intervals 1 and 50: a post-LN LM
+    head growing 3 %/step from step 414 on batches of 8 sinks every logit: log Z falls from
+    5.9 to -32 and the run diverges at 566. Nothing paged it before 608; log Z falling 1.5
+    nat out, running away on its 20-step level, pages it at 535. The upward rule's climb
+    path mirrored would page it at 522, and a healthy SGD run whose garbage stretch dropped
+    log Z at once at 464; the rule leaves that path out."""
+    ba = load("bench_alerts")
+    entry = default_entry("final_logz_fall")
+    off = over_defaults(tmp_path, dict(entry, enabled=False))
+    climb = over_defaults(tmp_path, dict(entry, params=dict(entry["params"], margin=1.0,
+                                                            climb=0.7, slow_margin=1.25)))
+    _quiet_now_paged_before(ba, climb, ("f24_llama_sgd_bad_data_18", 464),
+                            ("f54_postln_head_drift", 566, 535, 522), "final_logz_fall")
+    path = str(BENCH / "scenarios" / "f54_postln_head_drift.jsonl.gz")
+    for k in (1, 50):
+        assert ba.bench_one(path, k, rules=off)["logitwatch"]["from50"] == 608, k

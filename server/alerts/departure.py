@@ -6,6 +6,9 @@ A sample departs when it (or, with ``smooth``, the median level of its last step
 the gap between the two medians; ``climb`` / ``slow_margin`` count a departure only while
 the series is still climbing or once it is far out; ``fast_margin`` and its companions take
 a ramp that runs away before the smoothed level arrives (the fast path, fed every step).
+With ``below`` (and ``margin``) the rule judges the series falling out of its range: the
+engine gives it the series mirrored (``-x``, :func:`mirrored`) and turns the verdict back
+into the series' own values (:func:`unmirrored`), so every parameter reads as for a rise.
 Pure, as every detector (:mod:`.detectors`, which registers this kind).
 """
 
@@ -24,7 +27,7 @@ from logitwatch.server.alerts.tracks import FrameView, Verdict
 if TYPE_CHECKING:
     from logitwatch.server.alerts.spec import RuleSpec
 
-__all__ = ["departure", "departure_limit"]
+__all__ = ["departure", "departure_limit", "mirrored", "unmirrored"]
 
 
 def departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
@@ -220,12 +223,42 @@ def departure_limit(r: RuleSpec, base: Any) -> Any:
     """A departure's limit from its baseline (a float or an array of them): ``factor`` x
     the baseline, or with ``margin`` set the baseline + ``margin`` (for a series that is
     already a logarithm, such as log Z, where a fixed distance is a fixed ratio of the
-    underlying quantity); at least ``floor``, at most ``ceiling``."""
+    underlying quantity); at least ``floor`` (none: null), at most ``ceiling``."""
     margin = r.param("margin")
+    floor = r.param("floor")
     if margin is not None:
-        limit = np.maximum(float(r.param("floor")), base + float(margin))
+        limit = base + float(margin)
     else:
-        limit = np.maximum(float(r.param("floor")), float(r.param("factor")) * base)
+        limit = float(r.param("factor")) * base
+    if floor is not None:
+        limit = np.maximum(float(floor), limit)
     if r.param("ceiling") is not None:
         limit = np.minimum(limit, float(r.param("ceiling")))
     return limit
+
+
+def mirrored(r: RuleSpec) -> bool:
+    """Whether ``r`` is a departure judged downwards (``below``): the engine gives it, and
+    keeps in its memory, the series mirrored (``-x``)."""
+    return r.kind == "departure" and bool(r.param("below"))
+
+
+def unmirrored(v: Verdict) -> Verdict:
+    """A verdict of a mirrored departure in the series' own values: value, baseline and
+    limit negated back; the evidence's distance under the baseline as ``below_baseline``
+    and its level's fall as ``fell`` (both positive, as they were judged)."""
+    ev = dict(v.evidence)
+    for k in ("value", "baseline", "limit"):
+        x = ev.get(k)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            ev[k] = -x
+        elif x in ("inf", "-inf"):  # a non-finite value, as text
+            ev[k] = "-inf" if x == "inf" else "inf"
+    if "above_baseline" in ev:
+        ev["below_baseline"] = ev.pop("above_baseline")
+    if "climbed" in ev:
+        ev["fell"] = ev.pop("climbed")
+    return Verdict(v.breach, -v.value, ev,
+                   baseline=None if v.baseline is None else -v.baseline,
+                   limit=None if v.limit is None else -v.limit, left_step=v.left_step,
+                   held_from=v.held_from, sample_breach=v.sample_breach)

@@ -305,7 +305,7 @@ KINDS: dict[str, Kind] = {
                                    "climb_span": 50, "climb_window": 20,
                                    "slow_margin": None, "fast_margin": None,
                                    "fast_climb": 0.75, "fast_not_falling": None,
-                                   "fast_tolerance": 0.1, "fast_for": 5},
+                                   "fast_tolerance": 0.1, "fast_for": 5, "below": False},
                       hold_breaches=True),
     "trend": Kind(_trend, {"window": 70, "min_samples": 6, "min_tau": 0.7, "min_ratio": 1.5,
                            "floor": 0.0},

@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from logitwatch.server.alerts.departure import mirrored, unmirrored
 from logitwatch.server.alerts.lifecycle import LifecycleMixin, _Pending
 from logitwatch.server.alerts.rules import (
     KINDS,
@@ -199,7 +200,8 @@ class EvaluationMixin(LifecycleMixin):
         kind = KINDS[rule.kind]
         judged = _judged_metric(rule, heads)
         read = None if judged == rule.metric else judged  # another series than its metric
-        if (self._screen and rule.over == "cell" and rule.kind in SCREENS
+        flip = mirrored(rule)  # judged downwards: on -x, kept as -x in its memory
+        if (self._screen and rule.over == "cell" and rule.kind in SCREENS and not flip
                 and not rule.params.get("smooth") and not rule.params.get("step_weighted")
                 and rule.metric not in scalars and rule.metric in heads):
             a = _matrix(arrays, heads, judged)
@@ -208,12 +210,16 @@ class EvaluationMixin(LifecycleMixin):
                 return self._advance_screened(rule, run_id, rank, step, a, fv, read)
         groups: dict[tuple[State, bool, int | None], _Pending] = {}
         for cell, value in self._cells(rule, scalars, heads, arrays, judged):
+            if flip:
+                value = -value
             key = (rule.name, run_id, rank, *cell)
             mem = self._mem.get(key)
             if mem is None:
                 mem = self._mem[key] = (Memory.keeping(kind.keep) if cell[0] is None
                                         else Memory.per_head())
             verdict = kind.detect(rule, mem, step, value, fv, cell)
+            if flip and verdict is not None:
+                verdict = unmirrored(verdict)
             if verdict is not None and verdict.breach:
                 if rule.over in ("max", "min"):
                     verdict = _with_where(verdict, arrays.get(judged), rule.over)

@@ -119,16 +119,19 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
         where += f", layer {layer}, head{'s' if len(heads) > 1 else ''} {hs}"
     v, ev = t.verdict, t.verdict.evidence
     what = f"{ev.get('judged_metric', rule.metric)} = {_fmt(v.value)}"
-    if rule.kind == "departure" and "above_baseline" in ev:  # an additive margin
-        what += (f" is {_fmt(ev['above_baseline'])} above its baseline {v.baseline:.3g}"
+    if rule.kind == "departure" and ("above_baseline" in ev or "below_baseline" in ev):
+        # an additive margin, above the baseline or (``below``) under it
+        side, way = ("below", "down") if "below_baseline" in ev else ("above", "up")
+        what += (f" is {_fmt(ev[side + '_baseline'])} {side} its baseline {v.baseline:.3g}"
                  if math.isfinite(v.value) else " (non-finite)")
         if ev.get("running_away"):
-            what += (f" (its {rule.param('climb_window')}-step level judged: a ramp, up "
+            what += (f" (its {rule.param('climb_window')}-step level judged: a ramp, {way} "
                      f"{_fmt(rule.param('fast_climb'))} or more in each half of the last "
                      f"{rule.param('climb_span')} steps)")
-        if ev.get("climbed") is not None:
-            what += (f", its {rule.param('climb_window')}-step level up "
-                     f"{_fmt(ev['climbed'])} on {rule.param('climb_span')} steps before")
+        moved = ev.get("fell" if way == "down" else "climbed")
+        if moved is not None:
+            what += (f", its {rule.param('climb_window')}-step level {way} "
+                     f"{_fmt(moved)} on {rule.param('climb_span')} steps before")
     elif rule.kind in ("departure", "baseline") and v.baseline:
         what += (f" is {v.value / v.baseline:.1f}x its baseline {v.baseline:.3g}"
                  if math.isfinite(v.value) else " (non-finite)")

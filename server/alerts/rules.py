@@ -48,7 +48,10 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    did not fall more than ``fast_tolerance`` (its units) over ``climb_span``
                    steps (log Z also climbs when the model grows confident because it is
                    right). Unread, so judged as without it, without per-step history (of
-                   the guard's series too).
+                   the guard's series too). ``below: true`` (with ``margin``): the series
+                   falling out of its range, judged on -x (every parameter reads as for a
+                   rise: ``margin`` under the baseline, ``climb`` a fall); ``floor: null``
+                   sets no floor (a mirrored limit would need one under any baseline).
 ``trend``          robust slope: Theil-Sen slope of log(value) over the last ``window`` steps
                    with a Mann-Kendall score of at least ``min_tau``, and growth over the window
                    of at least ``min_ratio``; p99 8 -> 12 -> 18 is such a trend.

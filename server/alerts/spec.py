@@ -175,6 +175,9 @@ class RuleSpec:
             problem = _param_problem(self.kind, key, value)
             if problem:
                 raise RuleError(f"rule {self.name!r}: param {key} {problem}, got {value!r}")
+        if self.kind == "departure" and self.param("below") and self.param("margin") is None:
+            raise RuleError(f"rule {self.name!r}: below (a departure judged downwards) needs "
+                            "margin (a fall in the series' units); factor judges a ratio")
 
     def param(self, key: str) -> Any:
         """A parameter, or its kind's default."""
@@ -247,6 +250,8 @@ def _param_problem(kind: str, key: str, v: Any) -> str:
     """What is wrong with ``v`` for ``kind``'s parameter ``key`` ('' when nothing): its type
     follows the kind's default, so a rule from YAML or the API cannot fail later, at ingest."""
     default = KINDS[kind].defaults[key]
+    if key == "floor" and kind == "departure":  # no floor: null (a series judged below)
+        return "" if v is None or _number(v) else "must be a number or null"
     if key in _MARGINS:  # negative or infinite: says nothing
         ok = v is None or (_number(v) and 0 <= v < math.inf)
         return "" if ok else "must be a finite number >= 0 or null"
