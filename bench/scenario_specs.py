@@ -94,6 +94,13 @@ def on_batch(runs: list[Scenario], old: int, new: int, batch_size: int,
     return as_set(runs, old, new, seed_add, f"batches of {batch_size}", batch_size=batch_size)
 
 
+def on_depth(runs: list[Scenario], old: int, new: int, n_layer: int,
+             seed_add: int) -> list[Scenario]:
+    """:func:`as_set` with ``n_layer`` transformer blocks (``RunSpec.n_layer``; widths, LRs and
+    schedules unchanged)."""
+    return as_set(runs, old, new, seed_add, f"{n_layer} layers", n_layer=n_layer)
+
+
 def on_context(runs: list[Scenario], old: int, new: int, seq_len: int, batch_size: int,
                seed_add: int) -> list[Scenario]:
     """:func:`as_set` trained on sequences of ``seq_len`` tokens in batches of ``batch_size``
