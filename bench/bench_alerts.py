@@ -54,12 +54,10 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-six) were
-chosen on ``--split read50`` and ``long1`` (runs of 4,000 steps) and replayed once on
-``fresh51`` (5,120 tokens) and ``long2``; ``fresh52`` (768 tokens) was then read with them,
-no change made, after ``fresh53`` was fixed, and ``fresh53`` (8,192 tokens) after ``fresh54``
-was fixed. The next change is chosen on ``--split read53`` (with ``long1`` and ``long2``)
-and replayed once on ``fresh54`` (bytes in batches of 8; recorded and unread).
+what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-seven) were
+chosen on ``--split read54`` (``long1`` and ``long2`` with it) and replayed once on
+``fresh55`` (sequences of 128 tokens in batches of 8). The next change is chosen on
+``--split read55`` and replayed once on ``fresh56`` (models of 4 layers; unread).
 
 Usage::
 
