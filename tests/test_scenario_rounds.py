@@ -387,3 +387,18 @@ def test_log_z_falling_away_is_paged_and_a_garbage_dip_is_not(tmp_path: Path) ->
     path = str(BENCH / "scenarios" / "f54_postln_head_drift.jsonl.gz")
     for k in (1, 50):
         assert ba.bench_one(path, k, rules=off)["logitwatch"]["from50"] == 608, k
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_the_log_z_screen_measures_what_round_thirty_seven_was_chosen_on() -> None:
+    """``bench/screen_logz.py`` on two recorded runs: the head drift whose log Z falls comes
+    2 nat under its range by its divergence (1.5 at 558, 2 at 565); the healthy garbage stretch that
+    falls furthest of all healthy runs stays under 1.25 on its 100-step level while its
+    20-step level dips 3.9 nat (what the fast path's conditions must tell apart)."""
+    sl = load("screen_logz")
+    drift = sl.falls(BENCH / "scenarios" / "f54_postln_head_drift.jsonl.gz")
+    assert drift["label"] == "diverging" and drift["down"] >= 2.0, drift
+    assert drift["first"][1.5] == 558 and drift["first"][2.0] == 565, drift
+    dip = sl.falls(BENCH / "scenarios" / "f24_llama_sgd_bad_data_18.jsonl.gz")
+    assert dip["label"] == "healthy", dip
+    assert 1.2 < dip["down"] < 1.25 and dip["down20"] > 3.5, dip
