@@ -92,3 +92,15 @@ def test_below_needs_a_margin_and_a_departure_may_have_no_floor() -> None:
         RuleSpec("x", "departure", "final.logz", params={"floor": "low"})
     with pytest.raises(RuleError, match="floor must be a number"):
         RuleSpec("x", "baseline", "loss", params={"floor": None})
+
+
+def test_a_non_finite_value_is_left_to_the_upward_rule() -> None:
+    """log Z overflowing (inf) with the loss still finite: the upward departure pages it
+    ("non-finite"); the rule below says nothing, rather than "fell below" a second time.
+    With the mirror judged as any departure, both paged at 520."""
+    def overflow(step: int) -> dict[str, float]:
+        return {"loss": 2.5, "final.logz": float("inf") if step >= 500 else 6.0 + _WANDER[step]}
+
+    fired = alerts_of(frames_at(1, 560, overflow), rules=[FALL, RISE])
+    assert [(a.rule, a.fired_step) for a in fired] == [("logz_rise", 520)], fired
+    assert "non-finite" in fired[0].message

@@ -411,19 +411,20 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # it, the loss's 20-step level not down 0.1, 5 steps in a row) and a 100-step level 1.5
     # nat under; not its climb path: a garbage stretch drops log Z at once, and a 20-step
     # level down 2 nat in 50 steps paged a healthy llama (f24_llama_sgd_bad_data_18, 1.18
-    # nat under at 464; it paged the head drift at 522). Healthy runs' log Z comes at most 1.23 nat under on its 100-step
-    # level (bad-data stretches, recomputed from every step). The 314 runs whose 100-step
-    # level comes 0.7 nat under or 20-step level 1.3, replayed at intervals 1 and 50: no
-    # healthy or degraded run paged, or shown; f54_postln_head_drift paged at 535, 31
-    # ahead (608 before), a garbage run at 493 (509 before; it diverged at 424), the 51
-    # other runs where it fires (re-warms whose log Z also falls) paged where they were
+    # nat under at 464; it paged the head drift at 522). Healthy runs' log Z comes at most
+    # 1.23 nat under on its 100-step level (bad-data stretches; bench/screen_logz.py). The
+    # 314 runs whose 100-step level comes 0.7 nat under or 20-step level 1.3, replayed at
+    # intervals 1 and 50: no healthy or degraded run paged, or shown; f54_postln_head_drift
+    # paged at 535, 31 ahead (608 before), a garbage run at 493 (509 before; it diverged at
+    # 424), the 51 other runs where it fires (re-warms whose log Z also falls) paged where
+    # they were. Read on fresh55: its head drift's log Z wandered before it fell, and the
+    # rule fired after its divergence (ALERTS_EVIDENCE.md)
     RuleSpec("final_logz_fall", "departure", "final.logz", for_steps=20,
              params={"margin": 1.5, "floor": None, "window": 200, "lag": 50,
                      "min_history": 300, "smooth": 100, "step_weighted": True,
                      "noise_z": 1.0, "fast_margin": 1.5, "fast_climb": 0.75,
                      "fast_not_falling": "loss", "below": True},
-             summary="the output log-normaliser log Z fell 1.5 nat below its recent range "
-             "(its logits sinking as the head grows)"),
+             summary="the output log-normaliser log Z fell 1.5 nat below its recent range"),
     # -- slower, informational ----------------------------------------------------------------
     # off by default: late clipping on most steps is common in healthy runs, and a bad-data
     # run makes it too

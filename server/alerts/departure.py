@@ -8,7 +8,9 @@ the series is still climbing or once it is far out; ``fast_margin`` and its comp
 a ramp that runs away before the smoothed level arrives (the fast path, fed every step).
 With ``below`` (and ``margin``) the rule judges the series falling out of its range: the
 engine gives it the series mirrored (``-x``, :func:`mirrored`) and turns the verdict back
-into the series' own values (:func:`unmirrored`), so every parameter reads as for a rise.
+into the series' own values (:func:`unmirrored`), so every parameter reads as for a rise; a
+non-finite value, which has no direction, it leaves to the upward rule and the
+``nonfinite`` kind (one log Z overflow pages once, not twice).
 Pure, as every detector (:mod:`.detectors`, which registers this kind).
 """
 
@@ -44,6 +46,8 @@ def departure(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     limit = float(departure_limit(r, base))
     if not math.isfinite(v):
         m.extra.pop("fast_run", None)
+        if r.param("below"):  # no direction: the upward rule and the nonfinite kind's
+            return None
         return Verdict(True, v, {"value": str(v), "baseline": base, "limit": limit},
                        baseline=base, limit=limit)
     smooth = r.param("smooth")
