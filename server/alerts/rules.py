@@ -51,7 +51,8 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    the guard's series too). ``below: true`` (with ``margin``): the series
                    falling out of its range, judged on -x (every parameter reads as for a
                    rise: ``margin`` under the baseline, ``climb`` a fall); ``floor: null``
-                   sets no floor (a mirrored limit would need one under any baseline).
+                   sets no floor (a mirrored limit would need one under any baseline); a
+                   non-finite value is left to the upward rule and the ``nonfinite`` kind.
 ``trend``          robust slope: Theil-Sen slope of log(value) over the last ``window`` steps
                    with a Mann-Kendall score of at least ``min_tau``, and growth over the window
                    of at least ``min_ratio``; p99 8 -> 12 -> 18 is such a trend.
