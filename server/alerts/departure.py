@@ -250,14 +250,12 @@ def mirrored(r: RuleSpec) -> bool:
 def unmirrored(v: Verdict) -> Verdict:
     """A verdict of a mirrored departure in the series' own values: value, baseline and
     limit negated back; the evidence's distance under the baseline as ``below_baseline``
-    and its level's fall as ``fell`` (both positive, as they were judged)."""
+    and its level's fall as ``fell`` (both positive, as they were judged). A mirrored rule
+    judges finite values only (:func:`departure`), so every number here is a float."""
     ev = dict(v.evidence)
     for k in ("value", "baseline", "limit"):
-        x = ev.get(k)
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
-            ev[k] = -x
-        elif x in ("inf", "-inf"):  # a non-finite value, as text
-            ev[k] = "-inf" if x == "inf" else "inf"
+        if k in ev:
+            ev[k] = -ev[k]
     if "above_baseline" in ev:
         ev["below_baseline"] = ev.pop("above_baseline")
     if "climbed" in ev:
