@@ -101,6 +101,13 @@ def on_depth(runs: list[Scenario], old: int, new: int, n_layer: int,
     return as_set(runs, old, new, seed_add, f"{n_layer} layers", n_layer=n_layer)
 
 
+def on_heads(runs: list[Scenario], old: int, new: int, n_head: int,
+             seed_add: int) -> list[Scenario]:
+    """:func:`as_set` with ``n_head`` attention heads per layer (``RunSpec.n_head``; the model
+    width unchanged, so each head narrower; GQA's key/value heads and the LRs unchanged)."""
+    return as_set(runs, old, new, seed_add, f"{n_head} heads", n_head=n_head)
+
+
 def on_context(runs: list[Scenario], old: int, new: int, seq_len: int, batch_size: int,
                seed_add: int) -> list[Scenario]:
     """:func:`as_set` trained on sequences of ``seq_len`` tokens in batches of ``batch_size``
