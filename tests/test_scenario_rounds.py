@@ -402,3 +402,33 @@ def test_the_log_z_screen_measures_what_round_thirty_seven_was_chosen_on() -> No
     dip = sl.falls(BENCH / "scenarios" / "f24_llama_sgd_bad_data_18.jsonl.gz")
     assert dip["label"] == "healthy", dip
     assert 1.2 < dip["down"] < 1.25 and dip["down20"] > 3.5, dip
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_gradient_still_climbing_pages_a_head_drift_ahead_of_its_divergence(
+        tmp_path: Path) -> None:
+    """Round thirty-eight, chosen on ``--split read55``, at intervals 1 and 50: a post-LN LM
+    head running away on sequences of 128 tokens, whose log Z wandered and fell unevenly,
+    was paged only after its divergence (568), by ``grad_spike`` at 595; its gradient norm's
+    level climbs 2.5x span after span and ``grad_norm_climb`` pages it at 542."""
+    ba = load("bench_alerts")
+    off = over_defaults(tmp_path, dict(default_entry("grad_norm_climb"), enabled=False))
+    path = str(BENCH / "scenarios" / "f55_postln_head_drift.jsonl.gz")
+    for k in (1, 50):
+        now = ba.bench_one(path, k)
+        assert now["logitwatch"]["from50"] == 542 < now["divergence_step"] == 568, (k, now)
+        assert now["logitwatch_rules"] == ["grad_norm_climb"], now
+        assert ba.bench_one(path, k, rules=off)["logitwatch"]["from50"] == 595, k
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_the_gradient_climb_screen_measures_what_round_thirty_eight_was_chosen_on() -> None:
+    """``bench/screen_grad_climb.py`` on two recorded runs: the head drift meets the three
+    conditions at 542, the step the engine pages it; the healthy run that comes closest of
+    all on ``read55`` (an SGD catapult, then a garbage stretch) comes to 0.70 of them."""
+    sc = load("screen_grad_climb")
+    drift = sc.closeness(BENCH / "scenarios" / "f55_postln_head_drift.jsonl.gz")
+    assert drift["label"] == "diverging" and drift["met"] == 542, drift
+    near = sc.closeness(BENCH / "scenarios" / "f55_llama_sgd_bad_data_10.jsonl.gz")
+    assert near["label"] == "healthy" and near["met"] is None, near
+    assert 0.65 < near["best"] < 0.75, near

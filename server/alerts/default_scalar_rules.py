@@ -195,6 +195,23 @@ SCALAR_RULES: tuple[RuleSpec, ...] = (
                      "rising_span": 50, "rising_factor": 1.05},
              summary="the gradient norm's level rose sixfold while the learning rate is still "
              "climbing (a warm-up ramping too far)"),
+    # the level (20-step median) 10x the lowest 100-step level it settled to AND still
+    # climbing, 2.5x over each of its last two spans of 30 steps: a growth feeding itself (an
+    # LM head running away under a flat loss), not a jump that holds (a stretch of bad
+    # batches: one span), nor a level that rose and settled (a warm-up's). Round
+    # thirty-eight, chosen on --split read55 (3,394 runs) from every step's gradient norm
+    # (bench/screen_grad_climb.py): the nearest healthy or degraded run comes to 0.70 of the
+    # three conditions at once (f55_llama_sgd_bad_data_10, an SGD catapult and a garbage
+    # stretch), 62 diverging runs meet them by their divergence. Replayed at intervals 1
+    # and 50 on those 62 and the 6 healthy runs that come closest: none of those 6 gets an
+    # alert from it; two runs missed are paged ahead of their divergence,
+    # f55_postln_head_drift 595 -> 542 (568) and postln_head_drift_s0 502 -> 430 (462);
+    # nothing else's first page moves
+    RuleSpec("grad_norm_climb", "level_rise", "grad.norm", severity="warning",
+             params={"window": 20, "factor": 10.0, "min_history": 200, "low_window": 100,
+                     "climb_factor": 2.5, "climb_span": 30, "climbs": 2},
+             summary="the gradient norm's level is 10x the lowest it settled to and still "
+             "climbing"),
     # the loss's own level (20-step median) half a nat above the lowest it reached, for 10
     # steps, while the LR still climbs gradually (5 % to 4x above its value 50 steps before:
     # a warm-up, not a step, which lr_jump judges). Round six, chosen on the runs read

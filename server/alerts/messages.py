@@ -153,6 +153,10 @@ def _message(run: Run | None, rule: RuleSpec, rank: int, layer: int | None,
         what = (f"{rule.metric} level (median of {ev.get('window')} steps) = "
                 f"{_fmt(ev.get('level'))}, {rise} the lowest it settled to "
                 f"({_fmt(ev.get('lowest_level'))})")
+        climb = ev.get("climb")
+        if isinstance(climb, list) and climb:
+            what += (f", still climbing: x{' then x'.join(_fmt(c) for c in reversed(climb))} "
+                     f"over its last {len(climb)} spans of {rule.param('climb_span')} steps")
         if ev.get("noise") is not None and ev.get("margin") is not None:
             what += (f", past a margin of {_fmt(ev['margin'])} (at least "
                      f"{_fmt(ev.get('noise_margin'))}x its step-to-step noise of "

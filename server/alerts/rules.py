@@ -97,6 +97,12 @@ wide sampling interval) takes the newest ``min_samples`` instead:
                    series' step-to-step noise over its last ``noise_window`` steps (robust
                    standard deviation of one value; its newest 10 samples when those steps
                    hold fewer), so a level within a noisy loss's own wander is not a rise.
+                   ``low_window: n`` (n > 0): the lowest is taken from the median of the
+                   last n steps instead (a short level, a long settled lowest); a level of
+                   0 or below sets no lowest for ``factor``. ``climb_factor: f``: only
+                   while the level is also f x the level ``climb_span`` steps before, and
+                   that one f x the level ``climb_span`` before it (``climbs`` spans in
+                   all): a growth still climbing, not a jump that holds.
 ``above_peak``     the value is above ``factor`` x the peak the series settled at (its highest
                    value before it went ``settle`` steps without a new high): a learning rate
                    re-warmed, ramped or jumped far above where its schedule had settled.

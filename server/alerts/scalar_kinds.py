@@ -210,7 +210,14 @@ def level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     also = _also_level(r, m, step, fv)  # (both track their series from the first frame)
     if step - first < int(r.param("min_history")):
         return None  # early training: not settled yet
-    low = min(m.extra.get("low", math.inf), level)
+    settled = _low_level(r, m, step, v, level)
+    if settled <= 0 and r.param("margin") is None:
+        # a level of nothing (a stretch of all-zero batches: no gradient at all) is no
+        # lowest a rise can be a multiple of: every later level would be "x inf"
+        settled = math.inf
+    low = min(m.extra.get("low", math.inf), settled)
+    if not math.isfinite(low):
+        return None
     m.extra["low"] = low
     if r.param("margin") is not None:
         margin = float(r.param("margin"))
@@ -239,6 +246,10 @@ def level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     breach = level >= limit and (rising is None or (
         rising > float(r.param("rising_factor"))
         and (top is None or rising <= float(top) or ramping)))
+    if r.param("climb_factor") is not None and breach:
+        climb = _climb(r, m, step, level)
+        how["climb"] = climb
+        breach = climb is not None and min(climb) >= float(r.param("climb_factor"))
     if also is not None:
         rate = r.param("also_rate")
         how[f"{r.param('also_metric')}_{'rate' if rate is not None else 'ratio'}"] = also
@@ -247,6 +258,38 @@ def level_rise(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
                    {"level": level, "lowest_level": low, "limit": limit, "value": v,
                     "window": int(r.param("window")), **how},
                    baseline=low, limit=limit)
+
+
+def _low_level(r: RuleSpec, m: Memory, step: int, v: float, level: float) -> float:
+    """The level a new lowest is judged from: the rule's own ``level``, or with ``low_window:
+    n`` (n > 0) the median of the series' last n steps: a short window reads a rise quickly,
+    a long one settles the lowest it is a multiple of, which a few dozen steps of small
+    values (a stretch of bad batches) do not pull down."""
+    span = int(r.param("low_window"))
+    if span <= 0:
+        return level
+    pts = [x for _, x in window(m, step, 0, span, int(r.param("min_samples")) - 1)]
+    return median([*pts, v])
+
+
+def _climb(r: RuleSpec, m: Memory, step: int, level: float) -> list[float] | None:
+    """With ``climb_factor``: the level's rise over each of its last ``climbs`` spans of
+    ``climb_span`` steps, newest first (the level now over the level ``climb_span`` steps
+    before, that one over the level ``climb_span`` steps before it, ...); None while one of
+    those earlier levels is unknown or not above 0. A level still climbing, span after span,
+    is a growth feeding itself; one that jumped and holds (a stretch of bad batches) rose
+    in one span only."""
+    span, w = int(r.param("climb_span")), int(r.param("window"))
+    n = int(r.param("min_samples"))
+    levels = [level]
+    for k in range(1, int(r.param("climbs")) + 1):
+        pts = window(m, step + 1, k * span, w, n)  # the w steps up to step - k * span
+        if len(pts) < n:
+            return None
+        levels.append(median(x for _, x in pts))
+    if min(levels[1:]) <= 0:
+        return None
+    return [a / b for a, b in zip(levels, levels[1:], strict=False)]
 
 
 def _step_noise(m: Memory, step: int, v: float, span: int) -> float | None:

@@ -226,7 +226,8 @@ class RuleSpec:
 # int params: windows and counts >= 1, min_samples of a slope >= 3, the rest (lag,
 # min_history: steps) >= 0
 _MIN_COUNT = {"window": 1, "samples": 1, "min_samples": 1, "also_window": 1,
-              "noise_window": 3, "climb_span": 1, "climb_window": 1, "fast_for": 1}
+              "noise_window": 3, "climb_span": 1, "climb_window": 1, "fast_for": 1,
+              "climbs": 1}
 _MIN_SLOPE_SAMPLES = {"trend": 3, "forecast": 3}
 
 
