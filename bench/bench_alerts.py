@@ -54,10 +54,10 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-seven) were
-chosen on ``--split read54`` (``long1`` and ``long2`` with it) and replayed once on
-``fresh55`` (sequences of 128 tokens in batches of 8). The next change is chosen on
-``--split read55`` and replayed once on ``fresh56`` (models of 4 layers; unread).
+what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-eight) were
+chosen on ``--split read55`` (``long1`` and ``long2`` with it) and replayed once on
+``fresh56`` (models of 4 layers). The next change is chosen on ``--split read56`` and
+replayed once on ``fresh57`` (8 heads a layer; unread).
 
 Usage::
 
