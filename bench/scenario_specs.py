@@ -108,6 +108,21 @@ def on_heads(runs: list[Scenario], old: int, new: int, n_head: int,
     return as_set(runs, old, new, seed_add, f"{n_head} heads", n_head=n_head)
 
 
+def on_decay(runs: list[Scenario], old: int, new: int, weight_decay: float,
+             seed_add: int) -> list[Scenario]:
+    """:func:`as_set` with every AdamW run's ``weight_decay`` (on its matrices) set to
+    ``weight_decay``, as most transformer training sets it; the runs of other optimizers
+    (whose decay is an L2 term in the gradient) only re-seeded."""
+    out = []
+    for s in as_set(runs, old, new, seed_add, "re-seeded"):
+        if s.spec.optimizer == "adamw":
+            s = replace(s, spec=replace(s.spec, weight_decay=weight_decay),
+                        mechanism=s.mechanism.replace("; re-seeded",
+                                                      f"; AdamW weight decay {weight_decay}"))
+        out.append(s)
+    return out
+
+
 def on_context(runs: list[Scenario], old: int, new: int, seq_len: int, batch_size: int,
                seed_add: int) -> list[Scenario]:
     """:func:`as_set` trained on sequences of ``seq_len`` tokens in batches of ``batch_size``
