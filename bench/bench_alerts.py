@@ -56,8 +56,9 @@ readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-eight) were
 chosen on ``--split read55`` (``long1`` and ``long2`` with it) and replayed once on
-``fresh56`` (models of 4 layers). The next change is chosen on ``--split read56`` and
-replayed once on ``fresh57`` (8 heads a layer; unread).
+``fresh56`` (models of 4 layers), then read on ``fresh57`` (8 heads a layer) with no change
+made. The next change is chosen on ``--split read57`` and replayed once on ``fresh58``
+(weight decay 0.1 on every AdamW run; unread).
 
 Usage::
 
