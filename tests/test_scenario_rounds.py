@@ -376,10 +376,13 @@ def test_log_z_falling_away_is_paged_and_a_garbage_dip_is_not(tmp_path: Path) ->
     5.9 to -32 and the run diverges at 566. Nothing paged it before 608; log Z falling 1.5
     nat out, running away on its 20-step level, pages it at 535. The upward rule's climb
     path mirrored would page it at 522, and a healthy SGD run whose garbage stretch dropped
-    log Z at once at 464; the rule leaves that path out."""
+    log Z at once at 464; the rule leaves that path out. (Without it, round thirty-eight's
+    ``grad_norm_climb`` pages the run at 547; before both, nothing paged it before 608.)"""
     ba = load("bench_alerts")
     entry = default_entry("final_logz_fall")
-    off = over_defaults(tmp_path, dict(entry, enabled=False))
+    climbing = dict(default_entry("grad_norm_climb"), enabled=False)
+    off = over_defaults(tmp_path, dict(entry, enabled=False), climbing)
+    fall_off = over_defaults(tmp_path, dict(entry, enabled=False))
     climb = over_defaults(tmp_path, dict(entry, params=dict(entry["params"], margin=1.0,
                                                             climb=0.7, slow_margin=1.25)))
     _quiet_now_paged_before(ba, climb, ("f24_llama_sgd_bad_data_18", 464),
@@ -387,6 +390,9 @@ def test_log_z_falling_away_is_paged_and_a_garbage_dip_is_not(tmp_path: Path) ->
     path = str(BENCH / "scenarios" / "f54_postln_head_drift.jsonl.gz")
     for k in (1, 50):
         assert ba.bench_one(path, k, rules=off)["logitwatch"]["from50"] == 608, k
+        row = ba.bench_one(path, k, rules=fall_off)
+        assert row["logitwatch"]["from50"] == 547, (k, row)
+        assert row["logitwatch_rules"] == ["grad_norm_climb"], (k, row)
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
