@@ -22,6 +22,10 @@ Per detector, over the runs of a split at an interval:
   real pathology under a healthy loss); **healthy any alert**: with an alert of any
   severity, ``info`` included (logitwatch only; a peer's alarm is its page);
 * **degraded warned**: degraded runs paged at step >= 50 (wanted, counted apart);
+* **nothing to warn of, paged**: the healthy runs whose header names no expected alert, and
+  those paged (per detector); and the verdict the issue's target names, per set and
+  interval: whether logitwatch catches more runs than every peer and pages fewer healthy
+  runs at once, counting every healthy run and counting those alone;
 * **expect_alert**: runs whose header names a rule that should fire (``qk_bias_refuge``:
   ``q_bias_refuge`` or ``k_bias_refuge``), and how many got it (any severity / paged).
 
@@ -333,6 +337,10 @@ def summarize(name: str, rows: Sequence[dict[str, Any]],
     early = [r for r in led if (s := pick(r)["from50"]) is not None
              and r["divergence_step"] - s >= LEAD]
     paged = [r["scenario"] for r in healthy if pick(r)["first"] is not None]
+    # the healthy runs with nothing to warn of (their header names no expected alert: the
+    # QK-clip refuge's runs have a healthy loss and a real pathology), and those paged
+    plain = [r for r in healthy if not r.get("expect_alert")]
+    unwanted = [r["scenario"] for r in plain if r["scenario"] in paged]
     # paged only by the rule its header expects (a healthy loss, a real pathology)
     wanted = [r["scenario"] for r in healthy if r["scenario"] in paged
               and r.get("expect_alert") and name.startswith("logitwatch")
@@ -347,6 +355,7 @@ def summarize(name: str, rows: Sequence[dict[str, Any]],
             "lead>=50": f"{len(early)}/{len(led)}",
             "late": [r["scenario"] for r in led if r not in early],
             "healthy_paged": f"{len(paged)}/{len(healthy)}", "false_alarms": paged,
+            "unwanted_paged": f"{len(unwanted)}/{len(plain)}",
             "paged_as_expected": wanted,
             "healthy_any_alert": f"{len(noisy)}/{len(healthy)}",
             "degraded_warned": f"{len(warned)}/{len(degraded)}",
@@ -392,6 +401,16 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
             s = results[c][i]
             cells.append(f"{s['recall']:>7s} {s['healthy_paged']:>7s}")
         out.append(f"{name:26.26s} " + " ".join(f"{c:>15s}" for c in cells))
+    out.append("\nHealthy runs with nothing to warn of (no expected alert in their header), "
+               "paged")
+    for i, name in enumerate(names):
+        out.append(f"{name:26.26s} " + " ".join(f"{results[c][i]['unwanted_paged']:>15s}"
+                                                for c in cols))
+    out.append("\nlogitwatch against every peer at once (more runs caught and fewer healthy "
+               "runs paged): every healthy run | those with nothing to warn of")
+    for c in cols:
+        out.append(f"  {c[0]:7s} @{c[1]:<3d} {_at_once(results[c], 'healthy_paged'):30s} | "
+                   f"{_at_once(results[c], 'unwanted_paged')}")
     out.append("\nlogitwatch: median lead | lead >= 50 where a signal led | healthy with any "
                "alert | degraded warned")
     for c in cols:
@@ -400,6 +419,25 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
                    f"{s['healthy_any_alert']:>6s} | {s['degraded_warned']:>6s}"
                    + (f" | expect_alert {s['expect_alert']}" if s["expect_alert"] else ""))
     return "\n".join(out)
+
+
+#: the peers' short names (the verdict line)
+PEER_SHORT = {p: ("max-logit" if p.startswith("fixed") else p.split(" ")[0]) for p in PEERS}
+
+
+def _count(fraction: str) -> int:
+    return int(fraction.split("/")[0])
+
+
+def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
+    """Whether logitwatch (``summary[0]``) catches more runs than every peer and pages fewer
+    healthy runs (``paged``: every healthy run's count, or the unwanted ones') at once; else
+    the peers it does not beat in both."""
+    lw = summary[0]
+    short = [PEER_SHORT[s["detector"]] for s in summary if s["detector"] in PEERS
+             and not (_count(lw["recall"]) > _count(s["recall"])
+                      and _count(lw[paged]) < _count(s[paged]))]
+    return "better than every peer" if not short else f"not better than {', '.join(short)}"
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
