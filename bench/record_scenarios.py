@@ -129,6 +129,7 @@ from scenario_specs_fresh55 import FRESH55  # noqa: E402
 from scenario_specs_fresh56 import FRESH56  # noqa: E402
 from scenario_specs_fresh57 import FRESH57  # noqa: E402
 from scenario_specs_fresh58 import FRESH58  # noqa: E402
+from scenario_specs_fresh59 import FRESH59  # noqa: E402
 from scenario_specs_long1 import LONG1  # noqa: E402
 from scenario_specs_long2 import LONG2  # noqa: E402
 
@@ -155,7 +156,8 @@ HELD_OUT: dict[str, list[Scenario]] = {
     "fresh48": FRESH48, "fresh49": FRESH49, "fresh50": FRESH50, "fresh51": FRESH51,
     "fresh52": FRESH52, "long1": LONG1, "long2": LONG2, "fresh53": FRESH53,
     "fresh54": FRESH54, "fresh55": FRESH55,
-    "fresh56": FRESH56, "fresh57": FRESH57, "fresh58": FRESH58}
+    "fresh56": FRESH56, "fresh57": FRESH57, "fresh58": FRESH58,
+    "fresh59": FRESH59}
 ALL: list[Scenario] = [*SCENARIOS, *(s for runs in HELD_OUT.values() for s in runs)]
 BY_NAME = {s.name: s for s in ALL}
 

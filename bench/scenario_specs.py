@@ -108,6 +108,19 @@ def on_heads(runs: list[Scenario], old: int, new: int, n_head: int,
     return as_set(runs, old, new, seed_add, f"{n_head} heads", n_head=n_head)
 
 
+def on_betas(runs: list[Scenario], old: int, new: int, betas: tuple[float, float],
+             seed_add: int) -> list[Scenario]:
+    """:func:`as_set` with every Adam and AdamW run's ``betas`` set to ``betas``; the runs of
+    other optimizers only re-seeded."""
+    out = []
+    for s in as_set(runs, old, new, seed_add, "re-seeded"):
+        if s.spec.optimizer in ("adam", "adamw"):
+            s = replace(s, spec=replace(s.spec, betas=betas),
+                        mechanism=s.mechanism.replace("; re-seeded", f"; Adam betas {betas}"))
+        out.append(s)
+    return out
+
+
 def on_decay(runs: list[Scenario], old: int, new: int, weight_decay: float,
              seed_add: int) -> list[Scenario]:
     """:func:`as_set` with every AdamW run's ``weight_decay`` (on its matrices) set to
