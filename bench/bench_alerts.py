@@ -452,6 +452,16 @@ READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4",
                 "all": SETS[-1]}
 
 
+def sets_of(split: str) -> tuple[str, ...]:
+    """The recorded sets a ``--split`` names: ``both`` (tune and holdout), a read split
+    (every set through the one it reads through) or one set."""
+    if split == "both":
+        return ("tune", "holdout")
+    if split in READ_THROUGH:
+        return SETS[:SETS.index(READ_THROUGH[split]) + 1]
+    return (split,)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenarios", type=Path, default=HERE / "scenarios")
@@ -483,9 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, RuleError, ValueError) as e:
             p.error(f"--rules {a.rules}: {e}")
     intervals = sorted({int(x) for x in a.intervals.split(",") if x.strip()})
-    splits = (("tune", "holdout") if a.split == "both"
-              else SETS[:SETS.index(READ_THROUGH[a.split]) + 1] if a.split in READ_THROUGH
-              else (a.split,))
+    splits = sets_of(a.split)
     files = sorted(a.scenarios.glob("*.jsonl.gz"))
     headers = {f: read_header(f) for f in files}
     files = [f for f in files if headers[f].get("split") in splits

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_alerts import READ_THROUGH, SETS
+from bench_alerts import sets_of
 from numpy.lib.stride_tricks import sliding_window_view
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -132,10 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"of the last {MONOTONE} steps (a ramp going on, not a step taken)")
     ap.add_argument("--show", action="store_true", help="name the runs gained and lost")
     a = ap.parse_args(argv)
-    if a.split in READ_THROUGH:
-        sets = set(SETS[:SETS.index(READ_THROUGH[a.split]) + 1])
-    else:
-        sets = {a.split}
+    sets = set(sets_of(a.split))
     files = sorted(SCENARIOS.glob("*.jsonl.gz"))
     with ProcessPoolExecutor(a.jobs) as ex:
         runs = [r for r in ex.map(fires, files, chunksize=16) if r[3] in sets]

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_alerts import READ_THROUGH, SETS
+from bench_alerts import sets_of
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 WINDOW, LOW_WINDOW, SPAN, FROM = 20, 100, 30, 200
@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--names", action="store_true",
                     help="print only the names of the runs to replay")
     a = ap.parse_args(argv)
-    sets = (set(SETS[:SETS.index(READ_THROUGH[a.split]) + 1]) if a.split in READ_THROUGH
-            else {a.split})
+    sets = set(sets_of(a.split))
     paths = sorted(SCENARIOS.glob("*.jsonl.gz"))
     with ProcessPoolExecutor(a.jobs) as ex:
         runs = [r for r in ex.map(partial(closeness, factor=a.factor, climb=a.climb), paths,

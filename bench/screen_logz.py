@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_alerts import READ_THROUGH, SETS
+from bench_alerts import sets_of
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 WINDOW, LAG, SMOOTH, SHORT, FROM = 200, 50, 100, 20, 350
@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="print only the names of the runs to replay (0.7 nat under on the "
                     "100-step level, or 1.3 on the 20-step one)")
     a = ap.parse_args(argv)
-    sets = (set(SETS[:SETS.index(READ_THROUGH[a.split]) + 1]) if a.split in READ_THROUGH
-            else {a.split})
+    sets = set(sets_of(a.split))
     with ProcessPoolExecutor(a.jobs) as ex:
         runs = [r for r in ex.map(falls, sorted(SCENARIOS.glob("*.jsonl.gz")), chunksize=16)
                 if r["split"] in sets]
