@@ -108,32 +108,30 @@ def on_heads(runs: list[Scenario], old: int, new: int, n_head: int,
     return as_set(runs, old, new, seed_add, f"{n_head} heads", n_head=n_head)
 
 
+def on_optimizers(runs: list[Scenario], old: int, new: int, seed_add: int,
+                  optimizers: tuple[str, ...], note: str, **spec: Any) -> list[Scenario]:
+    """:func:`as_set` with ``spec``'s fields changed (and ``note`` added) on the runs of
+    ``optimizers`` (``RunSpec.optimizer``) only; the other runs only re-seeded."""
+    changed = as_set(runs, old, new, seed_add, note, **spec)
+    reseeded = as_set(runs, old, new, seed_add, "re-seeded")
+    return [c if s.spec.optimizer in optimizers else r
+            for s, c, r in zip(runs, changed, reseeded, strict=True)]
+
+
 def on_betas(runs: list[Scenario], old: int, new: int, betas: tuple[float, float],
              seed_add: int) -> list[Scenario]:
-    """:func:`as_set` with every Adam and AdamW run's ``betas`` set to ``betas``; the runs of
-    other optimizers only re-seeded."""
-    out = []
-    for s in as_set(runs, old, new, seed_add, "re-seeded"):
-        if s.spec.optimizer in ("adam", "adamw"):
-            s = replace(s, spec=replace(s.spec, betas=betas),
-                        mechanism=s.mechanism.replace("; re-seeded", f"; Adam betas {betas}"))
-        out.append(s)
-    return out
+    """:func:`on_optimizers` with every Adam and AdamW run's ``betas`` set to ``betas``."""
+    return on_optimizers(runs, old, new, seed_add, ("adam", "adamw"), f"Adam betas {betas}",
+                         betas=betas)
 
 
 def on_decay(runs: list[Scenario], old: int, new: int, weight_decay: float,
              seed_add: int) -> list[Scenario]:
-    """:func:`as_set` with every AdamW run's ``weight_decay`` (on its matrices) set to
-    ``weight_decay``, as most transformer training sets it; the runs of other optimizers
-    (whose decay is an L2 term in the gradient) only re-seeded."""
-    out = []
-    for s in as_set(runs, old, new, seed_add, "re-seeded"):
-        if s.spec.optimizer == "adamw":
-            s = replace(s, spec=replace(s.spec, weight_decay=weight_decay),
-                        mechanism=s.mechanism.replace("; re-seeded",
-                                                      f"; AdamW weight decay {weight_decay}"))
-        out.append(s)
-    return out
+    """:func:`on_optimizers` with every AdamW run's ``weight_decay`` (on its matrices) set to
+    ``weight_decay``, as most transformer training sets it (the other optimizers' decay is
+    an L2 term in the gradient: left at 0)."""
+    return on_optimizers(runs, old, new, seed_add, ("adamw",),
+                         f"AdamW weight decay {weight_decay}", weight_decay=weight_decay)
 
 
 def on_context(runs: list[Scenario], old: int, new: int, seq_len: int, batch_size: int,
