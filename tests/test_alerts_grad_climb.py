@@ -1,14 +1,15 @@
 """``grad_norm_climb`` (the ``level_rise`` kind's ``climb_factor``, ``climb_span``, ``climbs``
 and ``low_window``) through the real ingest and engine: a gradient norm whose level keeps
 climbing pages, one that jumps and holds does not, and a stretch of zero gradients sets no
-lowest level that every later level is a multiple of."""
+lowest level that every later level is a multiple of. (The parameters' checks:
+``tests/test_alerts_rules.py``, with every kind's.)"""
 
 from __future__ import annotations
 
 import pytest
 
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
-from logitwatch.server.alerts.rules import RuleError, RuleSpec
+from logitwatch.server.alerts.rules import RuleSpec
 from tests.alert_frames import alerts_of, frames_at
 
 CLIMB = [r for r in DEFAULT_RULES if r.name == "grad_norm_climb"]
@@ -63,13 +64,3 @@ def test_no_gradient_at_all_sets_no_lowest() -> None:
     climbing 2.6x twice) would page."""
     frames = frames_at(1, 900, _zeros_then_rise, history=True)
     assert [a.rule for a in alerts_of(frames, CLIMB)] == []
-
-
-@pytest.mark.parametrize(("params", "why"), [
-    ({"climbs": 0}, "param climbs must be an integer >= 1"),
-    ({"climb_factor": "fast"}, "param climb_factor must be a number or null"),
-    ({"low_window": 2.5}, "param low_window must be an integer >= 0"),
-])
-def test_climb_params_are_checked(params: dict[str, object], why: str) -> None:
-    with pytest.raises(RuleError, match=why):
-        RuleSpec("x", "level_rise", "grad.norm", params=params)

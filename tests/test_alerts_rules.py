@@ -355,6 +355,12 @@ def test_step_median_weighs_each_sample_by_the_steps_it_stands_for() -> None:
      "param floor must be a number"),
     ({"name": "x", "kind": "spike", "metric": "m", "params": {"z": True}},
      "param z must be a number"),
+    ({"name": "x", "kind": "level_rise", "metric": "m", "params": {"climbs": 0}},
+     "param climbs must be an integer >= 1"),
+    ({"name": "x", "kind": "level_rise", "metric": "m", "params": {"climb_factor": "fast"}},
+     "param climb_factor must be a number or null"),
+    ({"name": "x", "kind": "level_rise", "metric": "m", "params": {"low_window": 2.5}},
+     "param low_window must be an integer >= 0"),
 ])
 def test_bad_rules_say_what_is_wrong(d: dict[str, object], msg: str) -> None:
     with pytest.raises(RuleError, match=re.escape(msg)):
