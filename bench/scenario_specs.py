@@ -108,6 +108,13 @@ def on_heads(runs: list[Scenario], old: int, new: int, n_head: int,
     return as_set(runs, old, new, seed_add, f"{n_head} heads", n_head=n_head)
 
 
+def on_width(runs: list[Scenario], old: int, new: int, d_model: int,
+             seed_add: int) -> list[Scenario]:
+    """:func:`as_set` with residual width ``d_model`` (``RunSpec.d_model``; the heads as many,
+    so each head wider; LRs and schedules unchanged)."""
+    return as_set(runs, old, new, seed_add, f"width {d_model}", d_model=d_model)
+
+
 def on_optimizers(runs: list[Scenario], old: int, new: int, seed_add: int,
                   optimizers: tuple[str, ...], note: str, **spec: Any) -> list[Scenario]:
     """:func:`as_set` with ``spec``'s fields changed (and ``note`` added) on the runs of
