@@ -96,23 +96,23 @@ def _fast_series(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView
         return None
     keep = int(r.param("climb_span")) + int(r.param("climb_window")) + 1  # one per step
     own: deque[tuple[int, float]] = m.extra.setdefault("fast_own", deque(maxlen=keep))
-    _keep(own, step, v)
+    _keep(own, step, v, fv)
     guard = r.param("fast_not_falling")
     if guard:
         x = fv.get(str(guard))
         _keep(m.extra.setdefault("fast_guard", deque(maxlen=keep)), step,
-              math.nan if x is None else x)
+              math.nan if x is None else x, fv)
     return own
 
 
-def _keep(seen: deque[tuple[int, float]], step: int, x: float) -> None:
-    """Append a finite ``x`` at ``step``, dropping what ``seen`` holds from ``step`` on (the
-    steps a resumed job sends again)."""
+def _keep(seen: deque[tuple[int, float]], step: int, x: float, fv: FrameView) -> None:
+    """Append a finite ``x`` at ``step`` (the frame's shared tuple), dropping what ``seen``
+    holds from ``step`` on (the steps a resumed job sends again)."""
     if not math.isfinite(x):
         return
     while seen and seen[-1][0] >= step:
         seen.pop()
-    seen.append((step, x))
+    seen.append(fv.pair(step, x))
 
 
 def _short_level(seen: deque[tuple[int, float]], end: int, w: int) -> float | None:

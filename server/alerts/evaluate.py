@@ -234,7 +234,7 @@ class EvaluationMixin(LifecycleMixin):
                     _group(groups, rule, cell, t)
             if not (kind.hold_breaches and verdict is not None and verdict.breach
                     and verdict.sample_breach is not False):
-                mem.push(step, value)
+                mem.push(step, value, pair=fv.pair(step, value))
             else:
                 mem.seen += 1
                 mem.last = (step, value)

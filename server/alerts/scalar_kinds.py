@@ -119,10 +119,10 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     # every step's gradient norm, the jumping steps' too (``grads`` keeps the calm ones)
     every: deque[tuple[int, float]] = m.extra.setdefault("every_grad", deque(maxlen=pre + 1))
     if g is not None and math.isfinite(g) and pre:
-        every.append((step, g))
+        every.append(fv.pair(step, g))
     if out is None or not out.breach:
         if g is not None and math.isfinite(g):
-            grads.append((step, g))
+            grads.append(fv.pair(step, g))
         return out
     ev = dict(out.evidence)
     # a run of jumps: each jump within _AFTERSHOCK steps of the last continues it
@@ -141,7 +141,7 @@ def loss_jump(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         while wakes and wakes[0][0] < step - wake:
             wakes.popleft()
         top = max([top, *(x for s, x in wakes if s < start)])
-        wakes.append((step, v))
+        wakes.append(fv.pair(step, v))
     if start < step and math.isfinite(top):
         # how far this jump climbs over the run's earlier jumps (and a higher one in its
         # wake): a blow-up is still up on its next steps and climbs past them, a garbage
@@ -313,7 +313,7 @@ def _other_series(m: Memory, key: str, fv: FrameView, name: str, step: int
     seen: deque[tuple[int, float]] = m.extra.setdefault(key, Samples(maxlen=SCALAR_KEEP))
     x = fv.get(name)
     if x is not None and math.isfinite(x) and (not seen or step > seen[-1][0]):
-        seen.append((step, x))
+        seen.append(fv.pair(step, x))
     return seen
 
 

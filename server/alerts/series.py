@@ -170,13 +170,17 @@ class Memory:
         """The memory of one layer/head cell (as many samples as the engine's arrays)."""
         return cls(recent=Samples(maxlen=RECENT_MAX))
 
-    def push(self, step: int, value: float, keep_early: int = EARLY_MAX) -> None:
+    def push(self, step: int, value: float, keep_early: int = EARLY_MAX,
+             pair: tuple[int, float] | None = None) -> None:
+        """Keep the sample ``(step, value)``; ``pair`` is that tuple already made (one
+        shared by every rule that keeps the same sample: ``FrameView.pair``)."""
+        p = (step, value) if pair is None else pair
         self.seen += 1
-        self.last = (step, value)
+        self.last = p
         if math.isfinite(value):
-            self.recent.append((step, value))
+            self.recent.append(p)
             if len(self.early) < keep_early:
-                self.early.append((step, value))
+                self.early.append(p)
 
     @property
     def first_step(self) -> int | None:

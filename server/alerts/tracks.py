@@ -119,12 +119,26 @@ class Track:
 
 
 class FrameView:
-    """Read access to the other series of the sample being judged."""
+    """Read access to the other series of the sample being judged, and the one ``(step,
+    value)`` tuple of each value the rules keep of it (:meth:`pair`)."""
+
+    __slots__ = ("heads", "scalars", "_pairs")
 
     def __init__(self, scalars: Mapping[str, float],
                  heads: Mapping[str, list[list[float]]]) -> None:
         self.scalars = scalars
         self.heads = heads
+        self._pairs: dict[tuple[int, float], tuple[int, float]] = {}
+
+    def pair(self, step: int, x: float) -> tuple[int, float]:
+        """The ``(step, x)`` sample, one tuple per distinct pair of this frame: the rules
+        that keep the same series (the loss six times, the gradient norm seven, the LR
+        seven) keep one tuple between them, a pointer each, instead of a tuple each
+        (``bench/bench_engine_memory.py``: most of what a (run, rank) costs the engine)."""
+        p = self._pairs.get((step, x))
+        if p is None:
+            p = self._pairs[(step, x)] = (step, x)
+        return p
 
     def get(self, metric: str, layer: int | None = None, head: int | None = None) -> float | None:
         if layer is None:
