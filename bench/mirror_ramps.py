@@ -5,15 +5,19 @@ without replaying the engine.
 At each step of a run's header (every step's loss, gradient norm, clip flag and LR, as
 recorded): the loss's 20-step median at least ``max(0.3, 2 x its step-to-step noise over
 100 steps)`` above the lowest it settled to (from step 50), the LR over its value 50 steps
-before in ``(factor, 4]``, and the gradient clipped on 75 % of the last 20 steps or its
-50-step median 2.5x the lowest it settled to (from step 100): the defaults of
-``server/alerts/defaults.py``. Per factor it prints the healthy and degraded runs that
-would fire, the diverging runs fired by their divergence, and those lost against the
-default 1.05. The mirror ignores the rules' interplay with the others (a page by another
-rule first): a change it suggests must then be replayed (``bench_alerts.py --rules``).
+before in ``(factor, 4]``, and the gradient clipped on 60 % of the last 20 steps (75 %
+before round thirty-nine) or its 50-step median 2.5x the lowest it settled to (from step
+100): the defaults of ``server/alerts/default_scalar_rules.py``. Per factor it prints the
+healthy and degraded runs that would fire, the diverging runs fired by their divergence,
+and those lost against the default 1.05; ``--rates`` sweeps the clip rate instead (at the
+default factor and bound, past the bound while the LR rose on each of its last 5 steps,
+as the rules' ``ramp_steps``), against round thirty-eight's 75 %. The mirror ignores the
+rules' interplay with the others (a page by another rule first): a change it suggests
+must then be replayed (``bench_alerts.py --rules``).
 
     python bench/mirror_ramps.py --split read50               # the tuning data
     python bench/mirror_ramps.py --split read50 --factors 1.05,1.08 --show
+    python bench/mirror_ramps.py --split read59 --rates 0.75,0.6,0.45 --show
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 DEFAULT = 1.05
 MAX = 4.0  # the rules' rising_max
+#: the share of the last 20 steps clipped (``loss_clip_ramp``'s ``also_rate``), and what it
+#: was until round thirty-nine (``--rates`` compares against it)
+RATE, RATE_BEFORE = 0.6, 0.75
 #: the span (steps) of "still climbing now" (``--climbing``): the LR over its value then
 SHORT = 10
 #: ``--monotone``: "still climbing" is the LR up on each of the last this many steps
@@ -64,10 +71,15 @@ def _ffill(x: np.ndarray) -> np.ndarray:
     return x[idx]  # before the first finite value: x[0], NaN
 
 
-def fires(path: Path) -> tuple[str, str, int | None, str, list[tuple[int, float]]]:
-    """(name, label, divergence step, split, [(step, LR ratio)] where the level and the
-    clip or gradient condition hold with the LR up (ratio over 1; the rules' ``rising_max``
-    is applied by the caller)."""
+Entry = tuple[int, float, float, bool, float, bool]
+
+
+def fires(path: Path) -> tuple[str, str, int | None, str, list[Entry]]:
+    """(name, label, divergence step, split, [(step, LR ratio, LR ratio over the last
+    :data:`SHORT` steps, LR up on each of the last :data:`MONOTONE` steps, share of the last
+    20 steps clipped, gradient level 2.5x up)] where the loss's level holds with the LR up
+    (ratio over 1) and the gradient was clipped or is up; the rules' ``rising_max`` and clip
+    rate are applied by the caller (:func:`holds`)."""
     with gzip.open(path, "rt") as f:
         h = json.loads(f.readline())
     # vectorised (numpy sliding windows): the per-step loop with statistics.median read
@@ -76,7 +88,7 @@ def fires(path: Path) -> tuple[str, str, int | None, str, list[tuple[int, float]
     clip, lr = _floats(h["clipped"]), _floats(h["lrs"])
     bad = np.flatnonzero(~np.isfinite(loss))
     n = int(bad[0]) if len(bad) else len(loss)
-    out: list[tuple[int, float]] = []
+    out: list[Entry] = []
     if n <= 50:
         return h["scenario"], h["label"], h.get("divergence_step"), h["split"], out
     level = np.full(n, np.nan)
@@ -105,14 +117,20 @@ def fires(path: Path) -> tuple[str, str, int | None, str, list[tuple[int, float]
         ratio = float(lr[t] / lr[t - 50])
         short = float(lr[t] / lr[t - SHORT]) if _fin(lr[t - SHORT]) and lr[t - SHORT] > 0 \
             else 1.0
-        clipped = np.count_nonzero(np.nan_to_num(clip[t - 19:t + 1]) != 0) / 20 >= 0.75
-        grad_up = (t >= 100 and 0 < glow[t] < math.inf and np.isfinite(glev[t])
-                   and glev[t] / glow[t] >= 2.5)
-        if ratio > 1.0 and (clipped or grad_up):
+        rate = np.count_nonzero(np.nan_to_num(clip[t - 19:t + 1]) != 0) / 20
+        grad_up = bool(t >= 100 and 0 < glow[t] < math.inf and np.isfinite(glev[t])
+                       and glev[t] / glow[t] >= 2.5)
+        if ratio > 1.0 and (rate > 0 or grad_up):
             mono = all(_fin(lr[t - i]) and _fin(lr[t - i - 1]) and lr[t - i] > lr[t - i - 1]
                        for i in range(MONOTONE))
-            out.append((t, ratio, short, mono))
+            out.append((t, ratio, short, mono, float(rate), grad_up))
     return h["scenario"], h["label"], h.get("divergence_step"), h["split"], out
+
+
+def holds(e: Entry, rate: float = RATE) -> bool:
+    """Whether the gradient condition holds on entry ``e``: clipped on ``rate`` of the last
+    20 steps or more (``loss_clip_ramp``), or its level 2.5x up (``loss_grad_ramp``)."""
+    return e[4] >= rate or e[5]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--monotone", action="store_true",
                     help="with --maxima: past the bound, fire only while the LR rose on each "
                     f"of the last {MONOTONE} steps (a ramp going on, not a step taken)")
+    ap.add_argument("--rates", default=None,
+                    help="sweep the clip rate (loss_clip_ramp's also_rate) instead, at the "
+                    f"default factor and bound: e.g. 0.75,0.6,0.45 (default {RATE})")
     ap.add_argument("--show", action="store_true", help="name the runs gained and lost")
     a = ap.parse_args(argv)
     sets = set(sets_of(a.split))
@@ -137,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(a.jobs) as ex:
         runs = [r for r in ex.map(fires, files, chunksize=16) if r[3] in sets]
     print(f"{len(runs)} runs of {a.split}")
+    if a.rates:
+        return _sweep_rates(runs, [float(x) for x in a.rates.split(",")], a.show)
     if a.maxima:
         return _sweep_maxima(runs, [float(x) for x in a.maxima.split(",")], a.show,
                              a.climbing, a.monotone)
-    runs = [(n, lab, d, sp, [(t, r) for t, r, *_ in out if r <= MAX])
+    runs = [(n, lab, d, sp, [(e[0], e[1]) for e in out if e[1] <= MAX and holds(e)])
             for n, lab, d, sp, out in runs]
     print(f"{'factor':>7} {'healthy':>8} {'degraded':>9} {'div caught':>11} {'lost':>5}")
     for factor in (float(x) for x in a.factors.split(",")):
@@ -172,13 +195,14 @@ def _sweep_maxima(runs: list[Any], maxima: list[float], show: bool,
     print(f"{'max':>6} {'healthy':>8} {'degraded':>9} {'div caught':>11} {'gained':>7} "
           f"{'earlier':>8} {'lost':>5}")
 
-    def first(out: list[tuple[int, float, float, bool]], top: float) -> int | None:
-        return next((t for t, r, short, mono in out if DEFAULT < r and (
+    def first(out: list[Entry], top: float) -> int | None:
+        return next((t for t, r, short, mono, *_ in out if DEFAULT < r and (
             r <= top or (climbing is not None and short > climbing)
             or (monotone and mono))), None)
     for top in maxima:
         healthy, degraded, caught, gained, earlier, lost = [], [], 0, [], [], []
         for name, label, div, _, out in runs:
+            out = [e for e in out if holds(e)]
             got = first(out, top)
             base = next((t for t, r, *_ in out if DEFAULT < r <= MAX), None)
             if label == "healthy" and got is not None:
@@ -201,6 +225,50 @@ def _sweep_maxima(runs: list[Any], maxima: list[float], show: bool,
             print("   healthy:", ", ".join(healthy) or "-")
             print("   gained:", ", ".join(gained) or "-")
             print("   earlier:", ", ".join(earlier) or "-")
+    return 0
+
+
+def _sweep_rates(runs: list[Any], rates: list[float], show: bool) -> int:
+    """Per clip rate (``loss_clip_ramp``'s ``also_rate``; the LR factor and bound at the
+    rules' defaults): the healthy and degraded runs that would fire, the diverging runs
+    fired by their divergence, and against :data:`RATE_BEFORE` the diverging runs gained,
+    fired earlier, and lost; then the healthy runs that come nearest (the highest clip rate
+    each reaches on a step where the rest holds), of those that do not fire at
+    :data:`RATE_BEFORE` already."""
+    def first(out: list[Entry], rate: float) -> int | None:
+        return next((e[0] for e in out if DEFAULT < e[1] and (e[1] <= MAX or e[3])
+                     and holds(e, rate)), None)
+    print(f"{'rate':>6} {'healthy':>8} {'degraded':>9} {'div caught':>11} {'gained':>7} "
+          f"{'earlier':>8} {'lost':>5}")
+    for rate in rates:
+        healthy, degraded, caught, gained, earlier, lost = [], [], 0, [], [], []
+        for name, label, div, _, out in runs:
+            got, base = first(out, rate), first(out, RATE_BEFORE)
+            if label == "healthy" and got is not None:
+                healthy.append(f"{name}@{got}" + ("" if base is not None else " (new)"))
+            if label == "degraded" and got is not None:
+                degraded.append(name)
+            if label == "diverging" and div is not None:
+                now, before = got is not None and got <= div, base is not None and base <= div
+                caught += now
+                if now and not before:
+                    gained.append(f"{name}@{got}/{div}")
+                elif now and before and got < base:
+                    earlier.append(f"{name}@{got}<{base}/{div}")
+                elif before and not now:
+                    lost.append(name)
+        print(f"{rate:6g} {len(healthy):8d} {len(degraded):9d} {caught:11d} {len(gained):7d} "
+              f"{len(earlier):8d} {len(lost):5d}")
+        if show:
+            print("   healthy:", ", ".join(healthy) or "-")
+            print("   gained:", ", ".join(gained) or "-")
+    near = sorted(((max(e[4] for e in out if DEFAULT < e[1] and (e[1] <= MAX or e[3])), name)
+                   for name, label, _, _, out in runs
+                   if label == "healthy" and first(out, RATE_BEFORE) is None
+                   and any(DEFAULT < e[1] and (e[1] <= MAX or e[3]) for e in out)),
+                  reverse=True)[:5]
+    print("nearest healthy (clip rate where the rest holds):",
+          ", ".join(f"{n} {r:g}" for r, n in near) or "-")
     return 0
 
 

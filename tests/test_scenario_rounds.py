@@ -76,12 +76,14 @@ def test_a_warm_up_ramped_too_far_pages_its_first_big_jump(tmp_path: Path) -> No
     # loss_clip_ramp with its 10-step hold (through round twenty-five), in both rule sets:
     # without the hold (the defaults since round twenty-six) it pages these runs itself, as
     # early or earlier (asserted last)
-    held = dict(default_entry("loss_clip_ramp"), for_steps=10)
+    # (and clipped on 75 % of the last 20 steps, as through round thirty-eight)
+    clip = default_entry("loss_clip_ramp")
+    held = dict(clip, for_steps=10, params=dict(clip["params"], also_rate=0.75))
     jump = default_entry("loss_jump")
     jump["page"]["with_rules"] = ["grad_blowup", "grad_nonfinite"]
     round25 = over_defaults(tmp_path, held)
     round22 = over_defaults(tmp_path, held, jump)
-    for name, now, before, today in (("f22_lr_ramp_s223", 101, 111, 101),
+    for name, now, before, today in (("f22_lr_ramp_s223", 101, 111, 100),
                                      ("f17_lr_ramp_s171", 134, 137, 125)):
         path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
         row = ba.bench_one(path, 1, rules=round25)
@@ -96,7 +98,8 @@ def test_a_warm_up_ramped_too_far_pages_when_its_loss_climbs_at_the_clip(
         tmp_path: Path) -> None:
     """Round twenty-six on recorded runs: ``loss_clip_ramp`` pages on the first step its
     condition holds (the loss's 20-step level 0.3 nat up, the gradient clipped on 75 % of
-    the last 20 steps, the LR still climbing), at intervals 1, 10 and 50. Two QK-norm
+    the last 20 steps, 60 % since round thirty-nine: the same steps on these two runs, the
+    LR still climbing), at intervals 1, 10 and 50. Two QK-norm
     warm-ups ramped too far are caught before their divergence; with the 10-step hold the
     rule had through round twenty-five, both paged 4 steps after it."""
     ba = load("bench_alerts")
@@ -438,3 +441,42 @@ def test_the_gradient_climb_screen_measures_what_round_thirty_eight_was_chosen_o
     near = sc.closeness(BENCH / "scenarios" / "f55_llama_sgd_bad_data_10.jsonl.gz")
     assert near["label"] == "healthy" and near["met"] is None, near
     assert 0.65 < near["best"] < 0.75, near
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_warm_up_under_a_slow_second_moment_pages_before_its_clipping_is_steady(
+        tmp_path: Path) -> None:
+    """Round thirty-nine, chosen on ``--split read59``, at intervals 1 and 50: QK-norm warm-ups
+    ramped too far under Adam's betas (0.9, 0.999) diverge by steps 104-117 while their
+    gradient is clipped on only 55-65 % of the last 20 steps. ``loss_clip_ramp`` at 60 %
+    pages them ahead of their divergence; at 75 % (round thirty-eight) it paged them after."""
+    ba = load("bench_alerts")
+    entry = default_entry("loss_clip_ramp")
+    assert entry["params"]["also_rate"] == 0.6
+    before = over_defaults(tmp_path, dict(entry, params=dict(entry["params"], also_rate=0.75)))
+    for name, now, then in (("f59_lr_ramp_s591", 105, 108), ("f59_lr_ramp_s593", 102, 105)):
+        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+        for k in (1, 50):
+            row = ba.bench_one(path, k)
+            assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, k, row)
+            assert row["logitwatch_rules"] == ["loss_clip_ramp"], (name, k, row)
+            old = ba.bench_one(path, k, rules=before)["logitwatch"]["from50"]
+            assert old == then > row["divergence_step"], (name, k, old)
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_the_ramp_mirror_measures_what_round_thirty_nine_was_chosen_on() -> None:
+    """``bench/mirror_ramps.py --rates`` on two recorded runs: the nearest healthy run of
+    ``read59`` that does not fire at 75 % comes to 40 % clipped where the rest of the
+    condition holds; the earliest-diverging warm-up meets 60 % at 102 and 75 % only at 105."""
+    mr = load("mirror_ramps")
+    near = mr.fires(BENCH / "scenarios" / "fresh_llama_wide_lr03.jsonl.gz")
+    assert near[1] == "healthy"
+    assert max(e[4] for e in near[4] if e[1] > mr.DEFAULT and (e[1] <= mr.MAX or e[3])) == 0.4
+
+    def first(rate: float) -> int | None:
+        return next((e[0] for e in ramp[4] if e[1] > mr.DEFAULT and (e[1] <= mr.MAX or e[3])
+                     and mr.holds(e, rate)), None)
+    ramp = mr.fires(BENCH / "scenarios" / "f59_lr_ramp_s593.jsonl.gz")
+    assert ramp[1] == "diverging" and ramp[2] == 104
+    assert first(mr.RATE) == 102 and first(mr.RATE_BEFORE) == 105
