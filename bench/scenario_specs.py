@@ -115,6 +115,14 @@ def on_width(runs: list[Scenario], old: int, new: int, d_model: int,
     return as_set(runs, old, new, seed_add, f"width {d_model}", d_model=d_model)
 
 
+def on_init(runs: list[Scenario], old: int, new: int, scale: float,
+            seed_add: int) -> list[Scenario]:
+    """:func:`as_set` with each run's initial weight scale (``RunSpec.init_std``) times
+    ``scale``: its logits start smaller (or larger) and grow from there."""
+    return [as_set([s], old, new, seed_add, f"init std x{scale:g}",
+                   init_std=s.spec.init_std * scale)[0] for s in runs]
+
+
 def on_optimizers(runs: list[Scenario], old: int, new: int, seed_add: int,
                   optimizers: tuple[str, ...], note: str, **spec: Any) -> list[Scenario]:
     """:func:`as_set` with ``spec``'s fields changed (and ``note`` added) on the runs of
