@@ -135,10 +135,8 @@ class FrameView:
         that keep the same series (the loss six times, the gradient norm seven, the LR
         seven) keep one tuple between them, a pointer each, instead of a tuple each
         (``bench/bench_engine_memory.py``: most of what a (run, rank) costs the engine)."""
-        p = self._pairs.get((step, x))
-        if p is None:
-            p = self._pairs[(step, x)] = (step, x)
-        return p
+        p = (step, x)
+        return self._pairs.setdefault(p, p)
 
     def get(self, metric: str, layer: int | None = None, head: int | None = None) -> float | None:
         if layer is None:
