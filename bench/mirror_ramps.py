@@ -199,33 +199,43 @@ def _sweep_maxima(runs: list[Any], maxima: list[float], show: bool,
         return next((t for t, r, short, mono, *_ in out if DEFAULT < r and (
             r <= top or (climbing is not None and short > climbing)
             or (monotone and mono))), None)
+
+    def pick(out: list[Entry], top: float) -> tuple[int | None, int | None]:
+        out = [e for e in out if holds(e)]
+        return first(out, top), next((t for t, r, *_ in out if DEFAULT < r <= MAX), None)
     for top in maxima:
-        healthy, degraded, caught, gained, earlier, lost = [], [], 0, [], [], []
-        for name, label, div, _, out in runs:
-            out = [e for e in out if holds(e)]
-            got = first(out, top)
-            base = next((t for t, r, *_ in out if DEFAULT < r <= MAX), None)
-            if label == "healthy" and got is not None:
-                healthy.append(f"{name}@{got}" + ("" if base is not None else " (new)"))
-            if label == "degraded" and got is not None:
-                degraded.append(name)
-            if label == "diverging" and div is not None:
-                now = got is not None and got <= div
-                before = base is not None and base <= div
-                caught += now
-                if now and not before:
-                    gained.append(f"{name}@{got}/{div}")
-                elif now and before and got < base:
-                    earlier.append(f"{name}@{got}<{base}/{div}")
-                elif before and not now:
-                    lost.append(name)
-        print(f"{top:6g} {len(healthy):8d} {len(degraded):9d} {caught:11d} {len(gained):7d} "
-              f"{len(earlier):8d} {len(lost):5d}")
+        t = _tally(runs, lambda out, top=top: pick(out, top))
+        print(f"{top:6g} {len(t['healthy']):8d} {len(t['degraded']):9d} {t['caught']:11d} "
+              f"{len(t['gained']):7d} {len(t['earlier']):8d} {len(t['lost']):5d}")
         if show:
-            print("   healthy:", ", ".join(healthy) or "-")
-            print("   gained:", ", ".join(gained) or "-")
-            print("   earlier:", ", ".join(earlier) or "-")
+            for k in ("healthy", "gained", "earlier"):
+                print(f"   {k}:", ", ".join(t[k]) or "-")
     return 0
+
+
+def _tally(runs: list[Any], pick: Any) -> dict[str, Any]:
+    """Against a baseline, over ``runs``: ``pick(out)`` gives a run's first step under the
+    setting swept and under the baseline (None: never). The healthy runs that fire (marked
+    ``(new)`` where the baseline does not), the degraded ones, the diverging runs fired by
+    their divergence (``caught``), and those gained, fired earlier and lost."""
+    t: dict[str, Any] = {"healthy": [], "degraded": [], "caught": 0, "gained": [],
+                         "earlier": [], "lost": []}
+    for name, label, div, _, out in runs:
+        got, base = pick(out)
+        if label == "healthy" and got is not None:
+            t["healthy"].append(f"{name}@{got}" + ("" if base is not None else " (new)"))
+        if label == "degraded" and got is not None:
+            t["degraded"].append(name)
+        if label == "diverging" and div is not None:
+            now, before = got is not None and got <= div, base is not None and base <= div
+            t["caught"] += now
+            if now and not before:
+                t["gained"].append(f"{name}@{got}/{div}")
+            elif now and before and got < base:
+                t["earlier"].append(f"{name}@{got}<{base}/{div}")
+            elif before and not now:
+                t["lost"].append(name)
+    return t
 
 
 def _sweep_rates(runs: list[Any], rates: list[float], show: bool) -> int:
@@ -241,27 +251,12 @@ def _sweep_rates(runs: list[Any], rates: list[float], show: bool) -> int:
     print(f"{'rate':>6} {'healthy':>8} {'degraded':>9} {'div caught':>11} {'gained':>7} "
           f"{'earlier':>8} {'lost':>5}")
     for rate in rates:
-        healthy, degraded, caught, gained, earlier, lost = [], [], 0, [], [], []
-        for name, label, div, _, out in runs:
-            got, base = first(out, rate), first(out, RATE_BEFORE)
-            if label == "healthy" and got is not None:
-                healthy.append(f"{name}@{got}" + ("" if base is not None else " (new)"))
-            if label == "degraded" and got is not None:
-                degraded.append(name)
-            if label == "diverging" and div is not None:
-                now, before = got is not None and got <= div, base is not None and base <= div
-                caught += now
-                if now and not before:
-                    gained.append(f"{name}@{got}/{div}")
-                elif now and before and got < base:
-                    earlier.append(f"{name}@{got}<{base}/{div}")
-                elif before and not now:
-                    lost.append(name)
-        print(f"{rate:6g} {len(healthy):8d} {len(degraded):9d} {caught:11d} {len(gained):7d} "
-              f"{len(earlier):8d} {len(lost):5d}")
+        t = _tally(runs, lambda out, rate=rate: (first(out, rate), first(out, RATE_BEFORE)))
+        print(f"{rate:6g} {len(t['healthy']):8d} {len(t['degraded']):9d} {t['caught']:11d} "
+              f"{len(t['gained']):7d} {len(t['earlier']):8d} {len(t['lost']):5d}")
         if show:
-            print("   healthy:", ", ".join(healthy) or "-")
-            print("   gained:", ", ".join(gained) or "-")
+            for k in ("healthy", "gained"):
+                print(f"   {k}:", ", ".join(t[k]) or "-")
     near = sorted(((max(e[4] for e in out if DEFAULT < e[1] and (e[1] <= MAX or e[3])), name)
                    for name, label, _, _, out in runs
                    if label == "healthy" and first(out, RATE_BEFORE) is None
