@@ -123,6 +123,15 @@ def on_init(runs: list[Scenario], old: int, new: int, scale: float,
                    init_std=s.spec.init_std * scale)[0] for s in runs]
 
 
+def on_clip(runs: list[Scenario], old: int, new: int, scale: float,
+            seed_add: int) -> list[Scenario]:
+    """:func:`as_set` with each clipped run's gradient-norm threshold (``RunSpec.max_norm``)
+    times ``scale``; the unclipped runs (``max_norm`` None) only re-seeded."""
+    return [as_set([s], old, new, seed_add, f"clip x{scale:g}",
+                   max_norm=s.spec.max_norm * scale)[0] if s.spec.max_norm is not None
+            else as_set([s], old, new, seed_add, "re-seeded")[0] for s in runs]
+
+
 def on_optimizers(runs: list[Scenario], old: int, new: int, seed_add: int,
                   optimizers: tuple[str, ...], note: str, **spec: Any) -> list[Scenario]:
     """:func:`as_set` with ``spec``'s fields changed (and ``note`` added) on the runs of
