@@ -17,6 +17,7 @@ plain runs of every family and optimizer.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -115,31 +116,40 @@ def on_width(runs: list[Scenario], old: int, new: int, d_model: int,
     return as_set(runs, old, new, seed_add, f"width {d_model}", d_model=d_model)
 
 
+def per_run(runs: list[Scenario], old: int, new: int, seed_add: int,
+            change: Callable[[Scenario], tuple[str, dict[str, Any]] | None]
+            ) -> list[Scenario]:
+    """:func:`as_set` run by run: ``change(s)`` gives the note and the fields to change on
+    run ``s``, or None to leave it as it is but re-seeded."""
+    out = []
+    for s in runs:
+        note, fields = change(s) or ("re-seeded", {})
+        out.append(as_set([s], old, new, seed_add, note, **fields)[0])
+    return out
+
+
 def on_init(runs: list[Scenario], old: int, new: int, scale: float,
             seed_add: int) -> list[Scenario]:
     """:func:`as_set` with each run's initial weight scale (``RunSpec.init_std``) times
     ``scale``: its logits start smaller (or larger) and grow from there."""
-    return [as_set([s], old, new, seed_add, f"init std x{scale:g}",
-                   init_std=s.spec.init_std * scale)[0] for s in runs]
+    return per_run(runs, old, new, seed_add, lambda s: (
+        f"init std x{scale:g}", {"init_std": s.spec.init_std * scale}))
 
 
 def on_clip(runs: list[Scenario], old: int, new: int, scale: float,
             seed_add: int) -> list[Scenario]:
     """:func:`as_set` with each clipped run's gradient-norm threshold (``RunSpec.max_norm``)
     times ``scale``; the unclipped runs (``max_norm`` None) only re-seeded."""
-    return [as_set([s], old, new, seed_add, f"clip x{scale:g}",
-                   max_norm=s.spec.max_norm * scale)[0] if s.spec.max_norm is not None
-            else as_set([s], old, new, seed_add, "re-seeded")[0] for s in runs]
+    return per_run(runs, old, new, seed_add, lambda s: None if s.spec.max_norm is None else (
+        f"clip x{scale:g}", {"max_norm": s.spec.max_norm * scale}))
 
 
 def on_optimizers(runs: list[Scenario], old: int, new: int, seed_add: int,
                   optimizers: tuple[str, ...], note: str, **spec: Any) -> list[Scenario]:
     """:func:`as_set` with ``spec``'s fields changed (and ``note`` added) on the runs of
     ``optimizers`` (``RunSpec.optimizer``) only; the other runs only re-seeded."""
-    changed = as_set(runs, old, new, seed_add, note, **spec)
-    reseeded = as_set(runs, old, new, seed_add, "re-seeded")
-    return [c if s.spec.optimizer in optimizers else r
-            for s, c, r in zip(runs, changed, reseeded, strict=True)]
+    return per_run(runs, old, new, seed_add,
+                   lambda s: (note, spec) if s.spec.optimizer in optimizers else None)
 
 
 def on_betas(runs: list[Scenario], old: int, new: int, betas: tuple[float, float],
