@@ -133,6 +133,23 @@ def holds(e: Entry, rate: float = RATE) -> bool:
     return e[4] >= rate or e[5]
 
 
+def ramping(e: Entry) -> bool:
+    """Whether the LR condition holds on entry ``e`` as the rules have it: over
+    :data:`DEFAULT` x its value 50 steps before, and under the bound (:data:`MAX`) or up on
+    each of the last :data:`MONOTONE` steps (``ramp_steps``)."""
+    return DEFAULT < e[1] and (e[1] <= MAX or e[3])
+
+
+def first_at(out: list[Entry], rate: float = RATE) -> int | None:
+    """The first step the rules' whole condition holds, at clip rate ``rate`` (None: never)."""
+    return next((e[0] for e in out if ramping(e) and holds(e, rate)), None)
+
+
+def top_rate(out: list[Entry]) -> float | None:
+    """The highest clip rate on a step where the rest of the condition holds (None: never)."""
+    return max((e[4] for e in out if ramping(e)), default=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", default="read50",
@@ -245,23 +262,19 @@ def _sweep_rates(runs: list[Any], rates: list[float], show: bool) -> int:
     fired earlier, and lost; then the healthy runs that come nearest (the highest clip rate
     each reaches on a step where the rest holds), of those that do not fire at
     :data:`RATE_BEFORE` already."""
-    def first(out: list[Entry], rate: float) -> int | None:
-        return next((e[0] for e in out if DEFAULT < e[1] and (e[1] <= MAX or e[3])
-                     and holds(e, rate)), None)
     print(f"{'rate':>6} {'healthy':>8} {'degraded':>9} {'div caught':>11} {'gained':>7} "
           f"{'earlier':>8} {'lost':>5}")
     for rate in rates:
-        t = _tally(runs, lambda out, rate=rate: (first(out, rate), first(out, RATE_BEFORE)))
+        t = _tally(runs, lambda out, rate=rate: (first_at(out, rate),
+                                                 first_at(out, RATE_BEFORE)))
         print(f"{rate:6g} {len(t['healthy']):8d} {len(t['degraded']):9d} {t['caught']:11d} "
               f"{len(t['gained']):7d} {len(t['earlier']):8d} {len(t['lost']):5d}")
         if show:
             for k in ("healthy", "gained"):
                 print(f"   {k}:", ", ".join(t[k]) or "-")
-    near = sorted(((max(e[4] for e in out if DEFAULT < e[1] and (e[1] <= MAX or e[3])), name)
-                   for name, label, _, _, out in runs
-                   if label == "healthy" and first(out, RATE_BEFORE) is None
-                   and any(DEFAULT < e[1] and (e[1] <= MAX or e[3]) for e in out)),
-                  reverse=True)[:5]
+    near = sorted(((r, name) for name, label, _, _, out in runs
+                   if label == "healthy" and first_at(out, RATE_BEFORE) is None
+                   and (r := top_rate(out)) is not None), reverse=True)[:5]
     print("nearest healthy (clip rate where the rest holds):",
           ", ".join(f"{n} {r:g}" for r, n in near) or "-")
     return 0

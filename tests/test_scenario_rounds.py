@@ -472,11 +472,7 @@ def test_the_ramp_mirror_measures_what_round_thirty_nine_was_chosen_on() -> None
     mr = load("mirror_ramps")
     near = mr.fires(BENCH / "scenarios" / "fresh_llama_wide_lr03.jsonl.gz")
     assert near[1] == "healthy"
-    assert max(e[4] for e in near[4] if e[1] > mr.DEFAULT and (e[1] <= mr.MAX or e[3])) == 0.4
-
-    def first(rate: float) -> int | None:
-        return next((e[0] for e in ramp[4] if e[1] > mr.DEFAULT and (e[1] <= mr.MAX or e[3])
-                     and mr.holds(e, rate)), None)
+    assert mr.top_rate(near[4]) == 0.4 and mr.first_at(near[4], mr.RATE_BEFORE) is None
     ramp = mr.fires(BENCH / "scenarios" / "f59_lr_ramp_s593.jsonl.gz")
     assert ramp[1] == "diverging" and ramp[2] == 104
-    assert first(mr.RATE) == 102 and first(mr.RATE_BEFORE) == 105
+    assert mr.first_at(ramp[4]) == 102 and mr.first_at(ramp[4], mr.RATE_BEFORE) == 105
