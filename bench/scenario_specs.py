@@ -144,6 +144,15 @@ def on_clip(runs: list[Scenario], old: int, new: int, scale: float,
         f"clip x{scale:g}", {"max_norm": s.spec.max_norm * scale}))
 
 
+def on_warmup(runs: list[Scenario], old: int, new: int, warmup: int, seed_add: int,
+              default: int = 100) -> list[Scenario]:
+    """:func:`as_set` with every run that warms up over ``default`` steps (``RunSpec.warmup``)
+    warming up over ``warmup`` instead; the runs whose warm-up is itself the injected ramp
+    (any other length) only re-seeded."""
+    return per_run(runs, old, new, seed_add, lambda s: None if s.spec.warmup != default else (
+        f"warm-up {warmup} steps", {"warmup": warmup}))
+
+
 def on_optimizers(runs: list[Scenario], old: int, new: int, seed_add: int,
                   optimizers: tuple[str, ...], note: str, **spec: Any) -> list[Scenario]:
     """:func:`as_set` with ``spec``'s fields changed (and ``note`` added) on the runs of
