@@ -75,8 +75,9 @@ def _departure_with(loss: Any, recover_span: Any = "default") -> list[AlertOut]:
     rules = None
     if recover_span != "default":
         rules = [dataclasses.replace(r, downgrade=dataclasses.replace(
-            r.downgrade, recover_span=recover_span)) if r.name == "attn_logit_departure" else r
-                 for r in DEFAULT_RULES]
+            r.downgrade, recover_span=recover_span,
+            start_rise=None if recover_span is None else r.downgrade.start_rise))
+            if r.name == "attn_logit_departure" else r for r in DEFAULT_RULES]
     frames = frames_at(10, 760, lambda s: {"loss": loss(s), "attn.dtype_max": F32},
                        growing(400), history=True)
     return by_rule(alerts_of(frames, rules), "attn_logit_departure")
@@ -111,14 +112,21 @@ def test_a_wide_dtype_departure_does_not_page_on_a_bump_being_recovered() -> Non
 def test_each_downgrade_judges_the_recovery_by_its_own_share() -> None:
     """Two departures over the same loss window and span, one asking half the bump won back
     (the default) and one all of it: they read one loss tracker, and each compares what it
-    says with its own ``recover_share``: the default stays info, the strict one pages."""
-    dep = next(r for r in DEFAULT_RULES if r.name == "attn_logit_departure")
+    says with its own ``recover_share``: the default stays info, the strict one pages (both
+    judge the rise from the run's best alone, ``start_rise`` null: the garbage batches'
+    rise came before the logits left their range, which holds both by default)."""
+    rules = _with_start_rise(None)
+    dep = next(r for r in rules if r.name == "attn_logit_departure")
     assert dep.downgrade is not None
     strict = dataclasses.replace(dep, name="attn_logit_departure_strict", downgrade=(
         dataclasses.replace(dep.downgrade, recover_share=1.0)))
     frames = frames_at(10, 760, lambda s: {"loss": _garbage_then_recovery(s),
                                            "attn.dtype_max": F32}, growing(400), history=True)
-    alerts = alerts_of(frames, [*DEFAULT_RULES, strict])
+    (c,) = by_rule(alerts_of(frames, [*DEFAULT_RULES, dataclasses.replace(
+        strict, downgrade=dataclasses.replace(strict.downgrade, start_rise=0.0))]),
+        "attn_logit_departure_strict")
+    assert c.severity == "info" and c.evidence["downgraded"]["loss_before"] is True
+    alerts = alerts_of(frames, [*rules, strict])
     (a,) = by_rule(alerts, "attn_logit_departure")
     (b,) = by_rule(alerts, "attn_logit_departure_strict")
     assert a.severity == "info" and a.paged_step is None
@@ -130,6 +138,49 @@ def test_a_wide_dtype_departure_pages_when_the_loss_keeps_losing_ground() -> Non
     (a,) = _departure_with(lambda s: plateau_loss(s) + 0.005 * max(0, s - 450))
     assert a.severity == "warning" and a.paged_step is not None
     assert a.paged_step <= 560, (a.fired_step, a.paged_step)  # 0.25 nat by 550 (+ a median)
+
+
+def _with_start_rise(rise: float | None) -> list[RuleSpec]:
+    return [dataclasses.replace(r, downgrade=dataclasses.replace(r.downgrade, start_rise=rise))
+            if r.name == "attn_logit_departure" else r for r in DEFAULT_RULES]
+
+
+def _up_before(climb_from: int | None = None):  # type: ignore[no-untyped-def]
+    """An LR bump at step 470 leaves the loss 0.6 nat up, slowly coming down (a fifth of it
+    in 90 steps): up already when the head growing from 400 passes the floor 50 (516); with
+    ``climb_from`` the loss then climbs 0.005 nat a step from that step."""
+    def loss(step: int) -> float:
+        v = plateau_loss(step) + (0.6 * math.exp(-(step - 470) / 400) if step >= 470 else 0)
+        return v + (0.005 * (step - climb_from) if climb_from and step >= climb_from else 0)
+    return loss
+
+
+def test_a_wide_dtype_departure_does_not_page_on_a_loss_up_before_it_started() -> None:
+    """Round forty: the loss rose 0.6 nat for another cause before the logits left their
+    range and is no higher since: ``start_rise`` holds the departure at info, where without
+    it the same run pages when the departure fires (the loss neither back at its best nor
+    winning half the bump back). A loss that then climbs past its level at the start pages,
+    and the escalation says how far it climbed since."""
+    frames = frames_at(10, 760, lambda s: {"loss": _up_before()(s), "attn.dtype_max": F32},
+                       growing(400), history=True)
+    (a,) = by_rule(alerts_of(frames, _with_start_rise(0.0)), "attn_logit_departure")
+    assert a.severity == "info" and a.paged_step is None, (a.fired_step, a.evidence)
+    why = a.evidence["downgraded"]
+    assert why["loss_before"] is True and why["loss_rise"] >= 0.25, why
+    assert why["loss_since_start"] < 0 and why["started_step"] == a.started_step, why
+    assert why["loss_level_at_start"] > 3.4, why
+    assert "was up already when the episode started" in a.message, a.message
+    (b,) = by_rule(alerts_of(frames, _with_start_rise(None)), "attn_logit_departure")
+    assert b.severity == "warning" and b.paged_step == b.fired_step == a.fired_step
+    climbing = frames_at(10, 760, lambda s: {"loss": _up_before(600)(s),
+                                             "attn.dtype_max": F32}, growing(400), history=True)
+    (c,) = by_rule(alerts_of(climbing, _with_start_rise(0.1)), "attn_logit_departure")
+    assert c.fired_step == a.fired_step and c.paged_step is not None, c.evidence
+    # the level (a 20-step median, 10 steps behind) comes 0.1 nat above its start ~60 steps
+    # into the climb (it had come down 0.1 nat by then); judged every 10 steps
+    assert 650 <= c.paged_step <= 680, c.paged_step
+    assert "nats above where it was when the episode started" in c.evidence[
+        "escalated_because"], c.evidence
 
 
 def _warming_up(until: int, peak: float = 3.0,  # type: ignore[no-untyped-def]

@@ -476,3 +476,40 @@ def test_the_ramp_mirror_measures_what_round_thirty_nine_was_chosen_on() -> None
     ramp = mr.fires(BENCH / "scenarios" / "f59_lr_ramp_s593.jsonl.gz")
     assert ramp[1] == "diverging" and ramp[2] == 104
     assert mr.first_at(ramp[4]) == 102 and mr.first_at(ramp[4], mr.RATE_BEFORE) == 105
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_departure_after_another_causes_loss_rise_is_not_paged(tmp_path: Path) -> None:
+    """Round forty, chosen on ``--split read60``, at interval 1, measured as it was chosen
+    (``bench/rule_variants.py``: round thirty-nine's departure beside the defaults in one
+    replay): an LR stepped x6 for 47 steps (``f60_llama_lr_bump``) and ten garbage batches
+    under SGD (``f60_gpt2_sgd_bad_data_10``) raised the loss and then took a head's float32
+    logits past their range; the loss healed from there. With ``start_rise`` 0 the departure
+    stays info (the loss's level no higher than when the logits left their range); judged
+    from the run's best alone it paged both. A bf16 run at a high LR whose loss climbs with
+    its logits is paged by the departure at the same step either way."""
+    import yaml
+
+    rv = load("rule_variants")
+    entry = default_entry("attn_logit_departure")
+    assert entry["downgrade"]["start_rise"] == 0.0
+    path = tmp_path / "variants.yaml"
+    path.write_text(yaml.safe_dump({"rules": [dict(
+        entry, name="attn_logit_departure--r39",
+        downgrade=dict(entry["downgrade"], start_rise=None))]}))
+    base, variants, _ = rv.variants_of(path)
+    assert (base, variants) == ("attn_logit_departure", ["attn_logit_departure--r39"])
+    for name, then in (("f60_llama_lr_bump", 470), ("f60_gpt2_sgd_bad_data_10", 554),
+                       ("f60_bf16_high_lr", 311)):
+        row = rv.pages_of(name, 1, str(path))
+        now = rv.first_page(row["pages"], base, base)
+        old = rv.first_page(row["pages"], base, variants[0])
+        assert old == then == row["pages"][variants[0]], (name, row)
+        if row["label"] == "healthy":
+            assert now is None, (name, row)
+        else:
+            assert now == then <= row["divergence_step"], (name, row)
+            assert row["pages"][base] == then, (name, row)
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"rules": [entry]}))
+    with pytest.raises(ValueError, match="name every rule <default rule>--<tag>"):
+        rv.variants_of(tmp_path / "bad.yaml")

@@ -182,7 +182,8 @@ class EvaluationMixin(LifecycleMixin):
         for p in out:
             p.severity = p.rule.severity
             if p.transition.state is State.FIRING and not p.transition.reopened:
-                p.downgraded = self._downgrade(p.rule, run_id, rank, fv)
+                p.downgraded = self._downgrade(p.rule, run_id, rank, fv,
+                                               p.transition.started_step)
                 if p.downgraded is None:
                     p.kept = self._lr_kept(p.rule, run_id, rank, fv)
                 else:

@@ -50,7 +50,13 @@ class Downgrade:
       and the gradient, so logits leaving their range while the LR still climbs go on
       climbing with it and blow up before the loss shows it; an adaptive optimizer's step is
       normalised, and its logits climbing under a warm-up are the wide-dtype case above
-      (``null``: the LR is not consulted).
+      (``null``: the LR is not consulted);
+    * and, with ``start_rise`` (needs ``recover_span``), a loss that has risen counts as
+      harm only once its level has also climbed ``start_rise`` nats or more above its level
+      at the step the episode started (the rule's metric left its range): a loss already
+      up when the logits left their range, for another cause (an LR bump, garbage batches),
+      and no higher since, is that cause's bump, which the loss rules judge (``null``: the
+      rise is judged from the run's best alone).
 
     A frame with neither ``metric`` nor ``capped_metric`` is never downgraded (a job that
     does not say). An alert that fires on a downgraded sample is stored with severity
@@ -68,6 +74,7 @@ class Downgrade:
     recover_span: int | None = None
     recover_share: float = 0.5
     lr_climb: float | None = None
+    start_rise: float | None = None
 
     def __post_init__(self) -> None:
         if self.to not in SEVERITIES:
@@ -105,6 +112,15 @@ class Downgrade:
                               or not u > 0):
             raise RuleError(f"downgrade.lr_climb must be a positive share (0.1: the LR up 10 %) "
                             f"or null, got {u!r}")
+
+        r = self.start_rise
+        if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))
+                              or not r >= 0):
+            raise RuleError(f"downgrade.start_rise must be a number of nats >= 0 or null, "
+                            f"got {r!r}")
+        if r is not None and g is None:
+            raise RuleError("downgrade.start_rise needs recover_span (it compares the loss's "
+                            "level now with its level when the episode started)")
 
     def to_dict(self) -> dict[str, Any]:
         return _to_dict(self)

@@ -79,9 +79,12 @@ class LifecycleMixin(RecoveryMixin):
 
     # -- downgrade and paging ----------------------------------------------------------------
 
-    def _downgrade(self, rule: RuleSpec, run_id: int, rank: int,
-                   fv: FrameView) -> dict[str, object] | None:
-        """Why this frame lowers ``rule``'s severity, or None when it does not."""
+    def _downgrade(self, rule: RuleSpec, run_id: int, rank: int, fv: FrameView,
+                   started: int | None = None,
+                   start_level: float | None = None) -> dict[str, object] | None:
+        """Why this frame lowers ``rule``'s severity, or None when it does not. ``started``:
+        the step its episode started; ``start_level``: the loss's level then, as the alert
+        kept it (``Downgrade.start_rise``; else read from the tracker at ``started``)."""
         d = rule.downgrade
         if d is None:
             return None
@@ -99,13 +102,25 @@ class LifecycleMixin(RecoveryMixin):
             tr = self._loss.get(_loss_key(run_id, rank, d))
             rise, won_back = (0.0, 0.0) if tr is None else (tr.rise, tr.won_back)
             recovering = d.recover_span is not None and won_back >= d.recover_share
-            if rise >= d.loss_rise and not recovering:
+            since = None  # the level's climb since the episode started
+            if d.start_rise is not None and tr is not None:
+                if start_level is None and started is not None:
+                    start_level = tr.level_at(started)
+                if start_level is not None and tr.now is not None:
+                    since = tr.now - start_level
+                    why.update(loss_level_at_start=round(start_level, 4), started_step=started,
+                               start_rise=d.start_rise)
+            before = since is not None and d.start_rise is not None and since < d.start_rise
+            if rise >= d.loss_rise and not recovering and not before:
                 return None  # the loss shows harm
             why.update(loss_rise=round(rise, 4), loss_rise_limit=d.loss_rise,
                        loss_window=d.loss_window)
-            if rise >= d.loss_rise:  # held back only because the loss is winning it back
+            if rise >= d.loss_rise and recovering:  # held back: winning it back
                 why.update(loss_recovering=True, loss_won_back=round(won_back, 3),
                            recover_span=d.recover_span, recover_share=d.recover_share)
+            elif rise >= d.loss_rise:  # held back: up already when the episode started
+                why.update(loss_before=True, loss_since_start=round(since or 0.0, 4),
+                           recover_span=d.recover_span)
         if d.note:
             why["note"] = d.note
         return why
@@ -146,7 +161,11 @@ class LifecycleMixin(RecoveryMixin):
             reasons: list[str] = []
             d = rule.downgrade
             if d is not None and "downgraded" in ev and not ev.get("downgrade_lifted"):
-                if not f.heads or self._downgrade(rule, f.run_id, f.rank, fv) is not None:
+                low = ev["downgraded"]
+                at = low.get("loss_level_at_start") if isinstance(low, dict) else None
+                if not f.heads or self._downgrade(
+                        rule, f.run_id, f.rank, fv, a.started_step,
+                        at if isinstance(at, (int, float)) else None) is not None:
                     continue  # still lowered (or a frame that cannot say)
                 x = fv.get(d.metric)
                 if x is None or not x > d.above:
@@ -159,6 +178,13 @@ class LifecycleMixin(RecoveryMixin):
                     rise = math.inf if tr is None else tr.rise
                     because = (f"the loss (median of its last {d.loss_window} steps) rose "
                                f"{_fmt(rise)} nats above its best")
+                    if d.start_rise is not None and tr is not None and tr.now is not None:
+                        at = (ev["downgraded"].get("loss_level_at_start")
+                              if isinstance(ev["downgraded"], dict) else None)
+                        if isinstance(at, (int, float)):
+                            because += (f", its level {_fmt(tr.now - at)} nats above where "
+                                        f"it was when the episode started (step "
+                                        f"{a.started_step})")
                 ev["downgrade_lifted"] = f.step
                 reasons.append(because)
             if "page" in ev and not ev.get("page_due"):

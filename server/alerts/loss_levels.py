@@ -76,6 +76,9 @@ class _LossRise:
     above the run's best level (0.0 with no bump, or under :data:`RECOVER_MIN_SAMPLES`
     samples in the level). The downgrade compares it with its own ``recover_share``.
 
+    ``level_at(step)`` (``Downgrade.start_rise``): the level at ``step``, while the last
+    ``span`` steps still hold it; ``now``: the newest level.
+
     ``lr_climb`` (``Downgrade.lr_climb``): the learning rate's newest value over its oldest
     within the last ``span`` steps, minus 1 (0.2: up 20 %), from every step's ``lr``."""
 
@@ -114,6 +117,21 @@ class _LossRise:
             self.rise = 0.0
         if self.level is not None:
             self.won_back = self._won_back(step, self.level)
+
+    @property
+    def now(self) -> float | None:
+        """The newest level (None before the first, or without ``level``)."""
+        return self.levels[-1][1] if self.levels else None
+
+    def level_at(self, step: int) -> float | None:
+        """The level of the newest step at or before ``step`` that the last ``span``
+        steps still hold (None: none left, or ``step`` before them all)."""
+        out = None
+        for s, x in self.levels:
+            if s > step:
+                break
+            out = x
+        return out
 
     def _push_lr(self, step: int, lr: float) -> None:
         self.lrs.append((step, lr))

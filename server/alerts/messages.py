@@ -83,6 +83,14 @@ def _downgrade_text(why: dict[str, object]) -> str:
                  f"has come down by {_fmt(100 * float(why['recover_share']))}% or more of its "
                  f"peak's height: a bump the loss rules judge; a rise that holds makes it a "
                  f"{why['from']})")
+    elif why.get("loss_before"):
+        text += (f" and the loss, {_fmt(why['loss_rise'])} nats above its best, was up "
+                 f"already when the episode started at step {why['started_step']} (its level, "
+                 f"the median of its newest {why['recover_span']} steps, is "
+                 f"{_fmt(why['loss_since_start'])} nats from where it was then: another "
+                 f"cause's bump, which the loss rules judge; "
+                 + (f"a further {_fmt(why['start_rise'])}-nat climb" if why['start_rise']
+                    else "a climb past that level") + f" makes it a {why['from']})")
     elif "loss_rise" in why:
         text += (f" and the loss is {_fmt(why['loss_rise'])} nats above its best (a "
                  f"{_fmt(why['loss_rise_limit'])}-nat rise makes it a {why['from']})")
