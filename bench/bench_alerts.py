@@ -58,10 +58,11 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round thirty-nine) were
-chosen on ``--split read59`` (``long1`` and ``long2`` with it) and replayed once on
-``fresh60`` (models of width 128). The next change is chosen on ``--split read60`` and
-replayed once on ``fresh61`` (initial weights at half the scale; unread).
+what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty) were
+chosen on ``--split read60`` (``long1`` and ``long2`` with it) and replayed once on
+``fresh61`` (initial weights at half the scale). The next change is chosen on ``--split
+read61`` and replayed once on ``fresh62`` (every clipped run clipping at half the norm;
+unread).
 
 Usage::
 

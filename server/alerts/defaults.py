@@ -64,8 +64,8 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # perturbation with the loss healing. Of the 599 wide-dtype runs whose logits passed 50
     # before any divergence, healthy paged at 1/10/50: 21/12/10 -> 16/8/8; diverging caught
     # unchanged (296/297 at 1); no first page moved at 1 or 10, and at 50 two diverging runs
-    # and a degraded one paged one sample later (28-50 steps, 330+ ahead). At 0.1 nat 13
-    # diverging runs paged later at 10 and 50
+    # and a degraded one paged one sample later (28-50 steps, 330+ ahead). At 0.1 nat 4, 4
+    # and 9 diverging runs paged later at 1, 10 and 50 for no fewer healthy pages
     RuleSpec("attn_logit_departure", "departure", "attn.logit_max", for_steps=20,
              params={"factor": 4.0, "floor": 50.0, "window": 200, "lag": 50,
                      "min_history": 200, "capped_metric": "attn.capped_logit_max"},
