@@ -37,6 +37,9 @@ notified nor streamed as new.
 * :mod:`.no_data`: the ``no_data`` rule, judged by the clock;
 * :mod:`.lifecycle`: what becomes of the transitions: alerts fired, grouped, held, resolved,
   suppressed, downgraded or held back from paging, and escalated;
+* :mod:`.downgrade`: whether a frame lowers a rule's severity (its ``Downgrade``);
+* :mod:`.recovery` and :mod:`.page_policy`: whether a held-back alert's level is back, and
+  whether its page policy lets it page;
 * :mod:`.state`: the per-(run, rank) state, its bounds, and its rebuild from the store;
 * :mod:`.messages`: the text of alerts and the values they show.
 """
