@@ -15,8 +15,9 @@ another rule's page here): a change it suggests is then checked with ``bench_ale
 --rules``. Round forty's three ``start_rise`` values on 599 runs of ``--split read60``:
 ``docs/ALERTS_EVIDENCE.md``.
 
-    python bench/rule_variants.py variants.yaml --split read60 --names-file runs.txt \\
-        --intervals 1,50 --jobs 2 --json /tmp/variants.json
+    python bench/rule_variants.py bench/variants_round40.yaml --split read60 \\
+        --logits-above 50 --intervals 1 --jobs 2 --json /tmp/variants.json
+    python bench/rule_variants.py bench/variants_round40.yaml --split fresh61 --names-file runs.txt
 """
 
 from __future__ import annotations
