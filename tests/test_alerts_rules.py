@@ -187,8 +187,10 @@ def test_downgrade_spec_round_trip_and_errors() -> None:
                      ({"recover_share": 1.5}, "downgrade.recover_share must be a number in"),
                      ({"lr_climb": 0}, "downgrade.lr_climb must be a positive share"),
                      ({"lr_climb": True}, "downgrade.lr_climb must be a positive share"),
-                     ({"start_rise": -0.1, "recover_span": 20},
-                      "downgrade.start_rise must be a number of nats >= 0"),
+                     ({"start_rise": -0.25, "recover_span": 20},
+                      "downgrade.start_rise must be a number of nats above -loss_rise"),
+                     ({"start_rise": "0", "recover_span": 20},
+                      "downgrade.start_rise must be a number of nats above -loss_rise"),
                      ({"start_rise": 0.1}, "start_rise needs recover_span"),
                      ("info", "downgrade must be a mapping")]:
         with pytest.raises(RuleError, match=re.escape(msg)):

@@ -484,7 +484,8 @@ def test_a_departure_after_another_causes_loss_rise_is_not_paged(tmp_path: Path)
     (``bench/rule_variants.py``: round thirty-nine's departure beside the defaults in one
     replay): an LR stepped x6 for 47 steps (``f60_llama_lr_bump``) and ten garbage batches
     under SGD (``f60_gpt2_sgd_bad_data_10``) raised the loss and then took a head's float32
-    logits past their range; the loss healed from there. With ``start_rise`` 0 the departure
+    logits past their range; the loss healed from there. With ``start_rise`` 0 (round
+    forty; -0.05 since round forty-one, a tolerance for the level's noise) the departure
     stays info (the loss's level no higher than when the logits left their range); judged
     from the run's best alone it paged both. A bf16 run at a high LR whose loss climbs with
     its logits is paged by the departure at the same step either way."""
@@ -492,7 +493,7 @@ def test_a_departure_after_another_causes_loss_rise_is_not_paged(tmp_path: Path)
 
     rv = load("rule_variants")
     entry = default_entry("attn_logit_departure")
-    assert entry["downgrade"]["start_rise"] == 0.0
+    assert entry["downgrade"]["start_rise"] == -0.05
     path = tmp_path / "variants.yaml"
     path.write_text(yaml.safe_dump({"rules": [dict(
         entry, name="attn_logit_departure--r39",

@@ -53,10 +53,11 @@ class Downgrade:
       (``null``: the LR is not consulted);
     * and, with ``start_rise`` (needs ``recover_span``), a loss that has risen counts as
       harm only once its level has also climbed ``start_rise`` nats or more above its level
-      at the step the episode started (the rule's metric left its range): a loss already
-      up when the logits left their range, for another cause (an LR bump, garbage batches),
-      and no higher since, is that cause's bump, which the loss rules judge (``null``: the
-      rise is judged from the run's best alone).
+      at the step the episode started (the rule's metric left its range; a negative value
+      is a tolerance: the level may sit that far under it): a loss already up when the
+      logits left their range, for another cause (an LR bump, garbage batches), and no
+      higher since, is that cause's bump, which the loss rules judge (``null``: the rise is
+      judged from the run's best alone).
 
     A frame with neither ``metric`` nor ``capped_metric`` is never downgraded (a job that
     does not say). An alert that fires on a downgraded sample is stored with severity
@@ -115,8 +116,9 @@ class Downgrade:
 
         r = self.start_rise
         if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))
-                              or not r >= 0):
-            raise RuleError(f"downgrade.start_rise must be a number of nats >= 0 or null, "
+                              or not (self.loss_rise is None or r > -self.loss_rise)):
+            raise RuleError(f"downgrade.start_rise must be a number of nats above -loss_rise "
+                            f"(negative: a tolerance under the start's level) or null, "
                             f"got {r!r}")
         if r is not None and g is None:
             raise RuleError("downgrade.start_rise needs recover_span (it compares the loss's "

@@ -89,13 +89,21 @@ def _downgrade_text(why: dict[str, object]) -> str:
                  f"the median of its newest {why['recover_span']} steps, is "
                  f"{_fmt(why['loss_since_start'])} nats from where it was then: another "
                  f"cause's bump, which the loss rules judge; "
-                 + (f"a further {_fmt(why['start_rise'])}-nat climb" if why['start_rise']
-                    else "a climb past that level") + f" makes it a {why['from']})")
+                 + _start_rise_text(float(why['start_rise'])) + f" makes it a {why['from']})")
     elif "loss_rise" in why:
         text += (f" and the loss is {_fmt(why['loss_rise'])} nats above its best (a "
                  f"{_fmt(why['loss_rise_limit'])}-nat rise makes it a {why['from']})")
     note = why.get("note")
     return text + (f". {note}" if note else ".")
+
+
+def _start_rise_text(r: float) -> str:
+    """What lifts a downgrade held by ``Downgrade.start_rise`` ``r``."""
+    if r > 0:
+        return f"a further {_fmt(r)}-nat climb"
+    if r < 0:
+        return f"its level back within {_fmt(-r)} nats of that"
+    return "a climb past that level"
 
 
 def _finite(x: float | None) -> float | None:
