@@ -53,7 +53,7 @@ class DowngradeMixin(RecoveryMixin):
                     since = tr.now - start_level
                     why.update(loss_level_at_start=round(start_level, 4), started_step=started,
                                start_rise=d.start_rise)
-            before = since is not None and d.start_rise is not None and since < d.start_rise
+            before = since is not None and since < (d.start_rise or 0.0)  # set with since
             if rise >= d.loss_rise and not recovering and not before:
                 return None  # the loss shows harm
             why.update(loss_rise=round(rise, 4), loss_rise_limit=d.loss_rise,

@@ -99,9 +99,9 @@ class LifecycleMixin(DowngradeMixin):
             if d is not None and "downgraded" in ev and not ev.get("downgrade_lifted"):
                 low = ev["downgraded"]
                 at = low.get("loss_level_at_start") if isinstance(low, dict) else None
+                at = at if isinstance(at, (int, float)) else None  # the level when it started
                 if not f.heads or self._downgrade(
-                        rule, f.run_id, f.rank, fv, a.started_step,
-                        at if isinstance(at, (int, float)) else None) is not None:
+                        rule, f.run_id, f.rank, fv, a.started_step, at) is not None:
                     continue  # still lowered (or a frame that cannot say)
                 x = fv.get(d.metric)
                 if x is None or not x > d.above:
@@ -114,13 +114,10 @@ class LifecycleMixin(DowngradeMixin):
                     rise = math.inf if tr is None else tr.rise
                     because = (f"the loss (median of its last {d.loss_window} steps) rose "
                                f"{_fmt(rise)} nats above its best")
-                    if d.start_rise is not None and tr is not None and tr.now is not None:
-                        at = (ev["downgraded"].get("loss_level_at_start")
-                              if isinstance(ev["downgraded"], dict) else None)
-                        if isinstance(at, (int, float)):
-                            because += (f", its level {_fmt(tr.now - at)} nats above where "
-                                        f"it was when the episode started (step "
-                                        f"{a.started_step})")
+                    if (d.start_rise is not None and at is not None and tr is not None
+                            and tr.now is not None):
+                        because += (f", its level {_fmt(tr.now - at)} nats above where it "
+                                    f"was when the episode started (step {a.started_step})")
                 ev["downgrade_lifted"] = f.step
                 reasons.append(because)
             if "page" in ev and not ev.get("page_due"):
