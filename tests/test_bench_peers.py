@@ -1,5 +1,5 @@
 """The bench's peer detectors against the tools they stand for, where the tool is installed
-here: Lightning's ``SpikeDetection`` (``bench_alerts.lightning``) on the same losses."""
+here: Lightning's ``SpikeDetection`` (``peer_detectors.lightning``) on the same losses."""
 
 from __future__ import annotations
 
@@ -35,6 +35,6 @@ def test_the_lightning_peer_stops_where_spike_detection_raises(seed: int) -> Non
     for _ in range(rng.randint(0, 3)):  # spikes of 1.5-5x, a NaN now and then
         at = rng.randrange(1, 300)
         losses[at] = math.nan if rng.random() < 0.2 else losses[at] * rng.uniform(1.5, 5.0)
-    peer = list(load("bench_alerts").lightning(list(enumerate(losses))))
+    peer = list(load("peer_detectors").lightning(list(enumerate(losses))))
     real = _real_lightning(losses)
     assert peer == ([] if real is None else [real]), (seed, peer, real)
