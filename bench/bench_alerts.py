@@ -61,7 +61,7 @@ rounds' data) and replayed once on the set fixed after it; which round read whic
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-one) were
 chosen on ``--split read61`` (``long1`` and ``long2`` with it) and replayed once on
 ``fresh62`` (every clipped run clipping at half the norm). The next change is chosen on
-``--split read62`` and replayed once on ``fresh63`` (warm-ups of 200 steps; unread).
+``--split read63`` and replayed once on ``fresh64`` (SGD momentum 0.95; unread).
 
 Usage::
 
