@@ -43,7 +43,7 @@ from logitwatch.server.db.models import OutboxItem
 from logitwatch.server.schemas import AlertOut
 from logitwatch.wire import parse_retry_after
 
-__all__ = ["WebhookNotifier", "backoff", "payload", "retry_after"]
+__all__ = ["WebhookNotifier", "backoff", "payload", "retry_after", "verdict"]
 
 log = logging.getLogger("logitwatch.notify")
 
@@ -51,16 +51,40 @@ log = logging.getLogger("logitwatch.notify")
 MAX_RETRY_AFTER = 600.0
 
 
+def verdict(alert: AlertOut) -> str | None:
+    """What changed, said before the alert's message, when the message alone would bury it:
+    an alert that fired as ``info`` and paged later (the step and why: the message tells
+    the firing first and the escalation last), or one that resolved (the step, and whether
+    it paged or recovered without paging). None for an alert that fired as it is."""
+    ev = alert.evidence or {}
+    if alert.state == "firing":
+        if alert.paged_step is None or alert.paged_step == alert.fired_step:
+            return None
+        why = ev.get("escalated_because")
+        return (f"paged at step {alert.paged_step} (fired as info at step "
+                f"{alert.fired_step})" + (f": {why}" if why else ""))
+    if alert.resolved_step is None:
+        return None
+    out = f"resolved at step {alert.resolved_step}"
+    if ev.get("recovered"):
+        return out + ", recovered without paging"
+    if alert.paged_step is not None:
+        out += f" (it paged at step {alert.paged_step})"
+    return out
+
+
 def payload(alert: AlertOut) -> dict[str, Any]:
-    """The JSON body for one alert (Slack-compatible through its ``text``)."""
+    """The JSON body for one alert (Slack-compatible through its ``text``): a first line
+    that says what changed (:func:`verdict`), then the alert's message."""
     where = f"rank {alert.rank}"
     if alert.layer is not None:
         heads = alert.heads or ([alert.head] if alert.head is not None else [])
         where += f", layer {alert.layer}, head{'s' if len(heads) > 1 else ''} " + \
             ", ".join(str(h) for h in heads)
     verb = "FIRING" if alert.state == "firing" else alert.state.upper()
-    text = (f"[logitwatch] {verb} {alert.severity} {alert.rule} in run {alert.run} "
-            f"({where}): {alert.message}")
+    text = f"[logitwatch] {verb} {alert.severity} {alert.rule} in run {alert.run} ({where})"
+    said = verdict(alert)
+    text += f": {said}.\n{alert.message}" if said else f": {alert.message}"
     if alert.state == "firing" and alert.remedies:
         text += "\nWhat to do: " + " | ".join(alert.remedies[:3])
     return {"kind": "logitwatch.alert", "text": text, "alert": alert.model_dump(mode="json")}

@@ -96,17 +96,19 @@ export function alertCard(a, { onShow = null, actions = null } = {}) {
   const step = el("span", "step", `fired at step ${a.fired_step}`);
   head.append(step);
   node.append(head);
-
-  const fired = el("div", "when fired");
-  fired.append(el("span", "label", `when it fired (step ${a.fired_step})`), el("p", "message", whatText(a)));
-  fired.append(el("p", "facts", `${a.metric}: ${numbers(a.value, a.baseline, a.threshold)} · left its range at step ${a.started_step}`));
-  node.append(fired);
+  // the verdict before the evidence: an info alert that paged later says when and why
+  // first (its message tells the firing first and the escalation last)
   if (a.paged_step != null && a.paged_step !== a.fired_step) {
     const why = a.evidence?.escalated_because;
     node.append(el("p", "facts paged", `paged (${a.severity}) at step ${a.paged_step}${why ? `: ${why}` : ""}`));
   } else if (a.paged_step == null && a.severity === "info") {
     node.append(el("p", "facts paged", "info: shown here, not paged"));
   }
+
+  const fired = el("div", "when fired");
+  fired.append(el("span", "label", `when it fired (step ${a.fired_step})`), el("p", "message", whatText(a)));
+  fired.append(el("p", "facts", `${a.metric}: ${numbers(a.value, a.baseline, a.threshold)} · left its range at step ${a.started_step}`));
+  node.append(fired);
   const latest = a.evidence?.latest;
   if (latest && typeof latest === "object") {
     const now = el("div", "when latest");
