@@ -58,10 +58,10 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-one) were
-chosen on ``--split read61`` (``long1`` and ``long2`` with it) and replayed once on
-``fresh62`` (every clipped run clipping at half the norm). The next change is chosen on
-``--split read63`` and replayed once on ``fresh64`` (SGD momentum 0.95; unread).
+what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-two) were
+chosen on ``--split read64`` (``long1`` and ``long2`` with it) and replayed once on
+``fresh65`` (batches of 24 sequences). The next change is chosen on ``--split read65`` and
+replayed once on ``fresh66`` (a cosine LR decay to 10 % of the peak; unread).
 
 Usage::
 

@@ -403,3 +403,14 @@ def test_yaml_rules_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     p.write_text("rules:\n  - name: bad\n    kind: threshold\n")
     with pytest.raises(RuleError, match=r"rules\[0\]: rule 'bad': metric"):
         load_rules_file(p)
+
+
+def test_a_bias_refuge_needs_the_bias_to_rise_by_min_rise() -> None:
+    """Round forty-two: q's bias must rise 45 % over the window (``min_rise``), k's 20 %
+    (``min_change``, its rise when ``min_rise`` is unset). W_q falls 24 % and its bias rises
+    25 % with the logit up (an LR bump under Adam moving every weight): no q refuge; k's
+    rule, with the same numbers, fires."""
+    shrink = [2.0, 1.8, 1.55, 1.3, 1.1]  # 22-29 % down per 100 steps
+    grow = [0.8, 0.9, 1.0, 1.12, 1.25]  # 24-25 % up per 100 steps
+    assert F not in _refuge_states(shrink, grow, [3.0, 3.5, 4.0, 5.0, 5.7])
+    assert F in _refuge_states(shrink, grow, [3.0, 3.5, 4.0, 5.0, 5.7], n_kv=2)

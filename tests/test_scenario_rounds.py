@@ -514,3 +514,30 @@ def test_a_departure_after_another_causes_loss_rise_is_not_paged(tmp_path: Path)
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"rules": [entry]}))
     with pytest.raises(ValueError, match="name every rule <default rule>--<tag>"):
         rv.variants_of(tmp_path / "bad.yaml")
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_bias_that_grows_with_an_lr_bump_is_no_refuge(tmp_path: Path) -> None:
+    """Round forty-two, chosen on ``--split read64``, at interval 1 (``bench/rule_variants.py``
+    with round forty-one's ``q_bias_refuge`` beside the defaults): two post-LN runs whose LR
+    was bumped x5.7 for 53 steps under AdamW, with no QK-clip, had W_q fall 20-24 % while its
+    bias rose 21-40 %, and the refuge paged them (``min_rise`` null: the bias's rise is
+    ``min_change``, 0.2); the QK-clip runs whose bias rose least by the step it fired
+    (``f46_``, ``f52_gpt2_qk_clip``: 49 % and 51 %) page at the same step under 0.45."""
+    import yaml
+
+    rv = load("rule_variants")
+    entry = default_entry("q_bias_refuge")
+    assert entry["params"]["min_rise"] == 0.45
+    assert default_entry("k_bias_refuge")["params"].get("min_rise") is None
+    path = tmp_path / "variants.yaml"
+    path.write_text(yaml.safe_dump({"rules": [dict(
+        entry, name="q_bias_refuge--r41", params=dict(entry["params"], min_rise=None))]}))
+    base, variants, _ = rv.variants_of(path)
+    for name, then in (("f12_postln_lr_bump", 450), ("f64_postln_lr_bump", 530),
+                       ("f46_gpt2_qk_clip", 380), ("f52_gpt2_qk_clip", 260)):
+        row = rv.pages_of(name, 1, str(path))
+        assert row["label"] == "healthy", (name, row)
+        assert row["pages"][variants[0]] == then, (name, row)
+        now = row["pages"].get(base)
+        assert now == (None if "lr_bump" in name else then), (name, row)

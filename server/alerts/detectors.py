@@ -222,9 +222,10 @@ def _ratio(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
            cell: tuple[int | None, int | None]) -> Verdict | None:
     """A weight norm falling while its bias norm rises (QK-clip's bias refuge).
 
-    Over ``window`` steps the weight norm falls and the bias norm rises by ``min_change``
-    each, the bias is a material part of the projection (its norm at least ``share`` of the
-    weight's: the bias term's share of q = W x + b for unit-RMS inputs), and, where the frame
+    Over ``window`` steps the weight norm falls by ``min_change`` and the bias norm rises by
+    ``min_rise`` (None: ``min_change`` too), the bias is a material part of the projection
+    (its norm at least ``share`` of the weight's: the bias term's share of q = W x + b for
+    unit-RMS inputs), and, where the frame
     carries the head's max attention logit (``logit``), the logit is at least
     ``logit_floor`` and did not fall with the weight: the logit's magnitude moved into the
     bias path. A head whose weights shrink because training shrinks them (weight decay,
@@ -252,8 +253,10 @@ def _ratio(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     w_change = v / w0 - 1
     b_change = other / b0 - 1
     c = float(r.param("min_change"))
+    rise = r.param("min_rise")
+    rise = c if rise is None else float(rise)
     share = other / v if v > 0 else math.inf
-    breach = w_change <= -c and b_change >= c and share >= float(r.param("share"))
+    breach = w_change <= -c and b_change >= rise and share >= float(r.param("share"))
     how: dict[str, Any] = {"weight_norm": v, "bias_norm": other, "weight_change": w_change,
                            "bias_change": b_change, "bias_share": share,
                            "other": other_name, "since_step": then[-1][0]}
@@ -341,7 +344,8 @@ KINDS: dict[str, Kind] = {
     "clip_rate": Kind(clip_rate, {"window": 100, "min_samples": 3, "rate": 0.9,
                                    "rise": 0.5}),
     "ratio": Kind(_ratio, {"other": "qk.q_bias_norm", "window": 100, "min_change": 0.2,
-                           "share": 0.0, "logit": None, "logit_floor": 0.0}),
+                           "min_rise": None, "share": 0.0, "logit": None,
+                           "logit_floor": 0.0}),
     "first_loss": Kind(_first_loss, {"vocab": None, "tolerance": 1.5}, keep_firing_for=0,
                        keep=1),
     "no_data": Kind(_no_data, {"seconds": 600.0}, keep_firing_for=0),

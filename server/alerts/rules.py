@@ -114,8 +114,8 @@ wide sampling interval) takes the newest ``min_samples`` instead:
 ``clip_rate``      mean of ``grad.clipped`` over the last ``window`` steps above ``rate`` and at
                    least ``rise`` above its mean over the ``window`` steps before.
 ``ratio``          this series (q/k weight norm) fell by ``min_change`` or more since ``window``
-                   steps ago while ``other`` (the bias norm) rose by as much: the QK-clip bias
-                   refuge.
+                   steps ago while ``other`` (the bias norm) rose by ``min_rise`` (None: as
+                   much): the QK-clip bias refuge.
 ``first_loss``     the first loss sample is far from ln(``vocab``): beyond ``tolerance`` nats
                    (without ``vocab``: above ln(262144) + tolerance, or non-finite).
 ``no_data``        the run sent nothing for ``seconds`` (judged by the engine's clock, not
