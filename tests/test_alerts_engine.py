@@ -10,9 +10,7 @@ import gzip
 import json
 import logging
 import math
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from logitwatch.server.settings import Settings
 from logitwatch.server.store.alerts import alert_out, list_alerts
 from logitwatch.server.store.ingest import ingest_frames
 from tests.alert_frames import alerts, feed, frame, frames_at, growing, logits, plateau_loss
+from tests.webhook_tools import WebhookReceiver
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "bench" / "scenarios"
 
@@ -132,27 +131,13 @@ def test_lr_jump_and_loss_jump_say_what_happened(sessions: sessionmaker[Session]
     assert "gradient norm jumped" in got["loss_jump"].message
 
 
-class _Hook(BaseHTTPRequestHandler):
-    received: list[dict[str, Any]] = []
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append(json.loads(body))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *a: Any) -> None:
-        pass
-
-
 def test_webhook_retries_survive_a_collector_restart(sqlite_url: str) -> None:
     engine = make_engine(sqlite_url)
     migrate(engine)
     sessions = sessionmaker(engine, expire_on_commit=False)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
-    port = server.server_address[1]
-    url = f"http://127.0.0.1:{port}/hook"
-    server.server_close()  # nothing listens yet: deliveries fail and wait in the outbox
+    probe = WebhookReceiver()  # a free port; nothing listens on it yet: deliveries fail
+    port, url = probe.port, probe.url  # and wait in the outbox
+    probe.server.server_close()
     eng = AlertEngine(RULES)
     feed(sessions, eng, [frame(i, heads=logits(i, rising=((0, 1),)), loss=2.0)
                          for i in range(25)])
@@ -173,22 +158,18 @@ def test_webhook_retries_survive_a_collector_restart(sqlite_url: str) -> None:
         time.sleep(0.05)
     first.close()  # the collector stops with the alert undelivered
     assert item is not None and item.attempts >= 1 and item.last_error
-    _Hook.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", port), _Hook)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    second = WebhookNotifier(url, retries=50, sessions=sessions, base_delay=0.05, info=True)
-    try:
-        deadline = time.time() + 15
-        while time.time() < deadline and not _Hook.received:
-            time.sleep(0.05)
-    finally:
-        second.close()
-        server.shutdown()
-        server.server_close()
-        engine.dispose()
-    assert len(_Hook.received) == 1
-    body = _Hook.received[0]
+    with WebhookReceiver(port) as hook:
+        second = WebhookNotifier(url, retries=50, sessions=sessions, base_delay=0.05,
+                                 info=True)
+        try:
+            deadline = time.time() + 15
+            while time.time() < deadline and not hook.received:
+                time.sleep(0.05)
+        finally:
+            second.close()
+            engine.dispose()
+    assert len(hook.received) == 1
+    body = hook.received[0]
     assert body["kind"] == "logitwatch.alert" and "layer 0, head 1" in body["text"]
     assert body["alert"]["rule"] == "attn_logit_rising" and "What to do" in body["text"]
 

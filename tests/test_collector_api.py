@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import math
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
@@ -15,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from logitwatch.server.app import create_app
 from logitwatch.server.settings import Settings
+from tests.webhook_tools import WebhookReceiver
 
 
 def frame(seq: int, *, run: str = "r1", rank: int = 0, heads: Any = None,
@@ -161,38 +159,16 @@ def test_alert_state_resumes_after_restart(db_url: str) -> None:
     assert r28["alerts"][0]["fired_step"] == 280 and r28["alerts"][0]["started_step"] == 260
 
 
-class _Hook(BaseHTTPRequestHandler):
-    received: list[dict[str, Any]] = []
-    got = threading.Event()
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append(json.loads(body))
-        self.send_response(200)
-        self.end_headers()
-        type(self).got.set()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 def test_webhook_receives_alert_json(sqlite_url: str) -> None:
-    srv = HTTPServer(("127.0.0.1", 0), _Hook)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/hook"
-        with TestClient(create_app(Settings(db_url=sqlite_url, webhook_url=url,
+    with WebhookReceiver() as hook:
+        with TestClient(create_app(Settings(db_url=sqlite_url, webhook_url=hook.url,
                                             webhook_info=True))) as c:  # info too
             for i in range(30):
                 c.post("/api/v1/ingest", json={"frames": [frame(i, heads=growing(i))]})
-            assert _Hook.got.wait(10), "no webhook call arrived"
-        body = _Hook.received[0]
-        assert body["kind"] == "logitwatch.alert" and "layer 1, head 2" in body["text"]
-        assert body["alert"]["fired_step"] == 280 and not math.isnan(body["alert"]["value"])
-    finally:
-        srv.shutdown()
-        srv.server_close()
+            assert hook.got.wait(10), "no webhook call arrived"
+    body = hook.received[0]
+    assert body["kind"] == "logitwatch.alert" and "layer 1, head 2" in body["text"]
+    assert body["alert"]["fired_step"] == 280 and not math.isnan(body["alert"]["value"])
 
 
 def test_a_reads_error_does_not_say_nothing_was_stored(sqlite_url: str) -> None:

@@ -11,10 +11,7 @@ a resolve says when, and whether it had paged or recovered without paging.
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +23,10 @@ from logitwatch.server.app import create_app
 from logitwatch.server.settings import Settings
 from tests.dashboard_tools import WAIT_MS, Collector, ingest
 from tests.scenario_tools import BENCH, load
+from tests.webhook_tools import WebhookReceiver
 
 CATAPULT = "f62_gpt2_plain_sgd"
 OUTLIER = "f62_llama_outlier_random"
-
-
-class _Hook(BaseHTTPRequestHandler):
-    received: list[dict[str, Any]] = []
-
-    def do_POST(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append(json.loads(body))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 def _frames(name: str) -> list[dict[str, Any]]:
@@ -50,36 +35,27 @@ def _frames(name: str) -> list[dict[str, Any]]:
     return frames_mod.derive(frames, 1)
 
 
-def _texts(rule: str, run: str) -> list[str]:
-    return [b["text"] for b in _Hook.received
+def _texts(hook: WebhookReceiver, rule: str, run: str) -> list[str]:
+    return [b["text"] for b in hook.received
             if b["alert"]["rule"] == rule and b["alert"]["run"] == run]
 
 
 def test_a_page_and_a_resolve_lead_with_what_changed(sqlite_url: str) -> None:
-    _Hook.received = []
-    srv = HTTPServer(("127.0.0.1", 0), _Hook)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/hook"
-        with TestClient(create_app(Settings(db_url=sqlite_url, webhook_url=url,
-                                            webhook_info=True))) as c:
-            for name in (CATAPULT, OUTLIER):
-                for f in _frames(name):  # one request a step, as a job sampling every step
-                    r = c.post("/api/v1/ingest", json={"frames": [f]})
-                    assert r.status_code == 200, r.text
-            deadline = time.time() + 20
-            while time.time() < deadline and not (
-                    any(x.startswith("[logitwatch] RESOLVED")
-                        for x in _texts("loss_jump", CATAPULT))
-                    and any("recovered without paging" in x
-                            for x in _texts("loss_jump", OUTLIER))):
-                time.sleep(0.1)
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with WebhookReceiver() as hook, TestClient(create_app(Settings(
+            db_url=sqlite_url, webhook_url=hook.url, webhook_info=True))) as c:
+        for name in (CATAPULT, OUTLIER):
+            for f in _frames(name):  # one request a step, as a job sampling every step
+                r = c.post("/api/v1/ingest", json={"frames": [f]})
+                assert r.status_code == 200, r.text
+        deadline = time.time() + 20
+        while time.time() < deadline and not (
+                any(x.startswith("[logitwatch] RESOLVED")
+                    for x in _texts(hook, "loss_jump", CATAPULT))
+                and any("recovered without paging" in x
+                        for x in _texts(hook, "loss_jump", OUTLIER))):
+            time.sleep(0.1)
 
-    fired, paged, resolved = _texts("loss_jump", CATAPULT)[:3]
+    fired, paged, resolved = _texts(hook, "loss_jump", CATAPULT)[:3]
     # fired as info: the message, as it always was (nothing changed but the firing)
     assert fired.startswith(f"[logitwatch] FIRING info loss_jump in run {CATAPULT} "
                             f"(rank 0): {CATAPULT}: rank 0: the loss jumped")
@@ -98,7 +74,7 @@ def test_a_page_and_a_resolve_lead_with_what_changed(sqlite_url: str) -> None:
                             "(rank 0): resolved at step ")
     assert first.endswith("(it paged at step 68).")
     # the outlier's bump, shown and recovered: its resolve says it never paged
-    outlier = _texts("loss_jump", OUTLIER)
+    outlier = _texts(hook, "loss_jump", OUTLIER)
     assert outlier[0].startswith("[logitwatch] FIRING info loss_jump")
     first = outlier[-1].split("\n", 1)[0]
     assert first.startswith(f"[logitwatch] RESOLVED info loss_jump in run {OUTLIER} "
