@@ -3,11 +3,8 @@ loopback -> SQLite -> API, the alert path to a real local webhook receiver, and 
 
 from __future__ import annotations
 
-import json
 import math
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,45 +16,14 @@ F = torch.nn.functional
 
 import logitwatch  # noqa: E402
 from logitwatch.demo.runner import Collector, run_jobs  # noqa: E402
+from tests.webhook_tools import WebhookReceiver  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-class Receiver:
-    """A real HTTP server on loopback that records webhook POSTs."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        self.got = threading.Event()
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
-                n = int(self.headers["Content-Length"])
-                outer.bodies.append(json.loads(self.rfile.read(n)))
-                self.send_response(204)
-                self.end_headers()
-                outer.got.set()
-
-            def log_message(self, *a: Any) -> None:
-                pass
-
-        self.srv = HTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/hook"
-        self.t = threading.Thread(target=self.srv.serve_forever, daemon=True)
-
-    def __enter__(self) -> Receiver:
-        self.t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.srv.shutdown()
-        self.srv.server_close()
-
-
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with Receiver() as r:
+def receiver() -> Iterator[WebhookReceiver]:
+    with WebhookReceiver() as r:
         yield r
 
 
@@ -134,7 +100,7 @@ def test_stored_maxima_equal_an_eager_reference(tmp_path: Path) -> None:
 
 
 def test_demo_alerts_before_divergence_and_calls_the_webhook(
-    tmp_path: Path, receiver: Receiver
+    tmp_path: Path, receiver: WebhookReceiver
 ) -> None:
     with Collector(f"sqlite:///{tmp_path / 'demo.db'}", webhook_url=receiver.url) as col:
         lines: list[str] = []
@@ -164,7 +130,7 @@ def test_demo_alerts_before_divergence_and_calls_the_webhook(
     assert runs["unstable-t"]["status"] in ("finished", "diverged")
     # The job itself heard about it through the ingest answers (the return path).
     assert unstable["first_alert_step"] is not None
-    hook = receiver.bodies[0]
+    hook = receiver.received[0]
     assert hook["alert"]["run"] == "unstable-t" and "layer" in hook["text"]
 
 

@@ -1,5 +1,5 @@
 """A webhook receiver for the tests: a real HTTP server on loopback, in a thread, that keeps
-every JSON body POSTed to it."""
+every JSON body POSTed to it (the collector's webhook tests and the end-to-end demo test)."""
 
 from __future__ import annotations
 

@@ -225,12 +225,11 @@ def _ratio(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     Over ``window`` steps the weight norm falls by ``min_change`` and the bias norm rises by
     ``min_rise`` (None: ``min_change`` too), the bias is a material part of the projection
     (its norm at least ``share`` of the weight's: the bias term's share of q = W x + b for
-    unit-RMS inputs), and, where the frame
-    carries the head's max attention logit (``logit``), the logit is at least
-    ``logit_floor`` and did not fall with the weight: the logit's magnitude moved into the
-    bias path. A head whose weights shrink because training shrinks them (weight decay,
-    an early transient) loses its logit with them; a bias that is a rounding error of
-    the projection carries nothing.
+    unit-RMS inputs), and, where the frame carries the head's max attention logit
+    (``logit``), the logit is at least ``logit_floor`` and did not fall with the weight: the
+    logit's magnitude moved into the bias path. A head whose weights shrink because training
+    shrinks them (weight decay, an early transient) loses its logit with them; a bias that
+    is a rounding error of the projection carries nothing.
     """
     other_name = str(r.param("other"))
     other = fv.get(other_name, *cell)
