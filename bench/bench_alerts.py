@@ -109,7 +109,11 @@ LOSS_RULES = {r.name for r in DEFAULT_RULES if r.metric == "loss"}
 
 
 def _paged_step(a: Any) -> int | None:
-    """The step an alert paged at (None: never became warning or critical)."""
+    """The step an alert paged at (None: never became warning or critical, or was stored
+    inhibited: a paged divergence alert of its run had already told people, so it was not
+    sent)."""
+    if getattr(a, "suppressed", None) == "inhibited":
+        return None
     step = getattr(a, "paged_step", None)
     if step is not None:
         return int(step)

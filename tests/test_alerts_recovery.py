@@ -148,11 +148,12 @@ def test_a_blow_up_while_the_level_is_still_up_pages_the_waiting_alert_at_once()
     assert "unrecovered" in a.evidence and a.severity == "critical"
 
 
-def test_an_episode_waiting_for_the_level_does_not_inhibit_head_alerts() -> None:
+def test_an_episode_held_at_info_does_not_inhibit_head_alerts() -> None:
     """While the loss's level is still up after a cleared jump, a head's max logit leaves
     its range: that alert is stored as usual, not suppressed by the waiting loss alert.
-    While the loss jumps again (470-499, joining the waiting alert), it inhibits, as a
-    firing loss jump always has."""
+    While the loss jumps again (470-499, joining the alert, still held at info until it
+    pages at 500 as unrecovered), the head's page is not swallowed either: the loss alert
+    has told nobody yet (a paged divergence alert does inhibit: test_alerts_engine)."""
     heads = growing(420, rate=0.05)
     alerts = alerts_of(frames_at(1, 700, _garbage_then(_stays_up), heads=heads))
     dep = by_rule(alerts, "attn_logit_departure")
@@ -163,7 +164,10 @@ def test_an_episode_waiting_for_the_level_does_not_inhibit_head_alerts() -> None
         return 6.0 if 470 <= step < 500 else 0.7
     alerts = alerts_of(frames_at(1, 700, _garbage_then(again), heads=heads))
     (dep,) = by_rule(alerts, "attn_logit_departure")
-    assert 470 <= dep.fired_step < 500 and dep.suppressed == "inhibited", dep.fired_step
+    (jump,) = by_rule(alerts, "loss_jump")
+    assert jump.paged_step == 500, jump.paged_step
+    assert 470 <= dep.fired_step < 500 and dep.suppressed is None, (dep.fired_step,
+                                                                    dep.suppressed)
 
 
 # -- restart -------------------------------------------------------------------------------

@@ -541,3 +541,16 @@ def test_a_bias_that_grows_with_an_lr_bump_is_no_refuge(tmp_path: Path) -> None:
         assert row["pages"][variants[0]] == then, (name, row)
         now = row["pages"].get(base)
         assert now == (None if "lr_bump" in name else then), (name, row)
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_page_during_a_loss_jump_held_at_info_is_sent() -> None:
+    """``f66_lr_ramp_s660`` (a warm-up ramp that diverges at 132): the loss jumps at 114 and
+    is held at ``info`` (it pages at 131); the loss climbing at the clip pages at 115. That
+    page was stored inhibited by the info alert, so nobody heard of the run until 128; an
+    inhibiting rule now inhibits only once it has paged, and the bench counts only the
+    pages that were sent (``_paged_step``)."""
+    ba = load("bench_alerts")
+    row = ba.bench_one(str(BENCH / "scenarios" / "f66_lr_ramp_s660.jsonl.gz"), 1)
+    assert row["logitwatch"]["from50"] == 115 and row["logitwatch_rules"] == ["loss_clip_ramp"]
+    assert row["divergence_step"] == 132

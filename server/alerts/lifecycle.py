@@ -5,7 +5,7 @@ the breach (value, baseline, limit, evidence, message, remedies), unless one is 
 the rule and layer: then more heads of the layer join it (grouping), or a breach within its
 hold adds to its evidence (``evidence.breaches``, ``reopened``) and changes nothing else.
 A resolving transition resolves it once no head of it is active. New alerts are stored
-``suppressed`` while a rule with ``inhibits`` fires on the rank (``inhibited``), a
+``suppressed`` while a rule with ``inhibits`` fires on the rank and has paged (``inhibited``), a
 silence matches them (``silenced``), or a run-level alert of the same rule already paged
 from another rank of the run and still fires (``duplicate``); an escalation judges the
 silences and the duplicates again (:meth:`LifecycleMixin._raise`).
@@ -302,21 +302,18 @@ class LifecycleMixin(DowngradeMixin):
         return "duplicate"
 
     def _inhibited(self, session: Session, run_id: int, rank: int) -> str | None:
-        """The inhibiting rule firing on (run, rank), if any. An episode held open only
-        because its level has not come back (``Page.recover_within``) does not inhibit while
-        its condition stays clear (a new jump of its rule, joining it, does)."""
+        """The inhibiting rule firing on (run, rank) that has paged, if any. One held back at
+        ``info`` by its :class:`~logitwatch.server.alerts.rules.Page` (a loss jump waiting to
+        see whether it recovers) inhibits nothing: it told nobody, so another rule's page
+        in the meantime (a loss climbing at the clip, the attention wiped) is the news."""
         names = [r.name for r in self._rules if r.inhibits]
         if not names:
             return None
-        for a in session.scalars(
+        a = session.scalar(
             select(Alert).where(Alert.run_id == run_id, Alert.rank == rank,
-                                Alert.rule.in_(names), Alert.state == State.FIRING.value)
-        ):
-            t = self._tracks.get((a.rule, run_id, rank, None, None))
-            if _awaiting(a) and (t is None or t.state is not State.FIRING):
-                continue  # its condition clear
-            return a.rule
-        return None
+                                Alert.rule.in_(names), Alert.state == State.FIRING.value,
+                                Alert.paged_step.is_not(None)).limit(1))
+        return None if a is None else a.rule
 
     def _silenced(self, session: Session, run: Run | None, rule: str, rank: int,
                   layer: int | None, now: float) -> int | None:
