@@ -60,8 +60,8 @@ readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-two) were
 chosen on ``--split read64`` (``long1`` and ``long2`` with it) and replayed once on
-``fresh65`` (batches of 24 sequences). The next change is chosen on ``--split read66`` and
-replayed once on ``fresh67`` (every clipped run clipping at twice the norm; unread).
+``fresh65`` (batches of 24 sequences). The next change is chosen on ``--split read67`` and
+replayed once on ``fresh68`` (every Adam and AdamW run at eps 1e-5; unread).
 
 Usage::
 
