@@ -41,25 +41,25 @@ FROM = 100  # no judgement before this step (the logits are still finding their 
 
 
 def first_collapse(maxima: dict[int, float], steps: list[int], frac: float, window: int,
-                   k: int) -> int | None:
+                   k: int, floor: float = 1.0, lag: int = 0) -> int | None:
     """The first of ``steps`` (sampled, from :data:`FROM` on) whose max logit is under
-    ``frac`` x the median of the sampled maxima over the ``window`` (+ ``k``) steps before
-    it, that level at least 1; None if none."""
+    ``frac`` x the median of the sampled maxima over the ``window`` (+ ``k``) steps that end
+    ``lag`` steps before it, that level at least ``floor``; None if none."""
     seen = [s for s in steps if s in maxima]
     for i, s in enumerate(seen):
         if s < FROM:
             continue
-        prev = [maxima[t] for t in seen[:i] if s - window - k <= t < s]
+        prev = [maxima[t] for t in seen[:i] if s - lag - window - k <= t < s - lag]
         if len(prev) < 2:
             continue
         level = statistics.median(prev)
-        if level >= 1.0 and maxima[s] < frac * level:
+        if level >= floor and maxima[s] < frac * level:
             return s
     return None
 
 
-def screen(path: Path, frac: float, window: int, intervals: tuple[int, ...]
-           ) -> dict[str, Any]:
+def screen(path: Path, frac: float, window: int, intervals: tuple[int, ...],
+           floor: float = 1.0, lag: int = 0) -> dict[str, Any]:
     """One run's label, divergence, garbage stretch (unclipped momentum SGD only) and first
     collapse per interval."""
     with gzip.open(path, "rt") as f:
@@ -78,11 +78,12 @@ def screen(path: Path, frac: float, window: int, intervals: tuple[int, ...]
                and spec.get("max_norm") is None else None)
     return {"name": h["scenario"], "label": h["label"], "divergence": h["divergence_step"],
             "garbage": garbage,
-            "first": {str(k): first_collapse(maxima, schedule(frames, k), frac, window, k)
+            "first": {str(k): first_collapse(maxima, schedule(frames, k), frac, window, k,
+                                               floor, lag)
                       for k in intervals}}
 
 
-def _screen(args: tuple[Path, float, int, tuple[int, ...]]) -> dict[str, Any]:
+def _screen(args: tuple[Path, float, int, tuple[int, ...], float, int]) -> dict[str, Any]:
     return screen(*args)
 
 
@@ -115,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frac", type=float, default=0.5,
                     help="a collapse: the max logit under this share of its level")
     ap.add_argument("--window", type=int, default=100, help="steps of the level (median)")
+    ap.add_argument("--floor", type=float, default=1.0,
+                    help="judge only where the level is at least this (logit units)")
+    ap.add_argument("--lag", type=int, default=0,
+                    help="the level's window ends this many steps before the sample")
     ap.add_argument("--intervals", default="1,10,50", help="sampling intervals")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--json", help="write every run's row here")
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     intervals = tuple(int(x) for x in a.intervals.split(","))
     print(f"screening {len(paths)} runs of {a.split} at intervals {a.intervals} ...",
           file=sys.stderr)
-    work = [(p, a.frac, a.window, intervals) for p in paths]
+    work = [(p, a.frac, a.window, intervals, a.floor, a.lag) for p in paths]
     with ProcessPoolExecutor(a.jobs) as ex:
         rows = list(ex.map(_screen, work, chunksize=16))
     for k in intervals:

@@ -113,7 +113,8 @@ FUSE_RULES: Final[dict[str, tuple[str, ...]]] = {
     "qk_clip": ("attn_logit*", "attn_p99*", "q_bias_refuge*", "k_bias_refuge*"),
     "lr_backoff": ("lr_jump", "lr_above_peak", "grad_norm_rising", "grad_norm_ramp", "grad_blowup",
                    "grad_spike", "loss_jump", "attn_logit_departure", "attn_logit_forecast"),
-    "rollback": ("loss_nonfinite", "grad_nonfinite", "grad_blowup", "loss_jump", "loss_rise"),
+    "rollback": ("loss_nonfinite", "grad_nonfinite", "grad_blowup", "loss_jump", "loss_rise",
+                 "attn_wiped"),
     "qk_norm": ("attn_logit*", "attn_p99*"),
     "soft_cap": ("attn_logit*", "attn_p99*"),
 }

@@ -201,6 +201,13 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
                      "share": 0.25, "logit": "attn.logit_max", "logit_floor": 1.0},
              summary="a head's W_k norm falls while its k bias norm rises (QK-clip's bias "
              "refuge)"),
+    # the attention wiped: every head's max logit under 0.3x its level, the loss up on the
+    # same frame (judged on every sampled frame, not the 10-step fold)
+    RuleSpec("attn_wiped", "collapse", "attn.logit_max", over="max",
+             severity="critical", enabled=False,
+             params={"fraction": 0.3, "loss_up": 0.5},
+             summary="every head's max attention logit fell under 0.3x its level with the "
+             "loss up: an update wiped the attention"),
     RuleSpec("no_data", "no_data", "*", severity="warning", params={"seconds": 600.0},
              summary="the run stopped reporting (hung or crashed)"),
 )

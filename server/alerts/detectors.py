@@ -8,8 +8,8 @@ cannot judge yet (no data, too little history). The memory and its windows (in s
 in :mod:`.series`, the lifecycle (:class:`~.tracks.Track`) in :mod:`.tracks`. The kinds that
 judge a run's per-step scalars (spikes, loss jumps, level rises, the LR, the clip rate) live in
 :mod:`.scalar_kinds`, the ``departure`` kind (a series leaving its own recent range) in
-:mod:`.departure`; this module keeps the other attention and logit kinds and registers every
-kind in :data:`KINDS`.
+:mod:`.departure`, the ``collapse`` kind (the attention wiped) in :mod:`.collapse`; this
+module keeps the other attention and logit kinds and registers every kind in :data:`KINDS`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from statistics import median
 from typing import TYPE_CHECKING, Any
+
+from logitwatch.server.alerts.collapse import COLLAPSE_KEEP, collapse
 
 # re-exported: the engine, the screens and the rule spec import them from here
 from logitwatch.server.alerts.departure import departure, departure_limit  # noqa: F401
@@ -76,13 +78,17 @@ class Kind:
     before a firing alert resolves. ``keep``: how many of a run-level cell's newest samples
     its detector reads (``Memory.recent``; None: :data:`SCALAR_KEEP`, for the kinds that read
     windows). A kind that judges each value alone (or keeps what it needs in
-    ``Memory.extra``) keeps one, not a thousand copies of a series another rule keeps."""
+    ``Memory.extra``) keeps one, not a thousand copies of a series another rule keeps.
+    ``every_frame``: judged on every sampled frame's own per-head matrix (a rule over the
+    max or min of all heads: one value a frame), not on the fold the engine judges other
+    per-head rules on at most once every ``head_every`` steps, whose max would hide a fall."""
 
     detect: Detect
     defaults: Mapping[str, Any]
     hold_breaches: bool = False
     keep_firing_for: int = 100
     keep: int | None = None
+    every_frame: bool = False
 
 
 def _threshold(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
@@ -348,5 +354,9 @@ KINDS: dict[str, Kind] = {
     "first_loss": Kind(_first_loss, {"vocab": None, "tolerance": 1.5}, keep_firing_for=0,
                        keep=1),
     "no_data": Kind(_no_data, {"seconds": 600.0}, keep_firing_for=0),
+    "collapse": Kind(collapse, {"fraction": 0.5, "window": 100, "lag": 20, "min_samples": 3,
+                                "min_history": 100, "floor": 0.05, "loss_metric": "loss",
+                                "loss_up": 1.0},
+                     hold_breaches=True, keep=COLLAPSE_KEEP, every_frame=True),
 }
 DETECTORS = {k: v.detect for k, v in KINDS.items()}

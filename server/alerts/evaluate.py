@@ -161,16 +161,20 @@ class EvaluationMixin(LifecycleMixin):
         fv = FrameView(scalars, heads)
         self._track_loss(run_id, rank, step, scalars)
         self._track_levels(run_id, rank, step, scalars)
+        raw = heads  # this frame's own matrices: the kinds judged on every frame read them
         heads = self._thinned(run_id, rank, step, heads)
         arrays: dict[str, np.ndarray] = {}
+        raw_arrays: dict[str, np.ndarray] = {}
         out: list[_Pending] = []
         for rule in self._rules:
             if (not rule.enabled or rule.kind == "no_data"
                     or (rule.name, run_id, rank) in self._broken):
                 continue
+            every = KINDS[rule.kind].every_frame and rule.over != "cell"
             try:
-                out.extend(self._advance_rule(rule, run_id, rank, step, scalars, heads,
-                                              arrays, fv))
+                out.extend(self._advance_rule(rule, run_id, rank, step, scalars,
+                                              raw if every else heads,
+                                              raw_arrays if every else arrays, fv))
             except Exception:  # one rule must never stop ingest
                 # skipped for this run and rank only: one run's values (a negative LR) must
                 # not switch a rule off for every run of the collector

@@ -70,6 +70,7 @@ _TOPICS: dict[str, tuple[str, ...]] = {
     "qk": ("qk_clip", "qk_norm"),
     "init": ("init",),
     "hung": ("hung",),
+    "wiped": ("restart", "check_data"),
 }
 
 
@@ -77,6 +78,8 @@ def remedies_for(metric: str, kind: str) -> list[str]:
     """The remedies an alert on ``metric`` of rule kind ``kind`` carries."""
     if kind == "no_data":
         topic = "hung"
+    elif kind == "collapse":
+        topic = "wiped"
     elif kind == "first_loss":
         topic = "init"
     elif kind == "ratio" or metric.startswith("qk."):
@@ -175,9 +178,18 @@ class RuleSpec:
             problem = _param_problem(self.kind, key, value)
             if problem:
                 raise RuleError(f"rule {self.name!r}: param {key} {problem}, got {value!r}")
+        if self.kind == "collapse" and self.over == "cell":
+            raise RuleError(f"rule {self.name!r}: the collapse kind judges every frame's max "
+                            "(or min) over all heads: set over: max (or min)")
         if self.kind == "departure" and self.param("below") and self.param("margin") is None:
-            raise RuleError(f"rule {self.name!r}: below (a departure judged downwards) needs "
-                            "margin (a fall in the series' units); factor judges a ratio")
+            # judged on -x, factor f puts the limit at f x (-level): a fall under f x the
+            # level for 0 < f < 1 (and no floor, which would read in the mirrored units)
+            f, floor = self.param("factor"), self.param("floor")
+            if not (isinstance(f, (int, float)) and 0 < f < 1) or floor is not None:
+                raise RuleError(f"rule {self.name!r}: below (a departure judged downwards) "
+                                "needs margin (a fall in the series' units), or a factor "
+                                "between 0 and 1 (a fall under that share of the level) with "
+                                f"floor: null; got factor {f!r}, floor {floor!r}")
 
     def param(self, key: str) -> Any:
         """A parameter, or its kind's default."""
@@ -244,7 +256,7 @@ _METRIC_OR_NULL = frozenset({"logit", "while_rising", "also_metric", "capped_met
                              "fast_not_falling"})
 #: every parameter that names a series a rule reads beside its own (what rebuilding its
 #: state after a restart must read back too)
-SERIES_PARAMS = _METRIC_OR_NULL | {"other", "critical_metric"}
+SERIES_PARAMS = _METRIC_OR_NULL | {"other", "critical_metric", "loss_metric"}
 
 
 def _param_problem(kind: str, key: str, v: Any) -> str:

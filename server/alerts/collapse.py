@@ -1,0 +1,68 @@
+"""The ``collapse`` rule kind: a series falling under a share of its own level while the
+loss is up: the attention wiped by an update.
+
+An update large enough to wreck a model (a garbage batch under unclipped momentum SGD, whose
+step goes into the weights whole) can flatten every head's attention at once: the max
+attention logit over all heads falls from its level to a small fraction of it, and stays
+there on the clean batches that follow, while the loss sits nats above its level. A model
+that shrugs the batch off has its attention back on the first clean batch. A batch of one
+repeated token flattens the attention of a healthy model too, but its loss falls (it is easy
+to predict), so the loss must be up on the very frame the collapse is judged on.
+
+A sample breaches when it is under ``fraction`` x the median of the rule's own samples over
+the ``window`` steps that end ``lag`` steps before it (that level at least ``floor``, and
+``min_history`` steps of samples before the window's end), and the frame's ``loss_metric``
+is at least ``loss_up`` over the median of the losses seen with this rule's calm samples
+over the same window. Breaching samples are kept out of the memory (the kind holds its
+breaches), so a collapse that lasts does not become its own level.
+Pure, as every detector (:mod:`.detectors`, which registers this kind).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from statistics import median
+from typing import TYPE_CHECKING
+
+from logitwatch.server.alerts.series import Memory, window
+from logitwatch.server.alerts.tracks import FrameView, Verdict
+
+if TYPE_CHECKING:
+    from logitwatch.server.alerts.spec import RuleSpec
+
+__all__ = ["COLLAPSE_KEEP", "collapse"]
+
+#: samples (and losses) a collapse cell keeps: its window and lag at one sample a step
+#: (100 + 20 by default), with room; the kind's ``keep``
+COLLAPSE_KEEP = 256
+
+
+def collapse(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
+             cell: tuple[int | None, int | None]) -> Verdict | None:
+    """One sample of a series judged for a collapse under its level with the loss up."""
+    loss = fv.get(str(r.param("loss_metric")))
+    loss = loss if loss is not None and math.isfinite(loss) else None
+    losses: deque[tuple[int, float]] = m.extra.setdefault("losses",
+                                                               deque(maxlen=COLLAPSE_KEEP))
+    lag, span = int(r.param("lag")), int(r.param("window"))
+    past = window(m, step, lag, span, int(r.param("min_samples")))
+    first = m.first_step
+    if (not math.isfinite(v) or len(past) < int(r.param("min_samples")) or first is None
+            or first > step - lag - int(r.param("min_history"))):
+        if loss is not None:
+            losses.append((step, loss))
+        return None
+    level = median(x for _, x in past)
+    limit = float(r.param("fraction")) * level
+    before = [x for s, x in losses if step - lag - span <= s < step - lag]
+    loss_level = median(before) if before else None
+    up = None if loss is None or loss_level is None else loss - loss_level
+    breach = (level >= float(r.param("floor")) and v < limit and up is not None
+              and up >= float(r.param("loss_up")))
+    if not breach and loss is not None:
+        losses.append((step, loss))
+    return Verdict(breach, v, {"value": v, "baseline": level, "limit": limit,
+                               "ratio": v / level if level else None, "loss": loss,
+                               "loss_level": loss_level, "loss_up": up},
+                   baseline=level, limit=limit)
