@@ -13,8 +13,10 @@ A sample breaches when it is under ``fraction`` x the median of the rule's own s
 the ``window`` steps that end ``lag`` steps before it (that level at least ``floor``, and
 ``min_history`` steps of samples before the window's end), and the frame's ``loss_metric``
 is at least ``loss_up`` over the median of the losses seen with this rule's calm samples
-over the same window. Breaching samples are kept out of the memory (the kind holds its
-breaches), so a collapse that lasts does not become its own level.
+over the same window, and with ``loss_up_max`` at most that many (a garbage batch's own loss
+is far up, its tokens unlike the model's data; a model it wiped reads its clean batches a nat
+or two up once the batches are clean again). Breaching samples are kept out of the memory
+(the kind holds its breaches), so a collapse that lasts does not become its own level.
 Pure, as every detector (:mod:`.detectors`, which registers this kind).
 """
 
@@ -58,8 +60,10 @@ def collapse(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     before = [x for s, x in losses if step - lag - span <= s < step - lag]
     loss_level = median(before) if before else None
     up = None if loss is None or loss_level is None else loss - loss_level
+    cap = r.param("loss_up_max")
     breach = (level >= float(r.param("floor")) and v < limit and up is not None
-              and up >= float(r.param("loss_up")))
+              and up >= float(r.param("loss_up"))
+              and (cap is None or up <= float(cap)))
     if not breach and loss is not None:
         losses.append((step, loss))
     return Verdict(breach, v, {"value": v, "baseline": level, "limit": limit,

@@ -201,11 +201,26 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
                      "share": 0.25, "logit": "attn.logit_max", "logit_floor": 1.0},
              summary="a head's W_k norm falls while its k bias norm rises (QK-clip's bias "
              "refuge)"),
-    # the attention wiped: every head's max logit under 0.3x its level, the loss up on the
-    # same frame (judged on every sampled frame, not the 10-step fold)
-    RuleSpec("attn_wiped", "collapse", "attn.logit_max", over="max",
-             severity="critical", enabled=False,
-             params={"fraction": 0.3, "loss_up": 0.5},
+    # Round forty-three (--split read67, 4,162 runs): the attention wiped. A garbage batch
+    # under unclipped momentum SGD that wrecks a post-LN run flattens every head's attention:
+    # the max logit over all heads falls to ~0.0-0.3x its level and stays there on the clean
+    # batches, the loss 1-3 nats up, and the run is dated diverging 2-9 steps after the
+    # garbage, hours before loss_jump's "did not recover" (116 of read66's 135 such runs were
+    # paged late). A model that shrugs the batch off has its attention back on the first
+    # clean batch (0.56x at least, of 478); its dip during random garbage reached 0.35x.
+    # Judged on every sampled frame (the 10-step fold's max hid the fall until ~10 steps
+    # later). A batch of one repeated byte flattens a healthy model's attention too, with its
+    # loss far up: without loss_up_max, 147 healthy runs paged at interval 1 (123 on such
+    # batches); for_steps 5 kept 28 and dropped 24 of the 76 caught. The loss of a wiped
+    # model's clean batches comes down to a nat or so up while the garbage's stays 3+ up:
+    # loss_up_max 1.25. bench/variants_round43.yaml on the 280 runs where any variant paged
+    # first (of the 546 the collapse screen flags), at 1/10/50: diverging caught +45/+34/+34,
+    # healthy paged +4/+3/+4 (two post-LN single random batches, the one post-LN garbage
+    # stretch that healed, a zero-byte stretch; at 50 three post-LN random stretches),
+    # degraded paged earlier 8/5/4; 1.5: +47/+37/+36 for +5/+3/+6; 1.0: +40/+27/+27 for
+    # +4/+3/+4
+    RuleSpec("attn_wiped", "collapse", "attn.logit_max", over="max", severity="critical",
+             params={"fraction": 0.3, "loss_up": 0.5, "loss_up_max": 1.25},
              summary="every head's max attention logit fell under 0.3x its level with the "
              "loss up: an update wiped the attention"),
     RuleSpec("no_data", "no_data", "*", severity="warning", params={"seconds": 600.0},

@@ -249,7 +249,7 @@ def _number(v: Any) -> bool:
 
 #: margins and rises (in the series' units): finite and >= 0, or null (not used)
 _MARGINS = frozenset({"noise_margin", "climb", "slow_margin", "fast_margin", "fast_climb",
-                      "fast_tolerance"})
+                      "fast_tolerance", "loss_up_max"})
 
 #: parameters that name another series, or are null (not used)
 _METRIC_OR_NULL = frozenset({"logit", "while_rising", "also_metric", "capped_metric",
