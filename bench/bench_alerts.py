@@ -58,10 +58,10 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-two) were
-chosen on ``--split read64`` (``long1`` and ``long2`` with it) and replayed once on
-``fresh65`` (batches of 24 sequences). The next change is chosen on ``--split read67`` and
-replayed once on ``fresh68`` (every Adam and AdamW run at eps 1e-5; unread).
+what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-three) were
+chosen on ``--split read67`` (``long1`` and ``long2`` with it) and replayed once on
+``fresh68`` (every Adam and AdamW run at eps 1e-5). The next change is chosen on ``--split
+read68`` and replayed once on ``fresh69`` (initial weights at 1.5x the scale; not recorded).
 
 Usage::
 
@@ -321,7 +321,7 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 68
+NEWEST = 69
 #: every recorded set, in the order they were fixed (the long runs after ``fresh52``)
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1", "long2",
         *(f"fresh{i}" for i in range(53, NEWEST + 1)))

@@ -554,3 +554,23 @@ def test_a_page_during_a_loss_jump_held_at_info_is_sent() -> None:
     row = ba.bench_one(str(BENCH / "scenarios" / "f66_lr_ramp_s660.jsonl.gz"), 1)
     assert row["logitwatch"]["from50"] == 115 and row["logitwatch_rules"] == ["loss_clip_ramp"]
     assert row["divergence_step"] == 132
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_garbage_stretch_that_wiped_the_attention_pages_before_the_divergence(
+        tmp_path: Path) -> None:
+    """Round forty-three on a recorded run: ``f60_postln_sgd_bad_data_11`` (eleven garbage
+    batches from step 409 under unclipped momentum SGD; every head's max logit near 0 from
+    412 on, the loss a nat up on the clean batches; dated diverging at 427) pages at 421,
+    the second clean batch, at 1, 10 and 50 (``attn_wiped``); without the rule, at 509
+    (``loss_jump``'s "did not recover"). The cost, named in the round: the one post-LN
+    garbage stretch of its kind that healed (``f66_postln_sgd_bad_data_11``) pages too."""
+    ba = load("bench_alerts")
+    off = over_defaults(tmp_path, {**default_entry("attn_wiped"), "enabled": False})
+    wrecked = str(BENCH / "scenarios" / "f60_postln_sgd_bad_data_11.jsonl.gz")
+    for k in (1, 10, 50):
+        row = ba.bench_one(wrecked, k)
+        assert row["logitwatch"]["from50"] == 421 and row["logitwatch_rules"] == ["attn_wiped"]
+    assert ba.bench_one(wrecked, 1, rules=off)["logitwatch"]["from50"] == 509
+    healed = ba.bench_one(str(BENCH / "scenarios" / "f66_postln_sgd_bad_data_11.jsonl.gz"), 1)
+    assert healed["label"] == "healthy" and healed["logitwatch_rules"] == ["attn_wiped"]
