@@ -57,13 +57,15 @@ def collapse(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
         return None
     level = median(x for _, x in past)
     limit = float(r.param("fraction")) * level
-    before = [x for s, x in losses if step - lag - span <= s < step - lag]
-    loss_level = median(before) if before else None
-    up = None if loss is None or loss_level is None else loss - loss_level
-    cap = r.param("loss_up_max")
-    breach = (level >= float(r.param("floor")) and v < limit and up is not None
-              and up >= float(r.param("loss_up"))
-              and (cap is None or up <= float(cap)))
+    loss_level = up = None
+    breach = level >= float(r.param("floor")) and v < limit
+    if breach:  # the loss's level only where the logits fell (most frames stop above)
+        before = [x for s, x in losses if step - lag - span <= s < step - lag]
+        loss_level = median(before) if before else None
+        up = None if loss is None or loss_level is None else loss - loss_level
+        cap = r.param("loss_up_max")
+        breach = (up is not None and up >= float(r.param("loss_up"))
+                  and (cap is None or up <= float(cap)))
     if not breach and loss is not None:
         losses.append((step, loss))
     return Verdict(breach, v, {"value": v, "baseline": level, "limit": limit,
