@@ -45,8 +45,8 @@ def collapse(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
     """One sample of a series judged for a collapse under its level with the loss up."""
     loss = fv.get(str(r.param("loss_metric")))
     loss = loss if loss is not None and math.isfinite(loss) else None
-    losses: deque[tuple[int, float]] = m.extra.setdefault("losses",
-                                                               deque(maxlen=COLLAPSE_KEEP))
+    losses: deque[tuple[int, float]] = m.extra.setdefault(
+        "losses", deque(maxlen=COLLAPSE_KEEP))
     lag, span = int(r.param("lag")), int(r.param("window"))
     past = window(m, step, lag, span, int(r.param("min_samples")))
     first = m.first_step
