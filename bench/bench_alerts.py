@@ -61,7 +61,7 @@ rounds' data) and replayed once on the set fixed after it; which round read whic
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-three) were
 chosen on ``--split read67`` (``long1`` and ``long2`` with it) and replayed once on
 ``fresh68`` (every Adam and AdamW run at eps 1e-5). The next change is chosen on ``--split
-read68`` and replayed once on ``fresh69`` (initial weights at 1.5x the scale; not recorded).
+read68`` and replayed once on ``fresh69`` (initial weights at 1.5x the scale; unread).
 
 Usage::
 
