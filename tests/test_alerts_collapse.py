@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from logitwatch.server.alerts.defaults import DEFAULT_RULES
+from logitwatch.server.alerts.detectors import KINDS
 from logitwatch.server.alerts.rules import RuleError, RuleSpec
 from logitwatch.wire import fuses_for
 from tests.alert_frames import alerts_of, by_rule, frames_at
@@ -53,7 +54,8 @@ def _run(flat_from: int | None, flat_to: int, flat: float, loss_up: float,
 
 
 @pytest.mark.parametrize("k", [1, 10])
-def test_attention_wiped_with_the_loss_up_pages_on_the_first_clean_frame(k: int) -> None:
+def test_attention_wiped_with_the_loss_up_pages_on_the_first_clean_frame(
+        k: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Flat from step 403 for good, the loss 3 nats up on the garbage (400-409) and 1 nat up
     after it: paged on the first sampled frame after the garbage (410), not on the garbage's
     own frames, and not at the end of the engine's 10-step fold."""
@@ -67,15 +69,10 @@ def test_attention_wiped_with_the_loss_up_pages_on_the_first_clean_frame(k: int)
     assert fuses_for("attn_wiped") == ["rollback"]
     # judged on the fold (as the other per-head rules), the fall shows ~10 steps later at 1
     if k == 1:
-        import logitwatch.server.alerts.detectors as d
-        kind = d.KINDS["collapse"]
-        try:
-            d.KINDS["collapse"] = dataclasses.replace(kind, every_frame=False)
-            (late,) = by_rule(alerts_of(frames), "attn_wiped")
-        finally:
-            d.KINDS["collapse"] = kind
+        kind = KINDS["collapse"]
+        monkeypatch.setitem(KINDS, "collapse", dataclasses.replace(kind, every_frame=False))
+        (late,) = by_rule(alerts_of(frames), "attn_wiped")
         assert late.fired_step >= 411, late.fired_step
-
 
 def test_a_dip_a_healthy_model_shrugs_off_and_garbage_batches_do_not_page() -> None:
     """The heads at 0.4x their level through the garbage (a healthy model's dip), back on
@@ -102,10 +99,10 @@ def test_a_collapse_needs_a_level_and_the_kind_judges_over_all_heads() -> None:
         RuleSpec("c", "collapse", "attn.logit_max")
 
 
-def test_a_departure_below_takes_a_factor_under_one_or_a_margin() -> None:
-    RuleSpec("x", "departure", "attn.logit_max", over="max",
-             params={"below": True, "factor": 0.5, "floor": None})
+def test_a_departure_below_takes_a_margin_not_a_factor() -> None:
+    """A fall under a share of the level is the collapse kind's; a departure judged
+    downwards reads a margin in the series' units."""
     for params in ({"below": True, "factor": 2.0, "floor": None},
-                   {"below": True, "factor": 0.5}):
-        with pytest.raises(RuleError, match="factor between 0 and 1"):
+                   {"below": True, "factor": 0.5}, {"below": True, "factor": 0.5, "floor": None}):
+        with pytest.raises(RuleError, match="below .* needs margin"):
             RuleSpec("x", "departure", "attn.logit_max", over="max", params=params)

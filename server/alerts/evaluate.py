@@ -170,7 +170,7 @@ class EvaluationMixin(LifecycleMixin):
             if (not rule.enabled or rule.kind == "no_data"
                     or (rule.name, run_id, rank) in self._broken):
                 continue
-            every = KINDS[rule.kind].every_frame and rule.over != "cell"
+            every = KINDS[rule.kind].every_frame  # over max/min only (RuleSpec says so)
             try:
                 out.extend(self._advance_rule(rule, run_id, rank, step, scalars,
                                               raw if every else heads,

@@ -178,18 +178,12 @@ class RuleSpec:
             problem = _param_problem(self.kind, key, value)
             if problem:
                 raise RuleError(f"rule {self.name!r}: param {key} {problem}, got {value!r}")
-        if self.kind == "collapse" and self.over == "cell":
-            raise RuleError(f"rule {self.name!r}: the collapse kind judges every frame's max "
+        if KINDS[self.kind].every_frame and self.over == "cell":
+            raise RuleError(f"rule {self.name!r}: kind {self.kind!r} judges every frame's max "
                             "(or min) over all heads: set over: max (or min)")
         if self.kind == "departure" and self.param("below") and self.param("margin") is None:
-            # judged on -x, factor f puts the limit at f x (-level): a fall under f x the
-            # level for 0 < f < 1 (and no floor, which would read in the mirrored units)
-            f, floor = self.param("factor"), self.param("floor")
-            if not (isinstance(f, (int, float)) and 0 < f < 1) or floor is not None:
-                raise RuleError(f"rule {self.name!r}: below (a departure judged downwards) "
-                                "needs margin (a fall in the series' units), or a factor "
-                                "between 0 and 1 (a fall under that share of the level) with "
-                                f"floor: null; got factor {f!r}, floor {floor!r}")
+            raise RuleError(f"rule {self.name!r}: below (a departure judged downwards) needs "
+                            "margin (a fall in the series' units); factor judges a ratio")
 
     def param(self, key: str) -> Any:
         """A parameter, or its kind's default."""
