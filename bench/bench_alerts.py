@@ -61,7 +61,8 @@ rounds' data) and replayed once on the set fixed after it; which round read whic
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-three) were
 chosen on ``--split read67`` (``long1`` and ``long2`` with it) and replayed once on
 ``fresh68`` (every Adam and AdamW run at eps 1e-5). The next change is chosen on ``--split
-read68`` and replayed once on ``fresh69`` (initial weights at 1.5x the scale; unread).
+read68`` and replayed once on ``fresh69`` (initial weights at 1.5x the scale; unread); the
+one after it on ``fresh70`` (warm-up over 50 steps instead of 100; fixed before fresh69 is read).
 
 Usage::
 
@@ -321,7 +322,7 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 69
+NEWEST = 70
 #: every recorded set, in the order they were fixed (the long runs after ``fresh52``)
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1", "long2",
         *(f"fresh{i}" for i in range(53, NEWEST + 1)))
