@@ -58,11 +58,10 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-three) were
-chosen on ``--split read67`` (``long1`` and ``long2`` with it) and replayed once on
-``fresh68`` (every Adam and AdamW run at eps 1e-5). The next change is chosen on ``--split
-read68`` and replayed once on ``fresh69`` (initial weights at 1.5x the scale; unread); the
-one after it on ``fresh70`` (warm-up over 50 steps instead of 100; fixed before fresh69 is read).
+what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-four) were
+chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once on
+``fresh69`` (initial weights at 1.5x the scale). The next change is chosen on ``--split
+read69`` and replayed once on ``fresh70`` (warm-ups over 50 steps instead of 100).
 
 Usage::
 

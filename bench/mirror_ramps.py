@@ -3,21 +3,22 @@ step of the recorded runs, to sweep the "LR still climbing" factor (``rising_fac
 without replaying the engine.
 
 At each step of a run's header (every step's loss, gradient norm, clip flag and LR, as
-recorded): the loss's 20-step median at least ``max(0.3, 2 x its step-to-step noise over
-100 steps)`` above the lowest it settled to (from step 50), the LR over its value 50 steps
-before in ``(factor, 4]``, and the gradient clipped on 60 % of the last 20 steps (75 %
-before round thirty-nine) or its 50-step median 2.5x the lowest it settled to (from step
-100): the defaults of ``server/alerts/default_scalar_rules.py``. Per factor it prints the
-healthy and degraded runs that would fire, the diverging runs fired by their divergence,
-and those lost against the default 1.05; ``--rates`` sweeps the clip rate instead (at the
-default factor and bound, past the bound while the LR rose on each of its last 5 steps,
-as the rules' ``ramp_steps``), against round thirty-eight's 75 %. The mirror ignores the
-rules' interplay with the others (a page by another rule first): a change it suggests
-must then be replayed (``bench_alerts.py --rules``).
+recorded): the loss's 20-step median at least ``max(0.3, 2 x its step-to-step noise over 100
+steps)`` above the lowest it settled to (from step 50), the LR over its value 50 steps
+before in ``(factor, 4]``, and the gradient clipped on half the last 20 steps (60 % before
+round forty-four, 75 % before round thirty-nine) or its 50-step median 2.5x the lowest it
+settled to (from step 100): the defaults of ``server/alerts/default_scalar_rules.py``. Per
+factor it prints the healthy and degraded runs that would fire, the diverging runs fired by
+their divergence, and those lost against the default 1.05; ``--rates`` sweeps the clip rate
+instead (at the default factor and bound, past the bound while the LR rose on each of its
+last 5 steps, as the rules' ``ramp_steps``), against round forty-three's 60 %. The mirror
+ignores the rules' interplay with the others (a page by another rule first): a change it
+suggests must then be replayed (``bench_alerts.py --rules``).
 
     python bench/mirror_ramps.py --split read50               # the tuning data
     python bench/mirror_ramps.py --split read50 --factors 1.05,1.08 --show
     python bench/mirror_ramps.py --split read59 --rates 0.75,0.6,0.45 --show
+    python bench/mirror_ramps.py --split read68 --rates 0.6,0.5,0.45,0.4,0.3 --show
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 DEFAULT = 1.05
 MAX = 4.0  # the rules' rising_max
 #: the share of the last 20 steps clipped (``loss_clip_ramp``'s ``also_rate``), and what it
-#: was until round thirty-nine (``--rates`` compares against it)
-RATE, RATE_BEFORE = 0.6, 0.75
+#: was until round forty-four (``--rates`` compares against it; 0.75 until round thirty-nine)
+RATE, RATE_BEFORE = 0.5, 0.6
 #: the span (steps) of "still climbing now" (``--climbing``): the LR over its value then
 SHORT = 10
 #: ``--monotone``: "still climbing" is the LR up on each of the last this many steps

@@ -449,17 +449,40 @@ def test_a_warm_up_under_a_slow_second_moment_pages_before_its_clipping_is_stead
     """Round thirty-nine, chosen on ``--split read59``, at intervals 1 and 50: QK-norm warm-ups
     ramped too far under Adam's betas (0.9, 0.999) diverge by steps 104-117 while their
     gradient is clipped on only 55-65 % of the last 20 steps. ``loss_clip_ramp`` at 60 %
-    pages them ahead of their divergence; at 75 % (round thirty-eight) it paged them after."""
+    pages them ahead of their divergence; at 75 % (round thirty-eight) it paged them after.
+    (Round forty-four lowered it to half: the rate is set here, not taken as the default.)"""
     ba = load("bench_alerts")
     entry = default_entry("loss_clip_ramp")
-    assert entry["params"]["also_rate"] == 0.6
-    before = over_defaults(tmp_path, dict(entry, params=dict(entry["params"], also_rate=0.75)))
+    at = {r: over_defaults(tmp_path, dict(entry, params=dict(entry["params"], also_rate=r)))
+          for r in (0.6, 0.75)}
     for name, now, then in (("f59_lr_ramp_s591", 105, 108), ("f59_lr_ramp_s593", 102, 105)):
         path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
         for k in (1, 50):
-            row = ba.bench_one(path, k)
+            row = ba.bench_one(path, k, rules=at[0.6])
             assert row["logitwatch"]["from50"] == now <= row["divergence_step"], (name, k, row)
             assert row["logitwatch_rules"] == ["loss_clip_ramp"], (name, k, row)
+            old = ba.bench_one(path, k, rules=at[0.75])["logitwatch"]["from50"]
+            assert old == then > row["divergence_step"], (name, k, old)
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_warm_up_under_a_doubled_clip_pages_before_its_divergence(tmp_path: Path) -> None:
+    """Round forty-four, chosen on ``--split read68``: with the clip at twice the norm
+    (``fresh67``) a QK-norm warm-up ramped too far reaches the clip on fewer steps as its loss
+    leaves. ``loss_clip_ramp`` at half the last 20 steps clipped (the default) pages two of
+    them a step ahead of their divergence at intervals 1, 10 and 50; at 60 % (round
+    forty-three) it paged them 1-2 steps after."""
+    ba = load("bench_alerts")
+    entry = default_entry("loss_clip_ramp")
+    assert entry["params"]["also_rate"] == 0.5
+    before = over_defaults(tmp_path, dict(entry, params=dict(entry["params"], also_rate=0.6)))
+    for name, now, then in (("f67_lr_ramp_s670", 111, 113), ("f67_lr_ramp_s671", 116, 119)):
+        path = str(BENCH / "scenarios" / f"{name}.jsonl.gz")
+        for k in (1, 10, 50):
+            row = ba.bench_one(path, k)
+            assert row["logitwatch"]["from50"] == now < row["divergence_step"], (name, k, row)
+            # loss_jump may page with it (the ramp corroborates the jump)
+            assert "loss_clip_ramp" in row["logitwatch_rules"], (name, k, row)
             old = ba.bench_one(path, k, rules=before)["logitwatch"]["from50"]
             assert old == then > row["divergence_step"], (name, k, old)
 
@@ -468,14 +491,20 @@ def test_a_warm_up_under_a_slow_second_moment_pages_before_its_clipping_is_stead
 def test_the_ramp_mirror_measures_what_round_thirty_nine_was_chosen_on() -> None:
     """``bench/mirror_ramps.py --rates`` on two recorded runs: the nearest healthy run of
     ``read59`` that does not fire at 75 % comes to 40 % clipped where the rest of the
-    condition holds; the earliest-diverging warm-up meets 60 % at 102 and 75 % only at 105."""
+    condition holds (on ``read68`` still the nearest: round forty-four's half keeps clear of
+    it); the earliest-diverging warm-up meets 60 % at 102 and 75 % only at 105; a warm-up
+    under a doubled clip meets half at 111 and 60 % only after its divergence at 112."""
     mr = load("mirror_ramps")
+    assert (mr.RATE, mr.RATE_BEFORE) == (0.5, 0.6)
     near = mr.fires(BENCH / "scenarios" / "fresh_llama_wide_lr03.jsonl.gz")
     assert near[1] == "healthy"
-    assert mr.top_rate(near[4]) == 0.4 and mr.first_at(near[4], mr.RATE_BEFORE) is None
+    assert mr.top_rate(near[4]) == 0.4 and mr.first_at(near[4]) is None
     ramp = mr.fires(BENCH / "scenarios" / "f59_lr_ramp_s593.jsonl.gz")
     assert ramp[1] == "diverging" and ramp[2] == 104
-    assert mr.first_at(ramp[4]) == 102 and mr.first_at(ramp[4], mr.RATE_BEFORE) == 105
+    assert mr.first_at(ramp[4], 0.6) == 102 and mr.first_at(ramp[4], 0.75) == 105
+    wide = mr.fires(BENCH / "scenarios" / "f67_lr_ramp_s670.jsonl.gz")
+    assert wide[1] == "diverging" and wide[2] == 112
+    assert mr.first_at(wide[4]) == 111 and mr.first_at(wide[4], mr.RATE_BEFORE) > 112
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
