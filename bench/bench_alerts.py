@@ -61,7 +61,8 @@ rounds' data) and replayed once on the set fixed after it; which round read whic
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-four) were
 chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once on
 ``fresh69`` (initial weights at 1.5x the scale). The next change is chosen on ``--split
-read69`` and replayed once on ``fresh70`` (warm-ups over 50 steps instead of 100).
+read69`` and replayed once on ``fresh70`` (warm-ups over 50 steps instead of 100); the one
+after it on ``fresh71`` (3 blocks instead of 2; fixed before fresh70 is read).
 
 Usage::
 
@@ -321,7 +322,7 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 70
+NEWEST = 71
 #: every recorded set, in the order they were fixed (the long runs after ``fresh52``)
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1", "long2",
         *(f"fresh{i}" for i in range(53, NEWEST + 1)))
