@@ -19,6 +19,7 @@ suggests must then be replayed (``bench_alerts.py --rules``).
     python bench/mirror_ramps.py --split read50 --factors 1.05,1.08 --show
     python bench/mirror_ramps.py --split read59 --rates 0.75,0.6,0.45 --show
     python bench/mirror_ramps.py --split read68 --rates 0.6,0.5,0.45,0.4,0.3 --show
+    python bench/mirror_ramps.py --split read68 --rates 0.5 --near 0.3 --candidates runs.txt
 """
 
 from __future__ import annotations
@@ -170,6 +171,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="sweep the clip rate (loss_clip_ramp's also_rate) instead, at the "
                     f"default factor and bound: e.g. 0.75,0.6,0.45 (default {RATE})")
     ap.add_argument("--show", action="store_true", help="name the runs gained and lost")
+    ap.add_argument("--candidates", type=Path, default=None,
+                    help="with --rates: write the runs to replay through the engine here, "
+                    "one a line: those where a swept rate moves the first step the condition "
+                    "holds, and the healthy and degraded runs that come to --near")
+    ap.add_argument("--near", type=float, default=None,
+                    help="with --candidates: the clip rate a healthy or degraded run must "
+                    "reach where the rest holds to be a candidate (default: the lowest swept)")
     a = ap.parse_args(argv)
     sets = set(sets_of(a.split))
     files = sorted(SCENARIOS.glob("*.jsonl.gz"))
@@ -177,7 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         runs = [r for r in ex.map(fires, files, chunksize=16) if r[3] in sets]
     print(f"{len(runs)} runs of {a.split}")
     if a.rates:
-        return _sweep_rates(runs, [float(x) for x in a.rates.split(",")], a.show)
+        rates = [float(x) for x in a.rates.split(",")]
+        if a.candidates is not None:
+            names = candidates(runs, rates, min(rates) if a.near is None else a.near)
+            a.candidates.write_text("".join(f"{n}\n" for n in names))
+            print(f"{len(names)} candidates written to {a.candidates}")
+        return _sweep_rates(runs, rates, a.show)
     if a.maxima:
         return _sweep_maxima(runs, [float(x) for x in a.maxima.split(",")], a.show,
                              a.climbing, a.monotone)
@@ -254,6 +267,20 @@ def _tally(runs: list[Any], pick: Any) -> dict[str, Any]:
             elif before and not now:
                 t["lost"].append(name)
     return t
+
+
+def candidates(runs: list[Any], rates: list[float], near: float) -> list[str]:
+    """The runs a clip-rate change must be replayed on: those where one of ``rates`` moves
+    the first step the condition holds against :data:`RATE_BEFORE`, and the healthy and
+    degraded runs whose clip rate reaches ``near`` where the rest of it holds."""
+    out = []
+    for name, label, _, _, out_ in runs:
+        before = first_at(out_, RATE_BEFORE)
+        moved = any(first_at(out_, r) != before for r in rates)
+        top = top_rate(out_)
+        if moved or (label != "diverging" and top is not None and top >= near):
+            out.append(name)
+    return out
 
 
 def _sweep_rates(runs: list[Any], rates: list[float], show: bool) -> int:

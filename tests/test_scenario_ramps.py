@@ -165,3 +165,9 @@ def test_the_ramp_mirror_measures_what_round_thirty_nine_was_chosen_on() -> None
     wide = mr.fires(BENCH / "scenarios" / "f67_lr_ramp_s670.jsonl.gz")
     assert wide[1] == "diverging" and wide[2] == 112
     assert mr.first_at(wide[4]) == 111 and mr.first_at(wide[4], mr.RATE_BEFORE) > 112
+    # the runs --candidates names for a replay: both ramps (half moves them: 111 and 100,
+    # against 60 %'s 113 and 102) and the healthy run if it comes near enough
+    assert mr.first_at(ramp[4]) == 100
+    runs = [wide, near, ramp]
+    assert mr.candidates(runs, [0.5], 0.3) == [wide[0], near[0], ramp[0]]
+    assert mr.candidates(runs, [0.5], 0.45) == [wide[0], ramp[0]]
