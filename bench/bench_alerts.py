@@ -60,9 +60,9 @@ readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-four) were
 chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once on
-``fresh69`` (initial weights at 1.5x the scale). The next change is chosen on ``--split
-read69`` and replayed once on ``fresh70`` (warm-ups over 50 steps instead of 100); the one
-after it on ``fresh71`` (3 blocks instead of 2; fixed before fresh70 is read).
+``fresh69`` (initial weights at 1.5x the scale), and on ``fresh70`` (warm-ups over 50 steps
+instead of 100), no change made. The next change is chosen on ``--split read70`` and
+replayed once on ``fresh71`` (3 blocks instead of 2).
 
 Usage::
 
