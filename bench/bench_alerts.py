@@ -62,7 +62,8 @@ what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-f
 chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once on
 ``fresh69`` (initial weights at 1.5x the scale), and on ``fresh70`` (warm-ups over 50 steps
 instead of 100), no change made. The next change is chosen on ``--split read70`` and
-replayed once on ``fresh71`` (3 blocks instead of 2).
+replayed once on ``fresh71`` (3 blocks instead of 2); the one after it on ``fresh72`` (2 heads
+a layer instead of 4; fixed before fresh71 is read).
 
 Usage::
 
@@ -322,7 +323,7 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 71
+NEWEST = 72
 #: every recorded set, in the order they were fixed (the long runs after ``fresh52``)
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1", "long2",
         *(f"fresh{i}" for i in range(53, NEWEST + 1)))

@@ -207,7 +207,8 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
             "fresh64": rec.FRESH64, "fresh65": rec.FRESH65,
             "fresh66": rec.FRESH66, "fresh67": rec.FRESH67,
             "fresh68": rec.FRESH68, "fresh69": rec.FRESH69,
-            "fresh70": rec.FRESH70, "fresh71": rec.FRESH71}
+            "fresh70": rec.FRESH70, "fresh71": rec.FRESH71,
+            "fresh72": rec.FRESH72}
     splits = {n: h for n, h in rec.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
