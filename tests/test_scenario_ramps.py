@@ -45,8 +45,8 @@ def test_a_warm_up_ramped_too_far_pages_when_its_loss_climbs_at_the_clip(
         tmp_path: Path) -> None:
     """Round twenty-six on recorded runs: ``loss_clip_ramp`` pages on the first step its
     condition holds (the loss's 20-step level 0.3 nat up, the gradient clipped on 75 % of
-    the last 20 steps, 60 % since round thirty-nine: the same steps on these two runs, the
-    LR still climbing), at intervals 1, 10 and 50. Two QK-norm
+    the last 20 steps, 60 % since round thirty-nine and half since forty-four: the same steps
+    on these two runs, the LR still climbing), at intervals 1, 10 and 50. Two QK-norm
     warm-ups ramped too far are caught before their divergence; with the 10-step hold the
     rule had through round twenty-five, both paged 4 steps after it."""
     ba = load("bench_alerts")
