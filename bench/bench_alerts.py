@@ -61,9 +61,8 @@ rounds' data) and replayed once on the set fixed after it; which round read whic
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-four) were
 chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once on
 ``fresh69`` (initial weights at 1.5x the scale), and on ``fresh70`` (warm-ups over 50 steps
-instead of 100), no change made. The next change is chosen on ``--split read70`` and
-replayed once on ``fresh71`` (3 blocks instead of 2); the one after it on ``fresh72`` (2 heads
-a layer instead of 4; fixed before fresh71 is read).
+instead of 100) and ``fresh71`` (3 blocks instead of 2), no change made. The next change is
+chosen on ``--split read71`` and replayed once on ``fresh72`` (2 heads a layer instead of 4).
 
 Usage::
 
