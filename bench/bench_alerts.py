@@ -16,7 +16,9 @@ Per detector, over the runs of a split at an interval:
 * **median / worst lead** (steps from that page to the divergence) over the caught runs;
 * **lead >= 50**: over the diverging runs where a *signal* leads (the first alert of any
   severity from a rule not on the loss, at step >= 50 and at least 50 steps before the
-  divergence), those the detector paged at least 50 steps ahead;
+  divergence), those the detector paged at least 50 steps ahead; **held**: the same where
+  the signal is the first such alert still firing at the divergence (not resolved before
+  it: an early blip that came back in range is no lead of this divergence);
 * **healthy paged**: healthy runs with a page at any step (the line below the table says
   which were paged only by the rule their ``expect_alert`` names: QK-clip's bias refuge is a
   real pathology under a healthy loss); **healthy any alert**: with an alert of any
@@ -157,6 +159,7 @@ def logitwatch_row(header: dict[str, Any], frames: list[dict[str, Any]],
         "any_alert": min((a.fired_step for a in res.alerts), default=None),
         "signal": min((a.fired_step for a in res.alerts
                        if a.rule not in LOSS_RULES and a.fired_step >= START), default=None),
+        "signal_held": _held_signal(res.alerts, header["divergence_step"]),
         "alerts": len(res.alerts),
         "rules_fired": sorted({a.rule for a in res.alerts}),
         "rules_paged": sorted({r for _, r in pages}),
@@ -167,6 +170,16 @@ def logitwatch_row(header: dict[str, Any], frames: list[dict[str, Any]],
         row["expect_paged"] = any(_expected(a.rule, expect) and _paged_step(a) is not None
                                   for a in res.alerts)
     return row
+
+
+def _held_signal(alerts: Sequence[Any], divergence: int | None) -> int | None:
+    """The first non-loss alert at step >= 50 that fired by ``divergence`` and was still
+    firing at it (not resolved before it); None without a divergence or such an alert."""
+    if divergence is None:
+        return None
+    return min((a.fired_step for a in alerts
+                if a.rule not in LOSS_RULES and START <= a.fired_step <= divergence
+                and (a.resolved_step is None or a.resolved_step >= divergence)), default=None)
 
 
 def rules_over_defaults(path: str | Path) -> list[Any]:
@@ -217,6 +230,10 @@ def summarize(name: str, rows: Sequence[dict[str, Any]],
            and r["signal"] <= r["divergence_step"] - LEAD]
     early = [r for r in led if (s := pick(r)["from50"]) is not None
              and r["divergence_step"] - s >= LEAD]
+    held = [r for r in div if r.get("signal_held") is not None
+            and r["signal_held"] <= r["divergence_step"] - LEAD]
+    held_early = [r for r in held if r in early or (
+        (s := pick(r)["from50"]) is not None and r["divergence_step"] - s >= LEAD)]
     paged = [r["scenario"] for r in healthy if pick(r)["first"] is not None]
     # the healthy runs with nothing to warn of (their header names no expected alert: the
     # QK-clip refuge's runs have a healthy loss and a real pathology), and those paged
@@ -235,6 +252,7 @@ def summarize(name: str, rows: Sequence[dict[str, Any]],
             "worst_lead": min(leads) if leads else None,
             "lead>=50": f"{len(early)}/{len(led)}",
             "late": [r["scenario"] for r in led if r not in early],
+            "lead>=50 held": f"{len(held_early)}/{len(held)}",
             "healthy_paged": f"{len(paged)}/{len(healthy)}", "false_alarms": paged,
             "unwanted_paged": f"{len(unwanted)}/{len(plain)}",
             "paged_as_expected": wanted,
@@ -292,11 +310,12 @@ def _side_by_side(results: dict[tuple[str, int], list[dict[str, Any]]],
     for c in cols:
         out.append(f"  {c[0]:7s} @{c[1]:<3d} {_at_once(results[c], 'healthy_paged'):30s} | "
                    f"{_at_once(results[c], 'unwanted_paged')}")
-    out.append("\nlogitwatch: median lead | lead >= 50 where a signal led | healthy with any "
-               "alert | degraded warned")
+    out.append("\nlogitwatch: median lead | lead >= 50 where a signal led (where it held to "
+               "the divergence) | healthy with any alert | degraded warned")
     for c in cols:
         s = results[c][0]
-        out.append(f"  {c[0]:7s} @{c[1]:<3d} {s['median_lead']!s:>6s} | {s['lead>=50']:>6s} | "
+        out.append(f"  {c[0]:7s} @{c[1]:<3d} {s['median_lead']!s:>6s} | {s['lead>=50']:>6s} "
+                   f"({s['lead>=50 held']:>5s}) | "
                    f"{s['healthy_any_alert']:>6s} | {s['degraded_warned']:>6s}"
                    + (f" | expect_alert {s['expect_alert']}" if s["expect_alert"] else ""))
     return "\n".join(out)

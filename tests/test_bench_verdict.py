@@ -43,3 +43,27 @@ def test_a_refuge_page_is_counted_apart_and_the_verdict_says_who_is_not_beaten()
     assert ba._at_once(summary, "unwanted_paged") == "better than every peer"
     text = ba._side_by_side({("s", 1): summary}, ["s"], [1])
     assert "nothing to warn of" in text and "better than every peer" in text
+
+
+def test_a_lead_counts_as_held_only_where_its_signal_still_fired_at_the_divergence() -> None:
+    """The held lead: an early non-loss alert that came back in range before the divergence
+    (a warm-up blip) is a signal, but not one held to the divergence; a loss rule's alert
+    is neither."""
+    from types import SimpleNamespace as A
+
+    ba = load("bench_alerts")
+    blip = A(rule="grad_blowup", fired_step=99, resolved_step=110)
+    climb = A(rule="attn_logit_departure", fired_step=270, resolved_step=None)
+    late = A(rule="grad_spike", fired_step=380, resolved_step=None)
+    loss = A(rule="loss_jump", fired_step=60, resolved_step=None)
+    assert ba._held_signal([blip, climb, late, loss], 364) == 270
+    assert ba._held_signal([blip, loss], 364) is None
+    assert ba._held_signal([A(rule="grad_blowup", fired_step=300, resolved_step=364)],
+                           364) == 300
+    assert ba._held_signal([climb], None) is None
+    rows = [dict(_row("paged_ahead", "diverging", 400, None), signal=99, signal_held=270),
+            dict(_row("paged_late", "diverging", 495, None), signal=99, signal_held=None),
+            dict(_row("held_late", "diverging", 495, None), signal=300, signal_held=300)]
+    lw = ba.summaries(rows)[0]
+    # three runs where a signal led; two where it held, one of them paged 50 steps ahead
+    assert (lw["lead>=50"], lw["lead>=50 held"]) == ("1/3", "1/2")
