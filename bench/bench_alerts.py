@@ -234,8 +234,8 @@ def summarize(name: str, rows: Sequence[dict[str, Any]],
              and r["divergence_step"] - s >= LEAD]
     held = [r for r in div if r.get("signal_held") is not None
             and r["signal_held"] <= r["divergence_step"] - LEAD]
-    held_early = [r for r in held if r in early or (
-        (s := pick(r)["from50"]) is not None and r["divergence_step"] - s >= LEAD)]
+    held_early = [r for r in held if (s := pick(r)["from50"]) is not None
+                  and r["divergence_step"] - s >= LEAD]
     paged = [r["scenario"] for r in healthy if pick(r)["first"] is not None]
     # the healthy runs with nothing to warn of (their header names no expected alert: the
     # QK-clip refuge's runs have a healthy loss and a real pathology), and those paged
