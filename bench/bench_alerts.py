@@ -63,10 +63,10 @@ rounds' data) and replayed once on the set fixed after it; which round read whic
 what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-four) were
 chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once on
 ``fresh69`` (initial weights at 1.5x the scale), and on ``fresh70`` (warm-ups over 50 steps
-instead of 100), ``fresh71`` (3 blocks instead of 2) and ``fresh72`` (2 heads a layer instead
-of 4), no change made. The next change is chosen on ``--split read72`` and replayed once on
-``fresh73`` (sequences of 32 in batches of 32); the one after it on ``fresh74`` (width 96
-instead of 64; fixed before fresh73 is read).
+instead of 100), ``fresh71`` (3 blocks instead of 2), ``fresh72`` (2 heads a layer instead
+of 4) and ``fresh73`` (sequences of 32 in batches of 32), no change made. The next change is
+chosen on ``--split read73`` and replayed once on ``fresh74`` (width 96 instead of 64; fixed,
+not recorded).
 
 Usage::
 
