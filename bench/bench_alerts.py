@@ -65,8 +65,8 @@ chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once
 ``fresh69`` (initial weights at 1.5x the scale), and on ``fresh70`` (warm-ups over 50 steps
 instead of 100), ``fresh71`` (3 blocks instead of 2), ``fresh72`` (2 heads a layer instead
 of 4) and ``fresh73`` (sequences of 32 in batches of 32), no change made. The next change is
-chosen on ``--split read73`` and replayed once on ``fresh74`` (width 96 instead of 64; fixed,
-not recorded).
+chosen on ``--split read73`` and replayed once on ``fresh74`` (width 96 instead of 64;
+recorded, not read).
 
 Usage::
 
