@@ -96,24 +96,38 @@ def on_batch(runs: list[Scenario], old: int, new: int, batch_size: int,
 
 
 def on_depth(runs: list[Scenario], old: int, new: int, n_layer: int,
-             seed_add: int) -> list[Scenario]:
+             seed_add: int, only: int | None = None) -> list[Scenario]:
     """:func:`as_set` with ``n_layer`` transformer blocks (``RunSpec.n_layer``; widths, LRs and
-    schedules unchanged)."""
-    return as_set(runs, old, new, seed_add, f"{n_layer} layers", n_layer=n_layer)
+    schedules unchanged); with ``only``, on the runs with that many blocks alone
+    (:func:`on_field`)."""
+    return on_field(runs, old, new, seed_add, f"{n_layer} layers", "n_layer", n_layer, only)
 
 
 def on_heads(runs: list[Scenario], old: int, new: int, n_head: int,
-             seed_add: int) -> list[Scenario]:
+             seed_add: int, only: int | None = None) -> list[Scenario]:
     """:func:`as_set` with ``n_head`` attention heads per layer (``RunSpec.n_head``; the model
-    width unchanged, so each head narrower; GQA's key/value heads and the LRs unchanged)."""
-    return as_set(runs, old, new, seed_add, f"{n_head} heads", n_head=n_head)
+    width unchanged, so each head narrower; GQA's key/value heads and the LRs unchanged);
+    with ``only``, on the runs with that many heads alone (:func:`on_field`)."""
+    return on_field(runs, old, new, seed_add, f"{n_head} heads", "n_head", n_head, only)
 
 
 def on_width(runs: list[Scenario], old: int, new: int, d_model: int,
-             seed_add: int) -> list[Scenario]:
+             seed_add: int, only: int | None = None) -> list[Scenario]:
     """:func:`as_set` with residual width ``d_model`` (``RunSpec.d_model``; the heads as many,
-    so each head wider; LRs and schedules unchanged)."""
-    return as_set(runs, old, new, seed_add, f"width {d_model}", d_model=d_model)
+    so each head wider; LRs and schedules unchanged); with ``only``, on the runs of that
+    width alone (:func:`on_field`)."""
+    return on_field(runs, old, new, seed_add, f"width {d_model}", "d_model", d_model, only)
+
+
+def on_field(runs: list[Scenario], old: int, new: int, seed_add: int, note: str, field: str,
+             value: Any, only: Any = None) -> list[Scenario]:
+    """:func:`as_set` with ``RunSpec.<field>`` set to ``value`` (and ``note`` added) on every
+    run, or with ``only`` on the runs whose field is ``only`` (the usual shape), the others
+    only re-seeded (:func:`per_run`): a demo shape of its own stays as it is."""
+    if only is None:
+        return as_set(runs, old, new, seed_add, note, **{field: value})
+    return per_run(runs, old, new, seed_add, lambda s: None if getattr(s.spec, field) != only
+                   else (note, {field: value}))
 
 
 def per_run(runs: list[Scenario], old: int, new: int, seed_add: int,

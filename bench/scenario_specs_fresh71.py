@@ -14,11 +14,10 @@ a default.
 
 from __future__ import annotations
 
-from scenario_specs import Scenario, per_run
+from scenario_specs import Scenario, on_depth
 from scenario_specs_fresh42 import FRESH42
 
 #: transformer blocks of every model that has 2 in ``fresh42``
 LAYERS = 3
 
-FRESH71: list[Scenario] = per_run(FRESH42, 42, 71, 510, lambda s: None if s.spec.n_layer != 2
-                                  else (f"{LAYERS} layers", {"n_layer": LAYERS}))
+FRESH71: list[Scenario] = on_depth(FRESH42, 42, 71, LAYERS, seed_add=510, only=2)

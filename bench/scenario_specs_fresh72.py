@@ -15,11 +15,10 @@ used to choose a rule, a threshold or a default.
 
 from __future__ import annotations
 
-from scenario_specs import Scenario, per_run
+from scenario_specs import Scenario, on_heads
 from scenario_specs_fresh41 import FRESH41
 
 #: attention heads per layer of every model that has 4 in ``fresh41``
 HEADS = 2
 
-FRESH72: list[Scenario] = per_run(FRESH41, 41, 72, 530, lambda s: None if s.spec.n_head != 4
-                                  else (f"{HEADS} heads", {"n_head": HEADS}))
+FRESH72: list[Scenario] = on_heads(FRESH41, 41, 72, HEADS, seed_add=530, only=4)

@@ -14,11 +14,10 @@ a default.
 
 from __future__ import annotations
 
-from scenario_specs import Scenario, per_run
+from scenario_specs import Scenario, on_width
 from scenario_specs_fresh42 import FRESH42
 
 #: the residual width of every model that is 64 wide in ``fresh42``
 WIDTH = 96
 
-FRESH74: list[Scenario] = per_run(FRESH42, 42, 74, 540, lambda s: None if s.spec.d_model != 64
-                                  else (f"width {WIDTH}", {"d_model": WIDTH}))
+FRESH74: list[Scenario] = on_width(FRESH42, 42, 74, WIDTH, seed_add=540, only=64)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.scenario_tools import FILES, load
+from tests.scenario_tools import BENCH, FILES, load
 
 NAN = math.nan
 
@@ -427,3 +427,22 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
         else:
             assert row["rules_paged"] and set(row["rules_paged"]) <= {
                 "q_bias_refuge", "k_bias_refuge"}, (name, k, row["rules_paged"])
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+@pytest.mark.parametrize("split", ["fresh56", "fresh57", "fresh60", "fresh71", "fresh72",
+                                   "fresh74"])
+def test_a_shape_sets_recorded_runs_are_what_its_spec_builds(split: str) -> None:
+    """The sets made by changing one shape field (``on_depth``, ``on_heads``, ``on_width``,
+    ``only=`` the usual value or every run): each recorded run's header holds the spec that
+    ``record_scenarios`` builds for its name today, so a spec edited after recording shows."""
+    import dataclasses
+
+    rec = load("record_scenarios")
+    runs = rec.HELD_OUT[split]
+    for s in runs:
+        with gzip.open(BENCH / "scenarios" / f"{s.name}.jsonl.gz", "rt") as f:
+            header = json.loads(f.readline())
+        built = json.loads(json.dumps(dataclasses.asdict(s.spec)))
+        assert header["spec"] == built, s.name
+        assert header["mechanism"] == s.mechanism, s.name
