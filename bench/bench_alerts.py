@@ -159,8 +159,7 @@ def logitwatch_row(header: dict[str, Any], frames: list[dict[str, Any]],
         ARRIVAL: {"first": arrival(pages[0][0]) if pages else None, "from50": arrival(from50)},
         "logitwatch_rules": sorted({r for s, r in pages if s == from50}),
         "any_alert": min((a.fired_step for a in res.alerts), default=None),
-        "signal": min((a.fired_step for a in res.alerts
-                       if a.rule not in LOSS_RULES and a.fired_step >= START), default=None),
+        "signal": min((a.fired_step for a in res.alerts if _is_signal(a)), default=None),
         "signal_held": _held_signal(res.alerts, header["divergence_step"]),
         "alerts": len(res.alerts),
         "rules_fired": sorted({a.rule for a in res.alerts}),
@@ -174,13 +173,18 @@ def logitwatch_row(header: dict[str, Any], frames: list[dict[str, Any]],
     return row
 
 
+def _is_signal(a: Any) -> bool:
+    """Whether alert ``a`` is a signal: a rule not on the loss, fired at step >= 50."""
+    return a.rule not in LOSS_RULES and a.fired_step >= START
+
+
 def _held_signal(alerts: Sequence[Any], divergence: int | None) -> int | None:
-    """The first non-loss alert at step >= 50 that fired by ``divergence`` and was still
+    """The first signal (:func:`_is_signal`) that fired by ``divergence`` and was still
     firing at it (not resolved before it); None without a divergence or such an alert."""
     if divergence is None:
         return None
     return min((a.fired_step for a in alerts
-                if a.rule not in LOSS_RULES and START <= a.fired_step <= divergence
+                if _is_signal(a) and a.fired_step <= divergence
                 and (a.resolved_step is None or a.resolved_step >= divergence)), default=None)
 
 

@@ -273,14 +273,14 @@ def candidates(runs: list[Any], rates: list[float], near: float) -> list[str]:
     """The runs a clip-rate change must be replayed on: those where one of ``rates`` moves
     the first step the condition holds against :data:`RATE_BEFORE`, and the healthy and
     degraded runs whose clip rate reaches ``near`` where the rest of it holds."""
-    out = []
-    for name, label, _, _, out_ in runs:
-        before = first_at(out_, RATE_BEFORE)
-        moved = any(first_at(out_, r) != before for r in rates)
-        top = top_rate(out_)
+    names = []
+    for name, label, _, _, entries in runs:
+        before = first_at(entries, RATE_BEFORE)
+        moved = any(first_at(entries, r) != before for r in rates)
+        top = top_rate(entries)
         if moved or (label != "diverging" and top is not None and top >= near):
-            out.append(name)
-    return out
+            names.append(name)
+    return names
 
 
 def _sweep_rates(runs: list[Any], rates: list[float], show: bool) -> int:

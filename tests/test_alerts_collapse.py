@@ -29,7 +29,7 @@ _HEAD = [[_RNG.uniform(0.8, 1.2) for _ in range(4)] for _ in range(2)]
 
 def _on(**params: Any) -> list[RuleSpec]:
     """The defaults with ``attn_wiped``'s ``params`` updated (a change taken back)."""
-    return [dataclasses.replace(r, enabled=True, params={**r.params, **params})
+    return [dataclasses.replace(r, params={**r.params, **params})
             if r.name == "attn_wiped" else r for r in DEFAULT_RULES]
 
 
@@ -73,6 +73,7 @@ def test_attention_wiped_with_the_loss_up_pages_on_the_first_clean_frame(
         monkeypatch.setitem(KINDS, "collapse", dataclasses.replace(kind, every_frame=False))
         (late,) = by_rule(alerts_of(frames), "attn_wiped")
         assert late.fired_step >= 411, late.fired_step
+
 
 def test_a_dip_a_healthy_model_shrugs_off_and_garbage_batches_do_not_page() -> None:
     """The heads at 0.4x their level through the garbage (a healthy model's dip), back on
