@@ -148,6 +148,7 @@ from scenario_specs_fresh74 import FRESH74  # noqa: E402
 from scenario_specs_fresh75 import FRESH75  # noqa: E402
 from scenario_specs_fresh76 import FRESH76  # noqa: E402
 from scenario_specs_fresh77 import FRESH77  # noqa: E402
+from scenario_specs_fresh78 import FRESH78  # noqa: E402
 from scenario_specs_long1 import LONG1  # noqa: E402
 from scenario_specs_long2 import LONG2  # noqa: E402
 
@@ -181,7 +182,8 @@ HELD_OUT: dict[str, list[Scenario]] = {
     "fresh68": FRESH68, "fresh69": FRESH69,
     "fresh70": FRESH70, "fresh71": FRESH71, "fresh72": FRESH72,
     "fresh73": FRESH73, "fresh74": FRESH74,
-    "fresh75": FRESH75, "fresh76": FRESH76, "fresh77": FRESH77}
+    "fresh75": FRESH75, "fresh76": FRESH76, "fresh77": FRESH77,
+    "fresh78": FRESH78}
 ALL: list[Scenario] = [*SCENARIOS, *(s for runs in HELD_OUT.values() for s in runs)]
 BY_NAME = {s.name: s for s in ALL}
 
