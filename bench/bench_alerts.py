@@ -65,9 +65,9 @@ chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once
 ``fresh69`` (initial weights at 1.5x the scale), and on ``fresh70`` (warm-ups over 50 steps
 instead of 100), ``fresh71`` (3 blocks instead of 2), ``fresh72`` (2 heads a layer instead
 of 4), ``fresh73`` (sequences of 32 in batches of 32), ``fresh74`` (width 96 instead of 64)
-``fresh75`` (Adam and AdamW betas (0.9, 0.98)) and ``fresh76`` (AdamW weight decay 0.1), no
-change made. The next change is chosen on ``--split read76`` and replayed once on
-``fresh77`` (SGD momentum 0.8).
+``fresh75`` (Adam and AdamW betas (0.9, 0.98)), ``fresh76`` (AdamW weight decay 0.1) and
+``fresh77`` (SGD momentum 0.8), no change made. The next change is chosen on ``--split
+read77`` and replayed once on ``fresh78`` (one key/value head on Llama and Gemma 2).
 
 Usage::
 
