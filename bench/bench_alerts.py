@@ -67,7 +67,8 @@ instead of 100), ``fresh71`` (3 blocks instead of 2), ``fresh72`` (2 heads a lay
 of 4), ``fresh73`` (sequences of 32 in batches of 32), ``fresh74`` (width 96 instead of 64)
 ``fresh75`` (Adam and AdamW betas (0.9, 0.98)), ``fresh76`` (AdamW weight decay 0.1) and
 ``fresh77`` (SGD momentum 0.8), no change made. The next change is chosen on ``--split
-read77`` and replayed once on ``fresh78`` (one key/value head on Llama and Gemma 2).
+read77`` and replayed once on ``fresh78`` (one key/value head on Llama and Gemma 2;
+recorded, not read).
 
 Usage::
 

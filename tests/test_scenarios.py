@@ -433,11 +433,12 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
 @pytest.mark.parametrize("split", ["fresh56", "fresh57", "fresh60", "fresh71", "fresh72",
-                                   "fresh74"])
+                                   "fresh74", "fresh78"])
 def test_a_shape_sets_recorded_runs_are_what_its_spec_builds(split: str) -> None:
     """The sets made by changing one shape field (``on_depth``, ``on_heads``, ``on_width``,
-    ``only=`` the usual value or every run): each recorded run's header holds the spec that
-    ``record_scenarios`` builds for its name today, so a spec edited after recording shows."""
+    ``on_field``; ``only=`` the usual value or every run): each recorded run's header holds
+    the spec that ``record_scenarios`` builds for its name today, so a spec edited after
+    recording shows."""
     import dataclasses
 
     rec = load("record_scenarios")
