@@ -64,7 +64,7 @@ what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-f
 chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once on
 ``fresh69`` (initial weights at 1.5x the scale), and on ``fresh70`` (warm-ups over 50 steps
 instead of 100), ``fresh71`` (3 blocks instead of 2), ``fresh72`` (2 heads a layer instead
-of 4), ``fresh73`` (sequences of 32 in batches of 32), ``fresh74`` (width 96 instead of 64)
+of 4), ``fresh73`` (sequences of 32 in batches of 32), ``fresh74`` (width 96 instead of 64),
 ``fresh75`` (Adam and AdamW betas (0.9, 0.98)), ``fresh76`` (AdamW weight decay 0.1) and
 ``fresh77`` (SGD momentum 0.8), no change made. The next change is chosen on ``--split
 read77`` and replayed once on ``fresh78`` (one key/value head on Llama and Gemma 2;
@@ -337,14 +337,19 @@ def _count(fraction: str) -> int:
     return int(fraction.split("/")[0])
 
 
-def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
-    """Whether logitwatch (``summary[0]``) catches more runs than every peer and pages fewer
-    healthy runs (``paged``: every healthy run's count, or the unwanted ones') at once; else
-    the peers it does not beat in both."""
+def not_beaten(summary: list[dict[str, Any]], paged: str) -> list[str]:
+    """The peers of ``summary`` that logitwatch (``summary[0]``) does not beat at once: more
+    runs caught and fewer healthy runs paged (``paged``: every healthy run's count,
+    ``healthy_paged``, or the unwanted ones', ``unwanted_paged``)."""
     lw = summary[0]
-    short = [PEER_SHORT[s["detector"]] for s in summary if s["detector"] in PEERS
-             and not (_count(lw["recall"]) > _count(s["recall"])
-                      and _count(lw[paged]) < _count(s[paged]))]
+    return [s["detector"] for s in summary if s["detector"] in PEERS
+            and not (_count(lw["recall"]) > _count(s["recall"])
+                     and _count(lw[paged]) < _count(s[paged]))]
+
+
+def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
+    """The verdict line's words for :func:`not_beaten`."""
+    short = [PEER_SHORT[d] for d in not_beaten(summary, paged)]
     return "better than every peer" if not short else f"not better than {', '.join(short)}"
 
 

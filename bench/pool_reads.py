@@ -19,6 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench_alerts import not_beaten
+
 #: the detector under test (its other row, "on arrival", is pooled too)
 OURS = "logitwatch"
 
@@ -48,12 +50,13 @@ def pool(outputs: list[dict[str, Any]]) -> dict[tuple[str, int], list[int]]:
 def better_than_all(tot: dict[tuple[str, int], list[int]], interval: int,
                     paged_at: int) -> list[str]:
     """The peers the detector under test is not strictly better than at once at
-    ``interval`` (more caught and fewer healthy runs paged; ``paged_at`` 2: every healthy
-    run, 4: those with nothing to warn of)."""
-    ours = tot[(OURS, interval)]
-    return [d for (d, k), t in sorted(tot.items()) if k == interval
-            and not d.startswith(OURS)
-            and not (ours[0] > t[0] and ours[paged_at] < t[paged_at])]
+    ``interval`` (``bench_alerts.not_beaten`` on the pooled counts; ``paged_at`` 2: every
+    healthy run, 4: those with nothing to warn of)."""
+    rows = [{"detector": d, "recall": f"{t[0]}/{t[1]}", "healthy_paged": f"{t[2]}/{t[3]}",
+             "unwanted_paged": f"{t[4]}/{t[5]}"}
+            for (d, k), t in sorted(tot.items(), key=lambda kv: kv[0][0] != OURS)
+            if k == interval]
+    return not_beaten(rows, {2: "healthy_paged", 4: "unwanted_paged"}[paged_at])
 
 
 def main(argv: list[str] | None = None) -> int:
