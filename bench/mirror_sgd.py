@@ -33,7 +33,6 @@ suggests must then be replayed (``bench_alerts.py --rules``).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics as st
 from collections import Counter
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_alerts import sets_of
+from scenario_frames import read_header
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 #: steps after the garbage's end at which ``garbage`` reads the loss's excess
@@ -60,23 +60,23 @@ def _num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) else float("inf")
 
 
-def _header(path: Path, sets: frozenset[str]) -> dict[str, Any] | None:
-    with gzip.open(path, "rt") as f:
-        h: dict[str, Any] = json.loads(f.readline())
-    return h if h["split"] in sets else None
+def _sgd(path: Path, sets: frozenset[str]
+         ) -> tuple[dict[str, Any], list[float], list[float]] | None:
+    """An SGD run of ``sets``: its header, every step's loss and gradient norm; else None."""
+    h = read_header(path)
+    if h["split"] not in sets or h["spec"]["optimizer"] != "sgd":
+        return None
+    return h, [_num(v) for v in h["losses"]], [_num(v) for v in h["grad_norms"]]
 
 
 def garbage_row(path: Path, sets: frozenset[str]) -> dict[str, Any] | None:
     """One SGD run with bad batches after step 20: its excess after the garbage and the
     first step each of :data:`GARBAGE_GRID` fires within :data:`WITHIN` steps of its end."""
-    h = _header(path, sets)
-    if h is None:
+    got = _sgd(path, sets)
+    if got is None or not got[0]["spec"].get("bad_data"):
         return None
-    sp = h["spec"]
-    if sp["optimizer"] != "sgd" or not sp.get("bad_data"):
-        return None
-    start, end, _ = sp["bad_data"][0]
-    loss, grad = [_num(v) for v in h["losses"]], [_num(v) for v in h["grad_norms"]]
+    h, loss, grad = got
+    start, end, _ = h["spec"]["bad_data"][0]
     if start < 20 or end >= len(loss):
         return None
     level, glevel = st.median(loss[start - 20:start]), st.median(grad[start - 20:start])
@@ -95,19 +95,16 @@ def garbage_row(path: Path, sets: frozenset[str]) -> dict[str, Any] | None:
 
 def soft_row(path: Path, sets: frozenset[str]) -> dict[str, Any] | None:
     """One unclipped SGD run: the first step each of :data:`SOFT_GRID` fires (from 50)."""
-    h = _header(path, sets)
-    if h is None:
+    got = _sgd(path, sets)
+    if got is None or got[0]["spec"]["max_norm"] is not None:
         return None
-    sp = h["spec"]
-    if sp["optimizer"] != "sgd" or sp["max_norm"] is not None:
-        return None
-    loss, grad = [_num(v) for v in h["losses"]], [_num(v) for v in h["grad_norms"]]
+    h, loss, grad = got
     fires: dict[str, int | None] = {}
     for nats, gx in SOFT_GRID:
         hit = None
         for t in range(50, len(loss)):
             m = st.median(loss[t - 20:t])
-            if not loss[t] - m >= nats or max(loss[t - 40:t]) - m >= loss[t] - m:
+            if not loss[t] - m >= nats or max(loss[t - 40:t]) >= loss[t]:
                 continue  # no jump, or under an earlier one
             calm = st.median(grad[max(0, t - 55):t - 5])
             if not calm > 0 or max(grad[t - 5:t]) < PRECURSOR * calm:
@@ -120,12 +117,11 @@ def soft_row(path: Path, sets: frozenset[str]) -> dict[str, Any] | None:
             "fires": fires}
 
 
-def rows(kind: str, split: str, jobs: int, scenarios: Path = SCENARIOS,
-         names: set[str] | None = None) -> list[dict[str, Any]]:
+def rows(kind: str, split: str, jobs: int, scenarios: Path = SCENARIOS
+         ) -> list[dict[str, Any]]:
     """The ``kind`` rows (``garbage`` or ``soft``) of the recorded runs of ``split``."""
     sets = frozenset(sets_of(split))
-    files = sorted(p for p in scenarios.glob("*.jsonl.gz")
-                   if names is None or p.name.removesuffix(".jsonl.gz") in names)
+    files = sorted(scenarios.glob("*.jsonl.gz"))
     one = partial(garbage_row if kind == "garbage" else soft_row, sets=sets)
     with ProcessPoolExecutor(jobs) as ex:
         return [r for r in ex.map(one, files, chunksize=32) if r is not None]
@@ -171,7 +167,7 @@ def report_soft(rs: list[dict[str, Any]], paged: dict[str, Any] | None) -> None:
     print(f"{len(rs)} unclipped SGD runs:", dict(Counter(r["label"] for r in rs)))
     late = set()
     if paged is not None:
-        late = {x["scenario"] for x in paged.values() if x["label"] == "diverging"
+        late = {name for name, x in paged.items() if x["label"] == "diverging"
                 and (x["first"] is None or x["first"] > x["divergence_step"])}
         print(f"{len(late)} diverging runs of --paged paged after their divergence (or never)")
     for nats, gx in SOFT_GRID:
@@ -193,12 +189,12 @@ def report_soft(rs: list[dict[str, Any]], paged: dict[str, Any] | None) -> None:
 
 def load_paged(paths: list[Path]) -> dict[str, Any]:
     """Interval-1 rows of ``bench_alerts.py --json`` outputs, by run: label, divergence step
-    and round forty-four's first page."""
+    and the rules' first page."""
     out = {}
     for p in paths:
         for x in json.loads(p.read_text())["rows"]:
             if x["interval"] == 1:
-                out[x["scenario"]] = {"scenario": x["scenario"], "label": x["label"],
+                out[x["scenario"]] = {"label": x["label"],
                                       "divergence_step": x["divergence_step"],
                                       "first": x["logitwatch"]["first"]}
     return out
