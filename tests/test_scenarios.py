@@ -11,6 +11,7 @@ whole suite: ``python bench/bench_alerts.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import math
@@ -439,8 +440,6 @@ def test_a_shape_sets_recorded_runs_are_what_its_spec_builds(split: str) -> None
     ``on_field``; ``only=`` the usual value or every run): each recorded run's header holds
     the spec that ``record_scenarios`` builds for its name today, so a spec edited after
     recording shows."""
-    import dataclasses
-
     rec = load("record_scenarios")
     runs = rec.HELD_OUT[split]
     for s in runs:
