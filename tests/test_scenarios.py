@@ -212,7 +212,7 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
             "fresh72": rec.FRESH72, "fresh73": rec.FRESH73,
             "fresh74": rec.FRESH74, "fresh75": rec.FRESH75,
             "fresh76": rec.FRESH76, "fresh77": rec.FRESH77,
-            "fresh78": rec.FRESH78}
+            "fresh78": rec.FRESH78, "fresh79": rec.FRESH79}
     splits = {n: h for n, h in rec.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
