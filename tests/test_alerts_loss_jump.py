@@ -1,8 +1,8 @@
 """The loss-jump paging policy, through the real ingest and engine (SQLite): loss bumps that
 keep coming back, bumps after the gradient built up, unclipped one-batch spikes and garbage
 batches or stretches (shown, not paged, unless their damage persists), blow-ups that climb
-or stay up, the adaptive-optimizer gates (a bounded update's loss is back next step), and
-the validation of the ``Page`` options these use (``repeats``, the confirmation).
+or stay up, and the adaptive-optimizer gates (a bounded update's loss is back next step). The
+validation of the ``Page`` options these use is in ``test_alerts_page_options.py``.
 """
 
 from __future__ import annotations
@@ -141,32 +141,6 @@ def test_a_loss_bump_that_comes_back_after_the_gradient_built_pages_on_the_secon
                     _building((300, 312), range(307, 312), 1.0)):
         alerts = by_rule(alerts_of(frames_at(1, 400, scalars)), "loss_jump")
         assert len(alerts) == 1 and all(a.paged_step is None for a in alerts), alerts
-
-
-def test_page_repeats_is_validated() -> None:
-    import pytest
-
-    from logitwatch.server.alerts.spec import Page, RuleError
-
-    for bad in ({"repeats": 1}, {"repeats": True}, {"repeats": 3, "repeats_within": 0}):
-        with pytest.raises(RuleError, match="repeats"):
-            Page(**bad)
-    assert Page(repeats=3).to_dict()["repeats_within"] == 20
-    assert Page.from_dict({"repeats": 2, "repeats_within": 50}).repeats == 2
-    for bad in ({"repeats": 3, "repeats_built": 4, "precursor_above": 2.0, "with_rules": ("a",)},
-                {"repeats": 3, "repeats_built": 1, "precursor_above": 2.0, "with_rules": ("a",)}):
-        with pytest.raises(RuleError, match="repeats_built must be"):
-            Page(**bad)
-    with pytest.raises(RuleError, match="give repeats and precursor_above"):
-        Page(repeats=3, repeats_built=2)
-    assert Page.from_dict({"repeats": 3, "repeats_built": 2, "precursor_above": 2.2,
-                           "with_rules": ["a"]}).repeats_built == 2
-    for bad in (0, 1, 1.5, -0.5, True, "half"):
-        with pytest.raises(RuleError, match="repeats_aftershock must be"):
-            Page(repeats=3, repeats_aftershock=bad)
-    with pytest.raises(RuleError, match="repeats_aftershock qualifies repeats"):
-        Page(after=100, repeats_aftershock=0.5)
-    assert Page.from_dict({"repeats": 3, "repeats_aftershock": 0.5}).repeats_aftershock == 0.5
 
 
 def _sgd_run(events: dict[int, tuple[float, float]]):  # type: ignore[no-untyped-def]
@@ -412,39 +386,6 @@ def test_two_unclipped_blips_far_apart_are_two_episodes_not_a_persisting_one() -
     blow = by_rule(alerts, "grad_blowup")
     assert len(blow) == 2 and all(a.severity == "info" for a in blow), \
         [(a.fired_step, a.severity) for a in blow]
-
-
-def test_page_confirmation_is_validated() -> None:
-    import pytest
-
-    from logitwatch.server.alerts.spec import Page, RuleError
-
-    with pytest.raises(RuleError, match="confirm_steps"):
-        Page(with_rules=("a",), confirm_steps=-1)
-    with pytest.raises(RuleError, match="at_once_above"):
-        Page(with_rules=("a",), confirm_steps=1, at_once_above=float("nan"))
-    with pytest.raises(RuleError, match="give with_rules"):
-        Page(after=10, confirm_steps=1)
-    with pytest.raises(RuleError, match="precursor_above"):
-        Page(with_rules=("a",), precursor_above=-1)
-    with pytest.raises(RuleError, match="aftershock_above"):
-        Page(with_rules=("a",), precursor_above=2.2, aftershock_above=float("inf"))
-    with pytest.raises(RuleError, match="give precursor_above"):
-        Page(with_rules=("a",), aftershock_above=12)
-    with pytest.raises(RuleError, match="at_once_adaptive_above must be a number"):
-        Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5, confirm_adaptive=True,
-             at_once_adaptive_above=-1)
-    with pytest.raises(RuleError, match="under confirm_adaptive: give both"):
-        Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5, at_once_adaptive_above=12)
-    with pytest.raises(RuleError, match="climb_above must be a number"):
-        Page(with_rules=("a",), precursor_above=2.2, climb_above="2.5")
-    with pytest.raises(RuleError, match="climb_above is an alternative to precursor_above"):
-        Page(with_rules=("a",), climb_above=2.5)
-    back = Page.from_dict(Page(with_rules=("a",), confirm_steps=1, at_once_above=2.5,
-                               precursor_above=2.2, aftershock_above=12,
-                               climb_above=2.5).to_dict())
-    assert (back.confirm_steps, back.at_once_above, back.precursor_above,
-            back.aftershock_above, back.climb_above) == (1, 2.5, 2.2, 12, 2.5)
 
 
 def test_under_an_adaptive_optimizer_a_spike_whose_loss_is_back_next_step_is_shown() -> None:
