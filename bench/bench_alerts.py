@@ -65,10 +65,12 @@ chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once
 ``fresh69`` (initial weights at 1.5x the scale), and on ``fresh70`` (warm-ups over 50 steps
 instead of 100), ``fresh71`` (3 blocks instead of 2), ``fresh72`` (2 heads a layer instead
 of 4), ``fresh73`` (sequences of 32 in batches of 32), ``fresh74`` (width 96 instead of 64),
-``fresh75`` (Adam and AdamW betas (0.9, 0.98)), ``fresh76`` (AdamW weight decay 0.1) and
-``fresh77`` (SGD momentum 0.8), no change made. The next change is chosen on ``--split
-read77`` and replayed once on ``fresh78`` (one key/value head on Llama and Gemma 2;
-recorded, not read).
+``fresh75`` (Adam and AdamW betas (0.9, 0.98)), ``fresh76`` (AdamW weight decay 0.1),
+``fresh77`` (SGD momentum 0.8) and ``fresh78`` (one key/value head on Llama and Gemma 2), no
+change made. The next change is chosen on ``--split read78`` and replayed once on
+``fresh79`` (every clipped run clipping at 0.7 of its usual norm; recorded, not read).
+``--summary`` keeps a read's summaries alone with the rules' fingerprint: ``bench/reads/``
+holds those of the reads of the current rules, which ``pool_reads.py`` pools.
 
 Usage::
 
@@ -197,6 +199,16 @@ def rules_over_defaults(path: str | Path) -> list[Any]:
     from logitwatch.server.alerts.defaults import DEFAULT_RULES, load_rules_file, merge_rules
 
     return merge_rules(DEFAULT_RULES, load_rules_file(path))
+
+
+def rules_fingerprint(rules: Sequence[Any] | None = None) -> str:
+    """A short digest of a rule set (None: the defaults), every rule's whole definition: reads
+    pooled by ``pool_reads.py`` must have been made with the same rules."""
+    import hashlib
+
+    text = json.dumps([r.to_dict() for r in (DEFAULT_RULES if rules is None else rules)],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def bench_one(path: str, k: int, history: bool | None = None,
@@ -355,9 +367,11 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
 NEWEST = 79
-#: every recorded set, in the order they were fixed (the long runs after ``fresh52``)
+#: every recorded set, in the order they were fixed (the long runs after ``fresh52``, the
+#: probe of QK-clip scaling the biases too after ``fresh79``)
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1", "long2",
-        *(f"fresh{i}" for i in range(53, NEWEST + 1)))
+        *(f"fresh{i}" for i in range(53, min(NEWEST, 79) + 1)), "qkclip1",
+        *(f"fresh{i}" for i in range(80, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
 #: from read6 on, readN reads through freshN
 READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4",
@@ -396,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
                    "default of its name): to measure a change, or one taken back, on the "
                    "tuning data")
     p.add_argument("--json", type=Path, default=None, help="write every row and summary here")
+    p.add_argument("--summary", type=Path, default=None,
+                   help="write the summaries alone here, with the rules' fingerprint (a few "
+                   "KB: bench/reads/ keeps one per held-out read, for pool_reads.py)")
     a = p.parse_args(argv)
     rules = None
     if a.rules:
@@ -439,10 +456,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(files)} scenarios x {len(intervals)} intervals replayed in "
           f"{time.perf_counter() - t0:.0f}s ({'with' if history else 'without'} history; "
           f"rules: the defaults{f' with {a.rules}' if a.rules else ''})")
+    summary = {f"{sp}@{k}": s for (sp, k), s in results.items()}
+    if a.summary:
+        a.summary.write_text(json.dumps(
+            {"split": a.split, "intervals": intervals, "runs": len(files),
+             "rules": rules_fingerprint(rules), "rules_file": str(a.rules) if a.rules else None,
+             "summary": summary}, indent=1) + "\n")
     if a.json:
         a.json.write_text(json.dumps(
             {"rows": sorted(rows, key=lambda r: (r["split"], r["interval"], r["scenario"])),
-             "summary": {f"{sp}@{k}": s for (sp, k), s in results.items()}}, indent=1))
+             "summary": summary}, indent=1))
     return 0
 
 

@@ -93,6 +93,9 @@ class RunSpec:
     # QK-clip (MuonClip): after every step, heads whose max logit in that step's forward
     # exceeded tau get W_q and W_k scaled by sqrt(tau / max); biases NOT (gpt2 only)
     qk_clip: float | None = None
+    # ... and the head's q and k biases by the same factor, as the project's QK-clip fuse
+    # does (the remedy: the logit has no bias path to return through)
+    qk_clip_biases: bool = False
     # tokens: 256 = the corpus's bytes; more = a byte-level BPE of that many tokens
     vocab: int = VOCAB
 
@@ -323,10 +326,12 @@ def make_data(spec: RunSpec) -> Any:
 class QKClip:
     """QK-clip on GPT-2's fused ``c_attn``: records each head's max causal logit in the
     forward and, after the optimizer step, scales that head's q and k weight columns by
-    ``sqrt(tau / max)`` where ``max > tau``, leaving the q/k biases as they are."""
+    ``sqrt(tau / max)`` where ``max > tau``, leaving the q/k biases as they are unless
+    ``spec.qk_clip_biases`` (then scaled by the same factor)."""
 
     def __init__(self, model: nn.Module, spec: RunSpec, tau: float) -> None:
         self.tau = tau
+        self.biases = spec.qk_clip_biases
         self.layers: list[tuple[nn.Module, int, int]] = []
         self.maxes: dict[int, torch.Tensor] = {}
         self.clipped = 0
@@ -364,6 +369,9 @@ class QKClip:
                     f = math.sqrt(self.tau / mx)
                     c_attn.weight[:, head * d:(head + 1) * d] *= f  # W_q, head's columns
                     c_attn.weight[:, e + head * d:e + (head + 1) * d] *= f  # W_k
+                    if self.biases:
+                        c_attn.bias[head * d:(head + 1) * d] *= f  # b_q
+                        c_attn.bias[e + head * d:e + (head + 1) * d] *= f  # b_k
                     self.clipped += 1
         self.maxes.clear()
 
