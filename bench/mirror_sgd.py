@@ -28,6 +28,7 @@ suggests must then be replayed (``bench_alerts.py --rules``).
     python bench/bench_alerts.py --split read77 --intervals 1 --names $(cat runs.txt) \
         --json paged.json
     python bench/mirror_sgd.py soft --split read77 --paged paged.json
+    python bench/mirror_sgd.py soft --split read78 --grid 2:8,2:12,2.5:12,2:16
 """
 
 from __future__ import annotations
@@ -93,14 +94,15 @@ def garbage_row(path: Path, sets: frozenset[str]) -> dict[str, Any] | None:
             "end": end, "excess": excess, "fires": fires}
 
 
-def soft_row(path: Path, sets: frozenset[str]) -> dict[str, Any] | None:
-    """One unclipped SGD run: the first step each of :data:`SOFT_GRID` fires (from 50)."""
+def soft_row(path: Path, sets: frozenset[str],
+             grid: tuple[tuple[float, float], ...] = SOFT_GRID) -> dict[str, Any] | None:
+    """One unclipped SGD run: the first step each pair of ``grid`` fires (from 50)."""
     got = _sgd(path, sets)
     if got is None or got[0]["spec"]["max_norm"] is not None:
         return None
     h, loss, grad = got
     fires: dict[str, int | None] = {}
-    for nats, gx in SOFT_GRID:
+    for nats, gx in grid:
         hit = None
         for t in range(50, len(loss)):
             m = st.median(loss[t - 20:t])
@@ -117,12 +119,14 @@ def soft_row(path: Path, sets: frozenset[str]) -> dict[str, Any] | None:
             "fires": fires}
 
 
-def rows(kind: str, split: str, jobs: int, scenarios: Path = SCENARIOS
-         ) -> list[dict[str, Any]]:
-    """The ``kind`` rows (``garbage`` or ``soft``) of the recorded runs of ``split``."""
+def rows(kind: str, split: str, jobs: int, scenarios: Path = SCENARIOS,
+         grid: tuple[tuple[float, float], ...] = SOFT_GRID) -> list[dict[str, Any]]:
+    """The ``kind`` rows (``garbage`` or ``soft``, judged by ``grid``) of the recorded runs
+    of ``split``."""
     sets = frozenset(sets_of(split))
     files = sorted(scenarios.glob("*.jsonl.gz"))
-    one = partial(garbage_row if kind == "garbage" else soft_row, sets=sets)
+    one = (partial(garbage_row, sets=sets) if kind == "garbage"
+           else partial(soft_row, sets=sets, grid=grid))
     with ProcessPoolExecutor(jobs) as ex:
         return [r for r in ex.map(one, files, chunksize=32) if r is not None]
 
@@ -163,14 +167,15 @@ def report_garbage(rs: list[dict[str, Any]]) -> None:
               f"healthy fired {h}/{n_h}, diverging by their divergence {d}/{n_d}")
 
 
-def report_soft(rs: list[dict[str, Any]], paged: dict[str, Any] | None) -> None:
+def report_soft(rs: list[dict[str, Any]], paged: dict[str, Any] | None,
+                grid: tuple[tuple[float, float], ...] = SOFT_GRID) -> None:
     print(f"{len(rs)} unclipped SGD runs:", dict(Counter(r["label"] for r in rs)))
     late = set()
     if paged is not None:
         late = {name for name, x in paged.items() if x["label"] == "diverging"
                 and (x["first"] is None or x["first"] > x["divergence_step"])}
         print(f"{len(late)} diverging runs of --paged paged after their divergence (or never)")
-    for nats, gx in SOFT_GRID:
+    for nats, gx in grid:
         key = f"{nats}/{gx}"
         h, d = tally(rs, key)
         line = (f"loss +{nats} nat after a precursor, gradient {gx}x: healthy fired {h}, "
@@ -209,15 +214,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="soft: bench_alerts.py --json outputs (interval 1) to compare with")
     ap.add_argument("--candidates", type=Path, default=None,
                     help="soft: write the runs any rule of the grid fires on to this file")
+    ap.add_argument("--grid", default=None,
+                    help="soft: NATS:GRAD pairs to judge, comma-separated (default "
+                    + ",".join(f"{n:g}:{g:g}" for n, g in SOFT_GRID) + ")")
     ap.add_argument("--scenarios", type=Path, default=SCENARIOS)
     a = ap.parse_args(argv)
-    rs = rows(a.kind, a.split, a.jobs, a.scenarios)
+    grid = SOFT_GRID
+    if a.grid:
+        try:
+            grid = tuple((float(n), float(g)) for n, g in
+                         (pair.split(":") for pair in a.grid.split(",") if pair.strip()))
+        except ValueError:
+            ap.error(f"--grid {a.grid!r}: give NATS:GRAD pairs, e.g. 2:8,2.5:12")
+    rs = rows(a.kind, a.split, a.jobs, a.scenarios, grid)
     if not rs:
         ap.error(f"no recorded runs of that kind in --split {a.split} under {a.scenarios}")
     if a.kind == "garbage":
         report_garbage(rs)
     else:
-        report_soft(rs, load_paged(a.paged) if a.paged else None)
+        report_soft(rs, load_paged(a.paged) if a.paged else None, grid)
         if a.candidates is not None:
             names = sorted(r["name"] for r in rs if any(v is not None
                                                          for v in r["fires"].values()))

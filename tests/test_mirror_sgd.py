@@ -79,3 +79,21 @@ def test_mirror_sgd_says_when_a_split_holds_no_such_runs(tmp_path: Path,
         m.main(["garbage", "--split", "fresh77", "--jobs", "1", "--scenarios", str(tmp_path)])
     assert e.value.code == 2
     assert "no recorded runs of that kind in --split fresh77" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_harder_surge_pages_fresh78s_soft_blowup_at_8x_not_16x(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--grid``: the gradient asked to surge 8x its calm median catches
+    ``f78_gpt2_sgd_blowup`` on its divergence step (71), 16x only at 80; a grid that is no
+    NATS:GRAD list is refused."""
+    m = load("mirror_sgd")
+    grid = ((2.0, 8.0), (2.0, 16.0))
+    row = m.soft_row(SCENARIOS / "f78_gpt2_sgd_blowup.jsonl.gz", frozenset({"fresh78"}), grid)
+    assert row is not None and row["div"] == 71
+    assert row["fires"] == {"2.0/8.0": 71, "2.0/16.0": 80}
+    assert m.main(["soft", "--split", "fresh78", "--jobs", "1", "--grid", "2:8,2:16"]) == 0
+    assert "gradient 16.0x" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        m.main(["soft", "--split", "fresh78", "--grid", "2:eight"])
+    assert e.value.code == 2 and "give NATS:GRAD pairs" in capsys.readouterr().err
