@@ -463,7 +463,8 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
 @pytest.mark.parametrize("split", ["fresh56", "fresh57", "fresh60", "fresh71", "fresh72",
-                                   "fresh74", "fresh78", "fresh62", "fresh67", "fresh79"])
+                                   "fresh74", "fresh78", "fresh62", "fresh67", "fresh79",
+                                   "qkclip1"])
 def test_a_one_field_sets_recorded_runs_are_what_its_spec_builds(split: str) -> None:
     """The sets made by changing one field of a set's runs (the shapes: ``on_depth``,
     ``on_heads``, ``on_width``, ``on_field``, ``only=`` the usual value or every run; the
