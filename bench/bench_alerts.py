@@ -368,9 +368,9 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
 NEWEST = 79
 #: every recorded set, in the order they were fixed (the long runs after ``fresh52``, the
-#: probe of QK-clip scaling the biases too after ``fresh79``)
+#: probes of QK-clip scaling the biases too after ``fresh79``)
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1", "long2",
-        *(f"fresh{i}" for i in range(53, min(NEWEST, 79) + 1)), "qkclip1",
+        *(f"fresh{i}" for i in range(53, min(NEWEST, 79) + 1)), "qkclip1", "qkclip2",
         *(f"fresh{i}" for i in range(80, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
 #: from read6 on, readN reads through freshN

@@ -153,6 +153,7 @@ from scenario_specs_fresh79 import FRESH79  # noqa: E402
 from scenario_specs_long1 import LONG1  # noqa: E402
 from scenario_specs_long2 import LONG2  # noqa: E402
 from scenario_specs_qkclip1 import QKCLIP1  # noqa: E402
+from scenario_specs_qkclip2 import QKCLIP2  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -185,7 +186,8 @@ HELD_OUT: dict[str, list[Scenario]] = {
     "fresh70": FRESH70, "fresh71": FRESH71, "fresh72": FRESH72,
     "fresh73": FRESH73, "fresh74": FRESH74,
     "fresh75": FRESH75, "fresh76": FRESH76, "fresh77": FRESH77,
-    "fresh78": FRESH78, "fresh79": FRESH79, "qkclip1": QKCLIP1}
+    "fresh78": FRESH78, "fresh79": FRESH79, "qkclip1": QKCLIP1,
+    "qkclip2": QKCLIP2}
 ALL: list[Scenario] = [*SCENARIOS, *(s for runs in HELD_OUT.values() for s in runs)]
 BY_NAME = {s.name: s for s in ALL}
 

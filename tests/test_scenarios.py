@@ -241,7 +241,7 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
             "fresh74": rec.FRESH74, "fresh75": rec.FRESH75,
             "fresh76": rec.FRESH76, "fresh77": rec.FRESH77,
             "fresh78": rec.FRESH78, "fresh79": rec.FRESH79,
-            "qkclip1": rec.QKCLIP1}
+            "qkclip1": rec.QKCLIP1, "qkclip2": rec.QKCLIP2}
     splits = {n: h for n, h in rec.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
@@ -468,9 +468,9 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
 def test_a_one_field_sets_recorded_runs_are_what_its_spec_builds(split: str) -> None:
     """The sets made by changing one field of a set's runs (the shapes: ``on_depth``,
     ``on_heads``, ``on_width``, ``on_field``, ``only=`` the usual value or every run; the
-    clip threshold: ``on_clip``): each recorded run's header holds the spec that
-    ``record_scenarios`` builds for its name today, so a spec edited after recording
-    shows."""
+    clip threshold: ``on_clip``) and the ``qkclip1`` probe: each recorded run's header holds
+    the spec that ``record_scenarios`` builds for its name today, so a spec edited after
+    recording shows."""
     rec = load("record_scenarios")
     runs = rec.HELD_OUT[split]
     for s in runs:
