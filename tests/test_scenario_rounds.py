@@ -398,16 +398,18 @@ def test_a_bias_that_grows_with_an_lr_bump_is_no_refuge(tmp_path: Path) -> None:
     was bumped x5.7 for 53 steps under AdamW, with no QK-clip, had W_q fall 20-24 % while its
     bias rose 21-40 %, and the refuge paged them (``min_rise`` null: the bias's rise is
     ``min_change``, 0.2); the QK-clip runs whose bias rose least by the step it fired
-    (``f46_``, ``f52_gpt2_qk_clip``: 49 % and 51 %) page at the same step under 0.45."""
+    (``f46_``, ``f52_gpt2_qk_clip``: 49 % and 51 %) page under 0.45 (at the same step until
+    round forty-five asked the breach to last 30 steps: 30 steps later)."""
     import yaml
 
     rv = load("rule_variants")
     entry = default_entry("q_bias_refuge")
-    assert entry["params"]["min_rise"] == 0.45
+    assert entry["params"]["min_rise"] == 0.45 and entry["for_steps"] == 30
     assert default_entry("k_bias_refuge")["params"].get("min_rise") is None
     path = tmp_path / "variants.yaml"
     path.write_text(yaml.safe_dump({"rules": [dict(
-        entry, name="q_bias_refuge--r41", params=dict(entry["params"], min_rise=None))]}))
+        entry, name="q_bias_refuge--r41", for_steps=0,
+        params=dict(entry["params"], min_rise=None))]}))
     base, variants, _ = rv.variants_of(path)
     for name, then in (("f12_postln_lr_bump", 450), ("f64_postln_lr_bump", 530),
                        ("f46_gpt2_qk_clip", 380), ("f52_gpt2_qk_clip", 260)):
@@ -415,7 +417,29 @@ def test_a_bias_that_grows_with_an_lr_bump_is_no_refuge(tmp_path: Path) -> None:
         assert row["label"] == "healthy", (name, row)
         assert row["pages"][variants[0]] == then, (name, row)
         now = row["pages"].get(base)
-        assert now == (None if "lr_bump" in name else then), (name, row)
+        assert now == (None if "lr_bump" in name else then + 30), (name, row)
+
+
+@pytest.mark.skipif(not FILES, reason="no recorded scenarios")
+def test_a_qk_clip_that_scales_the_biases_is_no_refuge() -> None:
+    """Round forty-five, chosen on ``qkclip1`` and the QK-clip runs of ``--split read78``: a
+    QK-clip that scales the q/k biases with the weights (as the project's fuse does) leaves
+    no refuge, but early in training the bias grows from its zero init faster than the clip
+    shrinks it, and ``q_bias_refuge`` paged 5 of ``qkclip1``'s 12 such runs at steps
+    180-300. Their breaches last under 20 steps on a head; the refuge's, 40 or more: with
+    ``for_steps`` 30 none of the scaled runs is paged at intervals 1 and 50, and every run
+    whose clip leaves the biases is, by the refuge alone."""
+    ba = load("bench_alerts")
+    for name in ("q1_gpt2_qk_clip_scaled_t4_mid", "q1_gpt2_qk_clip_scaled_t6_hi",
+                 "q1_gpt2_qk_clip_s0", "q1_gpt2_qk_clip_s3"):
+        for k in (1, 50):
+            row = ba.bench_one(str(BENCH / "scenarios" / f"{name}.jsonl.gz"), k)
+            assert row["label"] == "healthy", (name, k)
+            if "scaled" in name:
+                assert row["logitwatch"]["first"] is None, (name, k, row["rules_paged"])
+            else:
+                assert set(row["rules_paged"]) <= {"q_bias_refuge", "k_bias_refuge"} \
+                    and row["logitwatch"]["first"] is not None, (name, k, row)
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
