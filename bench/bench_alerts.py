@@ -366,7 +366,7 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 79
+NEWEST = 80
 #: every recorded set, in the order they were fixed (the long runs after ``fresh52``, the
 #: probes of QK-clip scaling the biases too after ``fresh79``)
 SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1", "long2",
@@ -377,6 +377,10 @@ SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1
 READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4",
                 **{f"read{i}": f"fresh{i}" for i in range(6, NEWEST)},
                 "all": SETS[-1]}
+if NEWEST > 79:
+    # the QK-clip probes were fixed after fresh79 and read before fresh80 was: the next
+    # change tunes on them too
+    READ_THROUGH["read79"] = "qkclip2"
 
 
 def sets_of(split: str) -> tuple[str, ...]:
