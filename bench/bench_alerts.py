@@ -60,17 +60,15 @@ before the set before it was read (``scenario_specs_freshN.py``, split ``freshN`
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
-what each replay gave: docs/ALERTS_EVIDENCE.md. The current rules (round forty-four) were
-chosen on ``--split read68`` (``long1`` and ``long2`` with it) and replayed once on
-``fresh69`` (initial weights at 1.5x the scale), and on ``fresh70`` (warm-ups over 50 steps
-instead of 100), ``fresh71`` (3 blocks instead of 2), ``fresh72`` (2 heads a layer instead
-of 4), ``fresh73`` (sequences of 32 in batches of 32), ``fresh74`` (width 96 instead of 64),
-``fresh75`` (Adam and AdamW betas (0.9, 0.98)), ``fresh76`` (AdamW weight decay 0.1),
-``fresh77`` (SGD momentum 0.8) and ``fresh78`` (one key/value head on Llama and Gemma 2), no
-change made. The next change is chosen on ``--split read78`` and replayed once on
-``fresh79`` (every clipped run clipping at 0.7 of its usual norm; recorded, not read).
-``--summary`` keeps a read's summaries alone with the rules' fingerprint: ``bench/reads/``
-holds those of the reads of the current rules, which ``pool_reads.py`` pools.
+what each replay gave: docs/ALERTS_EVIDENCE.md. Round forty-four was chosen on ``--split
+read68`` (``long1`` and ``long2`` with it) and replayed once on ``fresh69`` to ``fresh78``
+(their summaries kept in ``bench/reads/``, which ``pool_reads.py`` pools). The current rules
+(round forty-five: the QK-clip bias refuge held 30 steps) were chosen on ``--split read78``
+and ``qkclip1`` (a QK-clip that scales the biases too) and replayed once on ``qkclip2`` and
+``fresh79`` (every clipped run clipping at 0.7 of its usual norm; its summary in
+``bench/reads/round45/``). The next change is chosen on ``--split read79`` (through both
+probes) and replayed once on ``fresh80`` (initial weights at 0.75 of the scale; recorded,
+not read). ``--summary`` keeps a read's summaries alone with the rules' fingerprint.
 
 Usage::
 

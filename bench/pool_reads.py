@@ -9,6 +9,10 @@ same rules, none of them used to choose those rules, pool into a figure with roo
     python bench/bench_alerts.py --split fresh74 --intervals 1,10,25,40,50 --json f74.json
     ...
     python bench/pool_reads.py f69.json f70.json ... f77.json
+
+With no files it pools ``bench/reads/*.json``, the summaries of the held-out reads kept in
+the repository (``bench_alerts.py --summary``). Reads made with different rules (their
+``rules`` fingerprints differ) are not pooled.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench_alerts import not_beaten
+from bench_alerts import not_beaten, rules_fingerprint
+
+#: the held-out reads' summaries kept in the repository
+READS = Path(__file__).resolve().parent / "reads"
 
 #: the detector under test (its other row, "on arrival", is pooled too)
 OURS = "logitwatch"
@@ -61,17 +68,32 @@ def better_than_all(tot: dict[tuple[str, int], list[int]], interval: int,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("outputs", type=Path, nargs="+", help="bench_alerts.py --json outputs")
+    ap.add_argument("outputs", type=Path, nargs="*",
+                    help="bench_alerts.py --json or --summary outputs (default: every file "
+                    "in bench/reads)")
     a = ap.parse_args(argv)
+    paths = a.outputs or sorted(READS.glob("*.json"))
+    if not paths:
+        ap.error(f"no reads given and none in {READS}: run bench_alerts.py --summary")
     docs = []
-    for p in a.outputs:
+    for p in paths:
         try:
-            docs.append(json.loads(p.read_text()))
-        except (OSError, ValueError) as e:
-            ap.error(f"{p}: not a bench_alerts.py --json output ({e})")
+            doc = json.loads(p.read_text())
+            doc["summary"].items()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            ap.error(f"{p}: not a bench_alerts.py --json output ({e!r})")
+        docs.append(doc)
+    made_with = {p.name: d["rules"] for p, d in zip(paths, docs, strict=True) if d.get("rules")}
+    if len(set(made_with.values())) > 1:
+        ap.error("these reads were made with different rules, which do not pool: "
+                 + ", ".join(f"{n} {r}" for n, r in made_with.items()))
     tot = pool(docs)
     sets = sorted({k.rsplit("@", 1)[0] for d in docs for k in d["summary"]})
     print(f"{len(sets)} sets pooled: {', '.join(sets)}")
+    if made_with:
+        fp = next(iter(made_with.values()))
+        print(f"rules {fp}" + (" (the defaults now)" if fp == rules_fingerprint()
+                               else " (not the defaults now)"))
     print(f"{'detector':34s} {'@':>3s}  caught     healthy paged  nothing to warn of, paged")
     for (det, k), t in sorted(tot.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         print(f"{det:34s} {k:>3d}  {t[0]:>4d}/{t[1]:<4d}  {t[2]:>4d}/{t[3]:<4d}     "

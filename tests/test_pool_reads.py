@@ -52,3 +52,61 @@ def test_a_file_that_is_no_read_is_named(tmp_path: Path,
         pr.main([str(bad)])
     assert e.value.code == 2
     assert "notes.txt: not a bench_alerts.py --json output" in capsys.readouterr().err
+
+
+def test_reads_made_with_different_rules_are_not_pooled(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pr = load("pool_reads")
+    files = []
+    for name, rules in (("a.json", "aaaa"), ("b.json", "bbbb"), ("c.json", "aaaa")):
+        doc = {**_doc(name[0], ("1/1", "0/2", "0/2"), ("0/1", "0/2", "0/2")), "rules": rules}
+        (tmp_path / name).write_text(json.dumps(doc))
+        files.append(str(tmp_path / name))
+    with pytest.raises(SystemExit) as e:
+        pr.main(files)
+    assert e.value.code == 2
+    assert "made with different rules" in capsys.readouterr().err
+    assert pr.main([files[0], files[2]]) == 0
+    assert "rules aaaa (not the defaults now)" in capsys.readouterr().out
+
+
+def test_the_kept_reads_pool_as_one_rule_set(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench/reads``: the held-out reads kept in the repository, each of every run of one
+    recorded set at the five intervals with the defaults of one round (its fingerprint in
+    every file; ``pool_reads.py`` says whether that is the defaults now). The round that
+    read them is named in ``bench/reads/README.md``."""
+    pr, rec = load("pool_reads"), load("record_scenarios")
+    kept = sorted(pr.READS.glob("*.json"))
+    assert kept, "no reads kept in bench/reads"
+    for p in kept:
+        doc = json.loads(p.read_text())
+        assert doc["split"] == p.stem and doc["runs"] == len(rec.HELD_OUT[p.stem]), p.name
+        assert doc["rules_file"] is None, p.name  # the defaults, no rules file over them
+        assert set(doc["summary"]) == {f"{p.stem}@{k}" for k in (1, 10, 25, 40, 50)}, p.name
+    assert pr.main([]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(kept)} sets pooled" in out
+    fingerprint = json.loads(kept[0].read_text())["rules"]
+    assert f"rules {fingerprint}" in out
+    assert fingerprint in (pr.READS / "README.md").read_text()
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[1] / "bench" / "scenarios"
+                         / "attn_growth_s1.jsonl.gz").exists(), reason="no recorded scenarios")
+def test_a_summary_written_by_bench_alerts_pools(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench_alerts.py --summary`` on two recorded runs: the summaries alone, with the
+    fingerprint of the rules replayed, which ``pool_reads.py`` reads."""
+    ba, pr = load("bench_alerts"), load("pool_reads")
+    out = tmp_path / "holdout.json"
+    assert ba.main(["--split", "holdout", "--names", "attn_growth_s1", "gpt2_bad_data_random",
+                    "--intervals", "50", "--jobs", "1", "--summary", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert (doc["split"], doc["runs"], doc["intervals"]) == ("holdout", 2, [50])
+    assert doc["rules"] == ba.rules_fingerprint() and doc["rules_file"] is None
+    ours = next(r for r in doc["summary"]["holdout@50"] if r["detector"] == "logitwatch")
+    assert (ours["recall"], ours["healthy_paged"]) == ("1/1", "0/1")
+    capsys.readouterr()
+    assert pr.main([str(out)]) == 0
+    got = capsys.readouterr().out
+    assert "1 sets pooled: holdout" in got and "(the defaults now)" in got
