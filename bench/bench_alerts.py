@@ -371,7 +371,7 @@ SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1
         *(f"fresh{i}" for i in range(53, min(NEWEST, 79) + 1)), "qkclip1", "qkclip2",
         *(f"fresh{i}" for i in range(80, NEWEST + 1)))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
-#: from read6 on, readN reads through freshN
+#: from read6 on, readN reads through freshN (read79 through the probes fixed after fresh79)
 READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4",
                 **{f"read{i}": f"fresh{i}" for i in range(6, NEWEST)},
                 "all": SETS[-1]}

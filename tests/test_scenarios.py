@@ -138,7 +138,7 @@ def test_training_stops_when_the_run_is_gone(lab: ModuleType) -> None:
 def test_the_suites_qk_clip_scales_the_biases_only_when_asked() -> None:
     """``RunSpec.qk_clip_biases``: a clipped head's q and k biases scale with its weights
     (the remedy, as the project's fuse does); without it they stay (the bias refuge). The v
-    columns and bias never move, and a head under tau is left alone."""
+    columns and bias never move."""
     models = load("scenario_models")
     moved = {}
     for biases in (False, True):
