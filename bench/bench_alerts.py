@@ -58,7 +58,7 @@ tunes the rules looks at the tuning half alone until the tuning is done. After t
 held-out half was read, every rule change has had its own held-out set, fixed and recorded
 before the set before it was read (``scenario_specs_freshN.py``, split ``freshN``, listed in
 the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
-readN`` (every run recorded through ``freshN``: ``read``/``seen``/``read5`` name the early
+readN`` (every run recorded before ``fresh{N+1}``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
 what each replay gave: docs/ALERTS_EVIDENCE.md. Round forty-four was chosen on ``--split
 read68`` (``long1`` and ``long2`` with it) and replayed once on ``fresh69`` to ``fresh78``
@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import hashlib
 import json
 import logging
 import statistics
@@ -202,8 +203,6 @@ def rules_over_defaults(path: str | Path) -> list[Any]:
 def rules_fingerprint(rules: Sequence[Any] | None = None) -> str:
     """A short digest of a rule set (None: the defaults), every rule's whole definition: reads
     pooled by ``pool_reads.py`` must have been made with the same rules."""
-    import hashlib
-
     text = json.dumps([r.to_dict() for r in (DEFAULT_RULES if rules is None else rules)],
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -365,20 +364,17 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
 NEWEST = 80
-#: every recorded set, in the order they were fixed (the long runs after ``fresh52``, the
-#: probes of QK-clip scaling the biases too after ``fresh79``)
-SETS = ("tune", "holdout", "fresh", *(f"fresh{i}" for i in range(2, 53)), "long1", "long2",
-        *(f"fresh{i}" for i in range(53, min(NEWEST, 79) + 1)), "qkclip1", "qkclip2",
-        *(f"fresh{i}" for i in range(80, NEWEST + 1)))
+#: sets fixed out of the ``freshN`` sequence, by the ``freshN`` they were fixed after: the
+#: long runs, and the probes of a QK-clip that scales the biases too
+BETWEEN = {52: ("long1", "long2"), 79: ("qkclip1", "qkclip2")}
+#: every recorded set, in the order they were fixed
+SETS = ("tune", "holdout", "fresh",
+        *(s for i in range(2, NEWEST + 1) for s in (f"fresh{i}", *BETWEEN.get(i, ()))))
 #: the "read" splits: every set up to and including the one named (a round's tuning data);
-#: from read6 on, readN reads through freshN (read79 through the probes fixed after fresh79)
+#: from read6 on, readN reads every set fixed before ``fresh{N+1}``, the one that holds it out
 READ_THROUGH = {"seen": "fresh", "read": "fresh3", "read5": "fresh4",
-                **{f"read{i}": f"fresh{i}" for i in range(6, NEWEST)},
+                **{f"read{i}": (BETWEEN.get(i) or (f"fresh{i}",))[-1] for i in range(6, NEWEST)},
                 "all": SETS[-1]}
-if NEWEST > 79:
-    # the QK-clip probes were fixed after fresh79 and read before fresh80 was: the next
-    # change tunes on them too
-    READ_THROUGH["read79"] = "qkclip2"
 
 
 def sets_of(split: str) -> tuple[str, ...]:

@@ -52,6 +52,12 @@ def test_a_file_that_is_no_read_is_named(tmp_path: Path,
         pr.main([str(bad)])
     assert e.value.code == 2
     assert "notes.txt: not a bench_alerts.py --json output" in capsys.readouterr().err
+    rows_only = tmp_path / "rows.json"  # JSON, but no summaries to pool
+    rows_only.write_text(json.dumps({"rows": []}))
+    with pytest.raises(SystemExit) as e:
+        pr.main([str(rows_only)])
+    assert e.value.code == 2 and "rows.json: not a bench_alerts.py --json output (no " \
+        "summaries in it)" in capsys.readouterr().err
 
 
 def test_reads_made_with_different_rules_are_not_pooled(
