@@ -365,8 +365,10 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
 NEWEST = 81
 #: sets fixed out of the ``freshN`` sequence, by the ``freshN`` they were fixed after: the
-#: long runs, and the probes of a QK-clip that scales the biases too
-BETWEEN = {52: ("long1", "long2"), 79: ("qkclip1", "qkclip2")}
+#: long runs, and the probes of a QK-clip that scales the biases too (``qkclip3`` fixed
+#: after ``fresh81`` was fixed and ``fresh80`` read: it holds out the change chosen on
+#: ``read80`` with ``fresh81``)
+BETWEEN = {52: ("long1", "long2"), 79: ("qkclip1", "qkclip2"), 81: ("qkclip3",)}
 #: every recorded set, in the order they were fixed
 SETS = ("tune", "holdout", "fresh",
         *(s for i in range(2, NEWEST + 1) for s in (f"fresh{i}", *BETWEEN.get(i, ()))))

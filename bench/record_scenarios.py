@@ -156,6 +156,7 @@ from scenario_specs_long1 import LONG1  # noqa: E402
 from scenario_specs_long2 import LONG2  # noqa: E402
 from scenario_specs_qkclip1 import QKCLIP1  # noqa: E402
 from scenario_specs_qkclip2 import QKCLIP2  # noqa: E402
+from scenario_specs_qkclip3 import QKCLIP3  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "scenarios"
 SUFFIX = ".jsonl.gz"
@@ -189,7 +190,8 @@ HELD_OUT: dict[str, list[Scenario]] = {
     "fresh73": FRESH73, "fresh74": FRESH74,
     "fresh75": FRESH75, "fresh76": FRESH76, "fresh77": FRESH77,
     "fresh78": FRESH78, "fresh79": FRESH79, "qkclip1": QKCLIP1,
-    "qkclip2": QKCLIP2, "fresh80": FRESH80, "fresh81": FRESH81}
+    "qkclip2": QKCLIP2, "fresh80": FRESH80, "fresh81": FRESH81,
+    "qkclip3": QKCLIP3}
 ALL: list[Scenario] = [*SCENARIOS, *(s for runs in HELD_OUT.values() for s in runs)]
 BY_NAME = {s.name: s for s in ALL}
 

@@ -242,7 +242,8 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
             "fresh76": rec.FRESH76, "fresh77": rec.FRESH77,
             "fresh78": rec.FRESH78, "fresh79": rec.FRESH79,
             "qkclip1": rec.QKCLIP1, "qkclip2": rec.QKCLIP2,
-            "fresh80": rec.FRESH80, "fresh81": rec.FRESH81}
+            "fresh80": rec.FRESH80, "fresh81": rec.FRESH81,
+            "qkclip3": rec.QKCLIP3}
     splits = {n: h for n, h in rec.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
