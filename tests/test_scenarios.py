@@ -471,12 +471,12 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
 @pytest.mark.parametrize("split", ["fresh56", "fresh57", "fresh60", "fresh71", "fresh72",
                                    "fresh74", "fresh78", "fresh62", "fresh67", "fresh79",
-                                   "qkclip1", "fresh80", "fresh81"])
+                                   "qkclip1", "fresh80", "fresh81", "qkclip3"])
 def test_a_one_field_sets_recorded_runs_are_what_its_spec_builds(split: str) -> None:
     """The sets made by changing one field of a set's runs (the shapes: ``on_depth``,
     ``on_heads``, ``on_width``, ``on_field``, ``only=`` the usual value or every run; the
     clip threshold: ``on_clip``; the initial scale: ``on_init``; the batch: ``on_batch``)
-    and the ``qkclip1`` probe: each recorded run's header holds
+    and the ``qkclip1`` and ``qkclip3`` probes: each recorded run's header holds
     the spec that ``record_scenarios`` builds for its name today, so a spec edited after
     recording shows."""
     rec = load("record_scenarios")
