@@ -65,10 +65,14 @@ read68`` (``long1`` and ``long2`` with it) and replayed once on ``fresh69`` to `
 (their summaries kept in ``bench/reads/``, which ``pool_reads.py`` pools). The current rules
 (round forty-five: the QK-clip bias refuge held 30 steps) were chosen on ``--split read78``
 and ``qkclip1`` (a QK-clip that scales the biases too) and replayed once on ``qkclip2`` and
-``fresh79`` (every clipped run clipping at 0.7 of its usual norm; its summary in
-``bench/reads/round45/``). The next change is chosen on ``--split read79`` (through both
-probes) and replayed once on ``fresh80`` (initial weights at 0.75 of the scale; recorded,
-not read). ``--summary`` keeps a read's summaries alone with the rules' fingerprint.
+``fresh79`` (every clipped run clipping at 0.7 of its usual norm), and ``fresh80`` (initial
+weights at 0.75 of the scale) with it, no change made (their summaries in
+``bench/reads/round45/``). The current rules (round forty-six: the refuge at half the
+weight's norm) were chosen on ``--split read80`` (through both probes and ``fresh80``) and
+replayed once on ``qkclip3`` (a third such probe) and ``fresh81`` (batches of 12 sequences;
+summaries in ``bench/reads/round46/``). The next change is chosen on ``--split read81`` and
+replayed once on a set fixed after ``fresh81`` was read. ``--summary`` keeps a read's
+summaries alone with the rules' fingerprint.
 
 Usage::
 

@@ -261,8 +261,20 @@ def test_bias_refuge_needs_the_logit_to_move_into_the_bias() -> None:
     assert F not in _refuge_states(shrink, grow, [6.0, 4.0, 2.5, 1.8, 1.2])
     # a near-uniform head (max logit < 1) has no logit to hide
     assert F not in _refuge_states(shrink, grow, [0.05] * 5)
-    # a bias that is a rounding error of the projection (< 25 % of the weight) carries nothing
+    # a bias that is a rounding error of the projection (< half the weight) carries nothing
     assert F not in _refuge_states(shrink, [0.01, 0.02, 0.04, 0.08, 0.16], [6.0] * 5)
+
+
+def test_a_bias_refuge_needs_the_bias_at_half_the_weights_norm() -> None:
+    """Round forty-six: a clip that scales the biases too lets a zero-init bias outgrow it
+    for a while, W_q falling a fifth per 100 steps while its bias rises by half and more,
+    the bias a quarter to a third of the weight's norm over 100 steps (round forty-five's
+    30-step hold paged that); a refuge's bias keeps climbing past half the weight's norm,
+    which pages on the sample it does."""
+    shrink = [2.0, 1.8, 1.55, 1.4, 1.2]  # 22-23 % down per 100 steps
+    grow = [0.25, 0.3, 0.4, 0.5, 0.75]  # 60-87 % up per 100 steps: share 0.26, 0.36, 0.63
+    assert F not in _refuge_states(shrink[:4], grow[:4], [3.0] * 4)
+    assert _refuge_states(shrink, grow, [3.0] * 5)[-1] is F
 
 
 def test_no_data_series_does_not_evaluate() -> None:

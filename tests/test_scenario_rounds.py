@@ -399,39 +399,43 @@ def test_a_bias_that_grows_with_an_lr_bump_is_no_refuge(tmp_path: Path) -> None:
     bias rose 21-40 %, and the refuge paged them (``min_rise`` null: the bias's rise is
     ``min_change``, 0.2); the QK-clip runs whose bias rose least by the step it fired
     (``f46_``, ``f52_gpt2_qk_clip``: 49 % and 51 %) page under 0.45 (at the same step until
-    round forty-five asked the breach to last 30 steps: 30 steps later)."""
+    round forty-five asked the breach to last 30 steps; since round forty-six, when the bias
+    is half the weight's norm: 10 and 70 steps later)."""
     import yaml
 
     rv = load("rule_variants")
     entry = default_entry("q_bias_refuge")
-    assert entry["params"]["min_rise"] == 0.45 and entry["for_steps"] == 30
+    assert entry["params"]["min_rise"] == 0.45 and entry["params"]["share"] == 0.5
+    assert not entry.get("for_steps")
     assert default_entry("k_bias_refuge")["params"].get("min_rise") is None
     path = tmp_path / "variants.yaml"
     path.write_text(yaml.safe_dump({"rules": [dict(
         entry, name="q_bias_refuge--r41", for_steps=0,
-        params=dict(entry["params"], min_rise=None))]}))
+        params=dict(entry["params"], min_rise=None, share=0.25))]}))
     base, variants, _ = rv.variants_of(path)
-    for name, then in (("f12_postln_lr_bump", 450), ("f64_postln_lr_bump", 530),
-                       ("f46_gpt2_qk_clip", 380), ("f52_gpt2_qk_clip", 260)):
+    for name, then, now in (("f12_postln_lr_bump", 450, None), ("f64_postln_lr_bump", 530, None),
+                            ("f46_gpt2_qk_clip", 380, 390), ("f52_gpt2_qk_clip", 260, 330)):
         row = rv.pages_of(name, 1, str(path))
         assert row["label"] == "healthy", (name, row)
         assert row["pages"][variants[0]] == then, (name, row)
-        now = row["pages"].get(base)
-        assert now == (None if "lr_bump" in name else then + 30), (name, row)
+        assert row["pages"].get(base) == now, (name, row)
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
 def test_a_qk_clip_that_scales_the_biases_is_no_refuge() -> None:
-    """Round forty-five, chosen on ``qkclip1`` and the QK-clip runs of ``--split read78``: a
-    QK-clip that scales the q/k biases with the weights (as the project's fuse does) leaves
-    no refuge, but early in training the bias grows from its zero init faster than the clip
-    shrinks it, and ``q_bias_refuge`` paged 5 of ``qkclip1``'s 12 such runs at steps
-    180-300. Their breaches last under 20 steps on a head; the refuge's, 40 or more: with
-    ``for_steps`` 30 none of the scaled runs is paged at intervals 1 and 50, and every run
-    whose clip leaves the biases is, by the refuge alone."""
+    """Rounds forty-five and forty-six: a QK-clip that scales the q/k biases with the weights
+    (as the project's fuse does) leaves no refuge, but early in training the bias grows from
+    its zero init faster than the clip shrinks it: round forty-four's ``q_bias_refuge``
+    paged 5 of ``qkclip1``'s 12 such runs at steps 180-300, round forty-five's (the breach
+    held 30 steps) one of ``qkclip2``'s at tau 3, whose breach held 50 steps with the bias a
+    third of the weight's norm. A refuge's bias only climbs past it: since round forty-six
+    the bias must be half the weight's norm, and none of the scaled runs is paged at
+    intervals 1 and 50, while every run whose clip leaves the biases is, by the refuge
+    alone."""
     ba = load("bench_alerts")
     for name in ("q1_gpt2_qk_clip_scaled_t4_mid", "q1_gpt2_qk_clip_scaled_t6_hi",
-                 "q1_gpt2_qk_clip_s0", "q1_gpt2_qk_clip_s3"):
+                 "q2_gpt2_qk_clip_scaled_t3_lo_i5", "q1_gpt2_qk_clip_s0",
+                 "q1_gpt2_qk_clip_s3", "q2_gpt2_qk_clip_s0"):
         for k in (1, 50):
             row = ba.bench_one(str(BENCH / "scenarios" / f"{name}.jsonl.gz"), k)
             assert row["label"] == "healthy", (name, k)
