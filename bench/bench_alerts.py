@@ -71,8 +71,8 @@ weights at 0.75 of the scale) with it, no change made (their summaries in
 weight's norm) were chosen on ``--split read80`` (through both probes and ``fresh80``) and
 replayed once on ``qkclip3`` (a third such probe) and ``fresh81`` (batches of 12 sequences;
 summaries in ``bench/reads/round46/``). The next change is chosen on ``--split read81`` and
-replayed once on ``fresh82`` (width 48 instead of 64; recorded, not read). ``--summary`` keeps a read's
-summaries alone with the rules' fingerprint.
+replayed once on ``fresh82`` (width 48 instead of 64; recorded, not read). ``--summary``
+keeps a read's summaries alone with the rules' fingerprint.
 
 Usage::
 
