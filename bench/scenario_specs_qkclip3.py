@@ -5,13 +5,14 @@ set of that change.
 ``qkclip2``, read once with round forty-five, left one of its 12 runs whose clip scales the
 biases with the weights paged by ``q_bias_refuge`` (tau 3: early in training the bias grew
 from zero faster than the clip shrank it, and the breach held past 30 steps). A change chosen
-on ``--split read80`` (both probes with it) is read once here: twelve GPT-2 runs whose clip
-scales the biases, at taus at and under qkclip2's smallest (2, 2.5 and 3), peak LRs 5e-3 and
-1e-2, from an init scale no probe had (0.035) or from the suite's 0.05 with AdamW's weight
-decay 0.1 on the matrices (which shrinks W_q and W_k while the biases are not decayed), and
-four at peak LR 2e-2 from the smallest inits (0.01 and 0.02: a small W_q makes a bias a
-larger share of it), all 1,000 steps instead of 800; and four that clip the weights alone
-(the refuge expected) at taus 2 to 3.5, all at seeds 1090+. Record with ``python
+on ``--split read80`` (both probes with it) is read once here: sixteen GPT-2 runs whose clip
+scales the biases, at taus at and under qkclip2's smallest (2, 2.5 and 3), twelve at peak
+LRs 5e-3 and 1e-2 from an init scale no probe had (0.035) or from the suite's 0.05 with
+AdamW's weight decay 0.1 on the matrices (which shrinks W_q and W_k while the biases are not
+decayed), and four at peak LR 2e-2 from the smallest inits (0.01 and 0.02: a small W_q makes
+a bias a larger share of it; added after the twelve were recorded, before any change was
+chosen), all 1,000 steps instead of 800; and four that clip the weights alone (the refuge
+expected) at taus 2 to 3.5, all at seeds 1090+. Record with ``python
 bench/record_scenarios.py $(python bench/record_scenarios.py --list | awk
 '$3=="qkclip3"{print $1}')``. None of its runs may be used to choose a rule, a threshold or a
 default.
@@ -30,7 +31,6 @@ LRS = {"lo": 5e-3, "mid": 1e-2}
 #: the scaled runs' init scale and weight decay, by the tags their names carry
 INITS: dict[str, dict[str, Any]] = {"i35": {"init_std": 0.035},
                                     "wd": {"init_std": 0.05, "weight_decay": 0.1}}
-
 
 
 def _tag(tau: float) -> str:

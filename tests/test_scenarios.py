@@ -256,10 +256,12 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
     bench = load("bench_alerts")
     assert bench.SETS == rec.SPLIT_NAMES
     # readN: every set fixed before fresh{N+1}, the set that holds its round out (the long
-    # runs with read52, the QK-clip probes with read79)
+    # runs with read52, the first two QK-clip probes with read79, the third with read81)
     for i in range(6, bench.NEWEST):
         assert bench.sets_of(f"read{i}") == bench.SETS[:bench.SETS.index(f"fresh{i + 1}")], i
     assert bench.sets_of("read79")[-3:] == ("fresh79", "qkclip1", "qkclip2")
+    assert bench.sets_of("read80")[-2:] == ("qkclip2", "fresh80")
+    assert bench.sets_of("read81")[-2:] == ("fresh81", "qkclip3")
     assert bench.sets_of("read52")[-3:] == ("fresh52", "long1", "long2")
     assert len(rec.BY_NAME) == len(rec.ALL)  # no name twice
     assert not {s.name for s in rec.FRESH} & set(splits)

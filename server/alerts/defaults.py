@@ -212,9 +212,9 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # interval, their first page earlier on 62 (median 20, 10 and 50 steps earlier at 1, 10,
     # 50) and later on 3-20 (up to 80 steps; at 50 one, f55_gpt2_qk_clip, 450: its early
     # breach on a layer-1 head peaked at a share of 0.44, its layer-0 refuge passed 0.5 at
-    # 650); no other run's first page moved. An offline mirror on every step: 0.35 keeps
-    # 0.355 of a scaled run within reach, 0.4 pages every refuge by 9 steps after round 45
-    # with a margin of an eighth.
+    # 650); no other run's first page moved. An offline mirror on every step: 0.35 would
+    # page the scaled run that reached 0.355; 0.4 pages every refuge by 9 steps after round
+    # 45 with a margin of an eighth over it.
     RuleSpec("q_bias_refuge", "ratio", "qk.q_weight_norm", severity="warning",
              params={"other": "qk.q_bias_norm", "window": 100, "min_change": 0.2,
                      "min_rise": 0.45, "share": 0.5, "logit": "attn.logit_max",
