@@ -116,3 +116,25 @@ def test_a_summary_written_by_bench_alerts_pools(tmp_path: Path,
     assert pr.main([str(out)]) == 0
     got = capsys.readouterr().out
     assert "1 sets pooled: holdout" in got and "(the defaults now)" in got
+
+
+def test_each_rounds_kept_reads_are_of_one_rule_set_named_in_the_readme() -> None:
+    """``bench/reads/roundN/``: a later round's held-out reads, each of every run of one
+    recorded set at the five intervals with that round's defaults; one fingerprint a folder,
+    named in ``bench/reads/README.md``, and the newest folder's is the defaults now."""
+    pr, rec = load("pool_reads"), load("record_scenarios")
+    readme = (pr.READS / "README.md").read_text()
+    folders = sorted((p for p in pr.READS.glob("round*") if p.is_dir()),
+                     key=lambda p: int(p.name.removeprefix("round")))
+    assert folders, "no round folders in bench/reads"
+    for folder in folders:
+        prints = set()
+        for p in sorted(folder.glob("*.json")):
+            doc = json.loads(p.read_text())
+            assert doc["split"] == p.stem and doc["runs"] == len(rec.HELD_OUT[p.stem]), p
+            assert doc["rules_file"] is None, p
+            prints.add(doc["rules"])
+        assert len(prints) == 1, (folder, prints)
+        assert prints <= {w.strip("`(),;:") for w in readme.split()}, (folder, prints)
+    bench = load("bench_alerts")
+    assert prints == {bench.rules_fingerprint()}, "the newest round's reads"
