@@ -206,7 +206,8 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # scales the biases) held its breach 50 steps, its bias's share peaking at 0.32 and then
     # falling as the clip and the bias settled; a refuge's share only climbs (past 1 on
     # every refuge recorded, 19 by step 760 at tau 3). The most any scaled run's breach
-    # reached: 0.355 (qkclip2, tau 3, init 0.02). The engine on the 118 runs of read80 with
+    # reached: 0.355 (qkclip2, tau 3, init 0.02; on qkclip3, held out, 0.41 under weight
+    # decay, 0 of 16 paged: a fifth of margin). The engine on the 118 runs of read80 with
     # a q/k bias breach, a scaled clip or a refuge, at intervals 1, 10 and 50: no scaled run
     # paged (1 of 24 at 1 and 10 before), all 92 refuges paged by the refuge alone at every
     # interval, their first page earlier on 62 (median 20, 10 and 50 steps earlier at 1, 10,
