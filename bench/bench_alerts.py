@@ -393,6 +393,23 @@ def sets_of(split: str) -> tuple[str, ...]:
     return (split,)
 
 
+def pairs(names: str, first: Callable[[str], Any], second: Callable[[str], Any]
+          ) -> Callable[[str], tuple[tuple[Any, Any], ...]]:
+    """An argparse ``type`` for a comma-separated list of ``A:B`` pairs (the offline mirrors'
+    ``--grid``), ``names`` saying what they are (``"NATS:GRAD"``): a text that is no such
+    list is refused with that name."""
+    def parse(text: str) -> tuple[tuple[Any, Any], ...]:
+        try:
+            out = tuple((first(a), second(b)) for a, b in
+                        (pair.split(":") for pair in text.split(",") if pair.strip()))
+        except ValueError:
+            out = ()
+        if not out:
+            raise argparse.ArgumentTypeError(f"{text!r}: give {names} pairs, comma-separated")
+        return out
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenarios", type=Path, default=HERE / "scenarios")

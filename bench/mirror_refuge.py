@@ -2,10 +2,11 @@
 on every recorded step, to sweep the bias's share of the weight's norm and the steps a
 breach must hold without replaying the engine (docs/ALERTS.md, *Known limits*).
 
-At each recorded step of a run whose model has q/k biases (GPT-2 and post-LN), per head:
-over the 100 steps before, W's norm fell 20 % or more and the bias's norm rose 45 % (q) or
-20 % (k) or more, the head's max attention logit is at least 1 and did not fall 20 % with
-the weight: the defaults of ``server/alerts/defaults.py`` but the share. A grid of
+At each recorded step of a run whose model has q/k biases (GPT-2 and post-LN), per head, the
+two rules' conditions with their parameters read from ``server/alerts/defaults.py`` but the
+share: over the 100 steps before, W's norm fell 20 % or more and the bias's norm rose 45 %
+(q) or 20 % (k) or more, the head's max attention logit is at least 1 and did not fall 20 %
+with the weight. A grid of
 ``SHARE:HOLD`` pairs then pages a run on the first step where a head has breached with its
 bias's norm at least ``SHARE`` of the weight's for ``HOLD`` steps in a row (round forty-five:
 0.25:30; round forty-six: 0.5:0). Per pair it prints the runs whose QK-clip scales the biases
@@ -27,12 +28,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench_alerts import sets_of
+from bench_alerts import pairs, sets_of
 from scenario_frames import read_header, read_run
 
+from logitwatch.server.alerts.defaults import DEFAULT_RULES
+
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
-#: the rules' window, weight fall, bias rises (q, k), logit floor
-WINDOW, FALL, RISE, FLOOR = 100, 0.2, {"q": 0.45, "k": 0.2}, 1.0
+#: the two refuge rules as the defaults have them (their ``share`` is what the grid sweeps)
+REFUGES = tuple(r for r in DEFAULT_RULES if r.name in ("q_bias_refuge", "k_bias_refuge"))
 #: (share, hold): round forty-five's rule first (the pair the others are compared with)
 GRID = ((0.25, 30), (0.5, 0))
 #: the lowest share the mirror keeps a breach at (under every pair the grid may hold)
@@ -53,25 +56,26 @@ def breach_row(path: Path, sets: frozenset[str]) -> dict[str, Any] | None:
     by = {f["step"]: f["heads"] for f in frames
           if f.get("heads") and "qk.q_bias_norm" in f["heads"]}
     out: dict[str, list[tuple[int, float]]] = {}
-    for step in sorted(by):
-        then, now = by.get(step - WINDOW), by[step]
-        if then is None:
-            continue
-        for side, rise in RISE.items():
-            wk, bk = f"qk.{side}_weight_norm", f"qk.{side}_bias_norm"
+    for rule in REFUGES:
+        wk, bk, lk = rule.metric, str(rule.param("other")), str(rule.param("logit"))
+        fall, floor = float(rule.param("min_change")), float(rule.param("logit_floor"))
+        rise = fall if rule.param("min_rise") is None else float(rule.param("min_rise"))
+        side = rule.name[0]  # q or k
+        for step in sorted(by):
+            then, now = by.get(step - int(rule.param("window"))), by[step]
+            if then is None:
+                continue
             for li, row in enumerate(now[wk]):
                 for hi in range(len(row)):
-                    v = [_num(x) for x in (then[wk][li][hi], then[bk][li][hi],
-                                           then["attn.logit_max"][li][hi], now[wk][li][hi],
-                                           now[bk][li][hi], now["attn.logit_max"][li][hi])]
+                    v = [_num(x[key][li][hi]) for x in (then, now) for key in (wk, bk, lk)]
                     if any(x is None for x in v):
                         continue
                     w0, b0, l0, w1, b1, l1 = v  # type: ignore[misc]
                     if not (w0 > 0 and b0 > 0 and w1 > 0):
                         continue
                     share = b1 / w1
-                    if (w1 / w0 - 1 <= -FALL and b1 / b0 - 1 >= rise and share >= KEEP
-                            and l1 >= FLOOR and l1 >= (1 - FALL) * l0):
+                    if (w1 / w0 - 1 <= -fall and b1 / b0 - 1 >= rise and share >= KEEP
+                            and l1 >= floor and l1 >= (1 - fall) * l0):
                         out.setdefault(f"{side}{li}.{hi}", []).append((step, round(share, 4)))
     return {"name": h["scenario"], "label": h["label"], "div": h["divergence_step"],
             "scaled": bool(h["spec"].get("qk_clip_biases")), "expect": h.get("expect_alert"),
@@ -112,10 +116,10 @@ def judge(rs: list[dict[str, Any]], grid: tuple[tuple[float, int], ...]
     first pages' shift against the first pair's (median, 90th percentile, extremes), and the
     other runs it pages by their divergence."""
     base = {r["name"]: first_page(r, *grid[0]) for r in rs}
+    refuges = [r for r in rs if r["expect"]]
     out = []
     for share, hold in grid:
         got = {r["name"]: first_page(r, share, hold) for r in rs}
-        refuges = [r for r in rs if r["expect"]]
         shift = sorted(got[r["name"]] - base[r["name"]] for r in refuges
                        if got[r["name"]] is not None and base[r["name"]] is not None)
         out.append({
@@ -133,21 +137,15 @@ def judge(rs: list[dict[str, Any]], grid: tuple[tuple[float, int], ...]
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--split", default="read80", help="recorded sets to read (default read80)")
-    ap.add_argument("--grid", default=None,
+    ap.add_argument("--grid", type=pairs("SHARE:HOLD", float, int), default=GRID,
                     help="SHARE:HOLD pairs, comma-separated, the first the baseline (default "
                     + ",".join(f"{s:g}:{h}" for s, h in GRID) + ")")
     ap.add_argument("--jobs", type=int, default=2, help="parallel processes (default 2)")
     ap.add_argument("--scenarios", type=Path, default=SCENARIOS)
     a = ap.parse_args(argv)
-    grid = GRID
-    if a.grid:
-        try:
-            grid = tuple((float(s), int(h)) for s, h in
-                         (pair.split(":") for pair in a.grid.split(",") if pair.strip()))
-        except ValueError:
-            ap.error(f"--grid {a.grid!r}: give SHARE:HOLD pairs, e.g. 0.25:30,0.5:0")
-        if not grid or any(s < KEEP for s, _ in grid):
-            ap.error(f"--grid {a.grid!r}: give shares of {KEEP} or more")
+    grid = a.grid
+    if any(s < KEEP for s, _ in grid):
+        ap.error(f"--grid: give shares of {KEEP} or more")
     rs = rows(a.split, a.jobs, a.scenarios)
     if not rs:
         ap.error(f"no recorded runs with q/k biases in --split {a.split} under {a.scenarios}")

@@ -42,7 +42,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench_alerts import sets_of
+from bench_alerts import pairs, sets_of
 from scenario_frames import read_header
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
@@ -214,18 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="soft: bench_alerts.py --json outputs (interval 1) to compare with")
     ap.add_argument("--candidates", type=Path, default=None,
                     help="soft: write the runs any rule of the grid fires on to this file")
-    ap.add_argument("--grid", default=None,
+    ap.add_argument("--grid", type=pairs("NATS:GRAD", float, float), default=SOFT_GRID,
                     help="soft: NATS:GRAD pairs to judge, comma-separated (default "
                     + ",".join(f"{n:g}:{g:g}" for n, g in SOFT_GRID) + ")")
     ap.add_argument("--scenarios", type=Path, default=SCENARIOS)
     a = ap.parse_args(argv)
-    grid = SOFT_GRID
-    if a.grid:
-        try:
-            grid = tuple((float(n), float(g)) for n, g in
-                         (pair.split(":") for pair in a.grid.split(",") if pair.strip()))
-        except ValueError:
-            ap.error(f"--grid {a.grid!r}: give NATS:GRAD pairs, e.g. 2:8,2.5:12")
+    grid = a.grid
     rs = rows(a.kind, a.split, a.jobs, a.scenarios, grid)
     if not rs:
         ap.error(f"no recorded runs of that kind in --split {a.split} under {a.scenarios}")
