@@ -31,7 +31,9 @@ sends it) carries in each frame the scalars of the steps in between as ``history
   sample (``history_every``, ``logitwatch.hooks._history_flush``): the last of those steps
   with its history scalars (no heads, ``hooks.history_flush`` = 1) and the steps before
   it as its history. A CPU job sends it at once; a CUDA job once its copy is done,
-  typically a step later (not modelled: the bench's "on arrival" figures are the CPU's);
+  typically a step later (not modelled: the bench's "on arrival" figures are the CPU's).
+  Also at once, on a CPU job, after an unsampled step that made a watch sample the next
+  one (a spike, an LR jump: round forty-seven), with what was kept since the last frame;
 * where the run ended between two samples, the frame ``Monitor.close()`` sends: the last
   step with its history scalars (no heads, ``hooks.closing`` = 1) and the steps before it
   since the previous frame as its history (with ``history=False`` there is none, as the
@@ -117,7 +119,7 @@ def derive(frames: list[dict[str, Any]], k: Interval, *, history: bool = True,
     off) sends the kept steps ahead of the next frame."""
     k_at = _interval(k)
     by_step = {f["step"]: f for f in frames}
-    sampled = set(schedule(frames, k_at, spike_watch=spike_watch))
+    sampled, watched = _plan(frames, k_at, spike_watch=spike_watch)
     flush = flush_every if history and flush_every else None
     out: list[dict[str, Any]] = []
     prev: int | None = None  # the last sampled step
@@ -127,7 +129,7 @@ def derive(frames: list[dict[str, Any]], k: Interval, *, history: bool = True,
         if step not in sampled:
             if prev is not None:
                 kept.append(step)
-            if flush is not None and len(kept) >= flush:
+            if flush is not None and kept and (len(kept) >= flush or step in watched):
                 out.append(_scalars_frame(by_step[step], kept[:-1], by_step, len(out) + 1,
                                           flag="hooks.history_flush", every=k_at(prev)))
                 kept = []
@@ -166,6 +168,14 @@ def schedule(frames: list[dict[str, Any]], k: Interval, *,
     or whose loss or gradient norm spiked (``logitwatch.hooks._stepwatch``; a single-process
     job on the CPU reads them at once, an accelerator job typically a step later): the same
     code the hooks run."""
+    return sorted(_plan(frames, k, spike_watch=spike_watch)[0])
+
+
+def _plan(frames: list[dict[str, Any]], k: Interval, *,
+          spike_watch: bool = True) -> tuple[set[int], set[int]]:
+    """:func:`schedule`'s steps, and the steps whose LR or loss/gradient watch made the
+    hooks sample the next one (a CPU job flushes the history kept up to such a step at
+    once: ``logitwatch.hooks._frames._flush_between(now=True)``)."""
     from logitwatch.hooks._lrwatch import LrWatch
     from logitwatch.hooks._stepwatch import StepWatch
     from logitwatch.wire import decode_float
@@ -174,18 +184,22 @@ def schedule(frames: list[dict[str, Any]], k: Interval, *,
         return None if v is None else decode_float(v)
 
     k_at = _interval(k)
-    watch, spikes, out, last, force = LrWatch(), StepWatch(), [], None, False
+    watch, spikes, last, force = LrWatch(), StepWatch(), None, False
+    out: set[int] = set()
+    watched: set[int] = set()
     for f in frames:
         step = f["step"]
         if force or last is None or step >= last + k_at(last):
-            out.append(step)
+            out.add(step)
             last = step
         sc = f["scalars"]
         lr = sc.get("lr")
         force = isinstance(lr, (int, float)) and watch.step(step, float(lr))
         if spike_watch:
             force = spikes.step(step, num(sc.get("loss")), num(sc.get("grad.norm"))) or force
-    return out
+        if force:
+            watched.add(step)
+    return out, watched
 
 
 def _history(steps: list[int], by_step: dict[int, Any]) -> dict[str, Any]:

@@ -104,19 +104,27 @@ class FramesMixin:
         except Exception:
             self._fail("history")
 
-    def _flush_between(self) -> None:
+    def _flush_between(self, *, now: bool = False) -> None:
         """After an unsampled step: send a started flush once its values are ready, and
         start the next when ``every`` steps are kept (:mod:`~logitwatch.hooks._history_flush`).
-        Never a sync: a flush whose copy is still in flight waits for a later step."""
+        Never a sync: a flush whose copy is still in flight waits for a later step.
+
+        ``now``: the step that just ended made a watch sample the next step (a loss or
+        gradient spike, an LR jump), so the steps kept so far go at once, where they are
+        host memory (a CPU job): a page the collector judges on that step reaches it with
+        the step, not with the next one's frame. An accelerator's copy would be ready no
+        sooner than the next step, which is sampled and carries them anyway."""
         flush = self._hflush
         if (not flush.enabled or "history" in self.disabled or "step" in self.disabled
                 or (self._ranks is not None and not self._ranks.sends)):
             return
         try:
             self._send_flush(flush.ready())
-            if flush.busy or self._history.kept < flush.every:
-                return
             device = self._history.device
+            if now and device is not None and device.type != "cpu":
+                return
+            if flush.busy or self._history.kept < (1 if now else flush.every):
+                return
             if device is not None and device.type not in ("cpu", "cuda"):
                 flush.enabled = False  # no event to poll: the history goes with the frames
                 return

@@ -275,31 +275,37 @@ class OptimizerStepMixin:
             return lr
         return None
 
-    def _watch_lr(self, step: int) -> None:
+    def _watch_lr(self, step: int) -> bool:
         """Sample the next step when the learning rate jumps or climbs far past where it
         settled (:mod:`~logitwatch.hooks._lrwatch`; a host number: no sync; an lr living on
         an accelerator is not read). Every rank runs the same schedule, so ranks request
-        the same steps."""
+        the same steps. True when ``step`` (just ended) triggered it."""
         try:
             lr = self._lr()
             if isinstance(lr, (int, float)) and self._lr_watch.step(step, lr):
                 self._force_next = True
+                return True
         except Exception:
             self._fail("step")
+        return False
 
-    def _watch_spikes(self) -> None:
+    def _watch_spikes(self, step: int) -> bool:
         """Sample the next step when a finished step's loss or gradient norm spiked or went
         non-finite (:mod:`~logitwatch.hooks._stepwatch`), read where that costs no sync
         (:meth:`StepHistory.peek`). Not on a job whose ranks sample together (sharded, or
         reducing before they send): each rank would see its own loss, or the same norm at
-        a different step, and the ranks must sample alike."""
+        a different step, and the ranks must sample alike. True when ``step``, the step
+        just ended, triggered it (read at once: host memory); an accelerator's step is
+        read a step later."""
         if self._shard is not None or self._ranks is not None:
-            return
+            return False
         try:
             got = self._history.peek()
             if got is not None and self.fuses:
                 self.fuses.observe(got[0], got[1])  # the rollback's non-finite loss
             if got is not None and self._spike_watch.step(*got):
                 self._force_next = True
+                return got[0] == step
         except Exception:
             self._fail("history")
+        return False

@@ -82,8 +82,10 @@ class StepEndMixin:
             self._cost.step_end(scheduled)
         except Exception:
             self._fail("step")
-        self._watch_lr(step)
-        self._watch_spikes()
+        watched = self._watch_lr(step)
+        watched = self._watch_spikes(step) or watched
+        if watched and not scheduled:  # the step that made a watch sample the next one
+            self._flush_between(now=True)
         self._reschedule(agree=scheduled)
         self._max_step, self._max_next = self._max_next and not self._sampled, False
 

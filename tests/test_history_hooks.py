@@ -404,9 +404,10 @@ def test_close_sends_the_steps_since_the_last_frame(torch_one_thread: Any) -> No
 def test_a_loss_or_grad_spike_samples_the_next_step_without_a_sync(torch_one_thread: Any
                                                                     ) -> None:
     """At sample_every=50: a gradient spike (the loss scaled x1e4 on one step, no clipping
-    to bound it) and later a NaN loss: the step after each is sampled, so the frame that
-    carries them reaches the collector at once; the watch reads nothing through torch on
-    the other steps (a CPU buffer is host memory; an accelerator's is copied non-blocking)."""
+    to bound it) and later a NaN loss: each step's history is flushed as it ends and the
+    step after each is sampled, so they reach the collector at once; the watch reads
+    nothing through torch on the other steps (a CPU buffer is host memory; an
+    accelerator's is copied non-blocking)."""
     torch = torch_one_thread
     from logitwatch.hooks import attach
 
@@ -436,6 +437,13 @@ def test_a_loss_or_grad_spike_samples_the_next_step_without_a_sync(torch_one_thr
     sampled = sink.sampled()
     assert 71 in sampled and 111 in sampled, sampled
     assert [s for s in sampled if s < 71] == [0, 50]  # steady training: nothing extra
+    # a CPU job sends the steps kept up to the spike at once, the spike's step last (a
+    # flush, not the next step's frame): the collector judges it as the step ends
+    flushed = {f["step"]: f for f in sink.frames if "hooks.history_flush" in f["scalars"]}
+    assert 70 in flushed and 110 in flushed, sorted(flushed)
+    assert flushed[70]["history"]["steps"] == list(range(61, 70))  # since the 60 flush
+    assert flushed[70]["scalars"]["grad.norm"] > 100 * flushed[60]["scalars"]["grad.norm"]
+    assert not math.isfinite(float(flushed[110]["scalars"]["grad.norm"]))  # NaN gradients
     assert all(syncs[s] == [] for s in range(130) if s not in sampled), syncs
     # after the blow-up the run stays broken: sampled at most BURST times in REARM steps
     from logitwatch.hooks._stepwatch import BURST, REARM

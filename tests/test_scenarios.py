@@ -293,17 +293,20 @@ def test_derive_is_what_a_job_sampling_every_k_sends() -> None:
     frames = [_frame(s, 1.0 if s in (2, 4, 5) else 0.0) for s in range(8)]
     frames[5]["scalars"]["loss"] = "NaN"
     got = sf.derive(frames, 3)
-    assert [f["step"] for f in got] == [0, 3, 6, 7]
-    assert [f["seq"] for f in got] == [1, 2, 3, 4]
+    # the NaN loss of step 5 (unsampled) makes the hooks sample step 6, and a CPU job sends
+    # the steps kept up to it at once: a flush at step 5 (logitwatch.hooks._frames)
+    assert [f["step"] for f in got] == [0, 3, 5, 6, 7]
+    assert [f["seq"] for f in got] == [1, 2, 3, 4, 5]
     assert "history" not in got[0]
     assert got[1]["history"] == {"steps": [1, 2], "scalars": {
         "loss": [2.99, 2.98], "grad.norm": [1.5, 2.5], "grad.clipped": [0.0, 1.0],
         "lr": [1e-3, 1e-3]}}
-    assert got[2]["history"]["steps"] == [4, 5]
-    assert got[2]["history"]["scalars"]["loss"] == [2.96, "NaN"]
-    assert [f["scalars"]["grad.clip_rate"] for f in got[:3]] == [
+    assert got[2]["heads"] == {} and got[2]["scalars"]["hooks.history_flush"] == 1.0
+    assert got[2]["scalars"]["loss"] == "NaN" and got[2]["history"]["steps"] == [4]
+    assert "history" not in got[3]  # step 6: nothing kept since the flush
+    assert [f["scalars"]["grad.clip_rate"] for f in (got[0], got[1], got[3])] == [
         0.0, pytest.approx(1 / 3), pytest.approx(2 / 3)]
-    assert all(f["scalars"]["hooks.sample_every"] == 3.0 for f in got[:3])
+    assert all(f["scalars"]["hooks.sample_every"] == 3.0 for f in got[:4])
     assert all("hooks.overhead" not in f["scalars"] for f in got)
     assert got[1]["heads"] == frames[3]["heads"] and frames[3]["seq"] == 4  # input untouched
     no_history = sf.derive(frames, 3, history=False)
@@ -339,6 +342,70 @@ def test_a_spike_is_sampled_at_once_and_a_steady_run_never() -> None:
     assert w.step(300 + REARM, 9.0, 0.5)  # a loss 6 nats above its median
     assert w.step(320, float("nan"), 0.5)  # the first non-finite step
     assert not w.step(340, float("nan"), 0.5)  # the run of NaN goes on: once is enough
+
+
+def test_the_watchs_loss_test_is_the_loss_jump_rules() -> None:
+    """The hooks' loss test (``logitwatch.hooks._stepwatch``) uses the default ``loss_jump``
+    rule's parameters, and on a run whose loss is still falling from its warm-up (the
+    window's spread wide, its step-to-step noise small) it fires on the step the collector's
+    rule first breaches: the jump the collector pages on is sampled at once. The test of
+    the last 64 losses' median and MAD it replaces let this one pass (fresh81's
+    ``f81_gpt2_plain_sgd``: paged on step 63, heard of at 70, diverged at 69)."""
+    import random
+    import statistics
+
+    from logitwatch.hooks import _stepwatch as sw
+    from logitwatch.server.alerts.defaults import DEFAULT_RULES
+    from logitwatch.server.alerts.detectors import KINDS
+    from logitwatch.server.alerts.replay import replay
+
+    rule = next(r for r in DEFAULT_RULES if r.name == "loss_jump")
+    kind = KINDS[rule.kind].defaults
+    assert (sw.LOSS_Z, sw.LOSS_MIN, sw.LOSS_WINDOW, sw.LOSS_CENTER) == (
+        rule.params["z"], rule.params["min_jump"], rule.params["window"],
+        rule.params["center_window"])
+    assert (sw.LOSS_MIN_SCALE, sw.LOSS_MIN_SEEN) == (kind["min_scale"], kind["min_samples"])
+    assert rule.params["noise"] == "diff" and KINDS[rule.kind].hold_breaches
+    assert sw.LOSS_HOLD == rule.page.after
+
+    rng = random.Random(7)
+    losses = [3.3 + 6.0 * math.exp(-s / 12) + rng.gauss(0, 0.05) for s in range(120)]
+    losses[63] += 1.8
+    frames = [{"run": "w", "project": "default", "rank": 0, "seq": s + 1, "step": s,
+               "time": 1000.0 + s, "heads": {},
+               "scalars": {"loss": v, "grad.norm": 1.0, "lr": 1e-3, "grad.clipped": 0.0}}
+              for s, v in enumerate(losses)]
+    fired = [a.fired_step for a in replay(frames).alerts if a.rule == "loss_jump"]
+    assert fired and fired[0] == 63, fired
+    watch = sw.StepWatch()
+    assert [s for s, v in enumerate(losses) if watch.step(s, v, 1.0)][:1] == [63]
+    mid = statistics.median(losses[:63])
+    mad = 1.4826 * statistics.median(abs(x - mid) for x in losses[:63])
+    assert losses[63] - mid < 8 * mad  # the old test's verdict on it: no sample
+
+
+def test_the_watch_samples_a_garbage_stretch_and_lets_a_level_shift_go() -> None:
+    """A loss three nats up for eleven steps (garbage batches) is still a jump on its last
+    steps and on the first clean ones (held out of the window, as the rule holds a breach
+    out of its memory), so the steps after them are sampled; a loss that moves a nat up for
+    good stops triggering once ``LOSS_HOLD`` steps have passed (its level is the window's),
+    instead of sampling three steps in ten for the rest of the run."""
+    from logitwatch.hooks import _stepwatch as sw
+
+    def fires(losses: list[float]) -> list[int]:
+        w = sw.StepWatch()
+        return [s for s, v in enumerate(losses) if w.step(s, v, 1.0)]
+
+    calm = [3.0 + 0.02 * ((s * 7) % 5 - 2) for s in range(300)]
+    garbage = [v + (3.0 if 200 <= s < 211 else 1.0 if 211 <= s < 213 else 0.0)
+               for s, v in enumerate(calm)]
+    got = fires(garbage)
+    assert got[:3] == [200, 201, 202] and 210 in got and 212 in got, got
+    assert all(200 <= s <= 212 for s in got), got
+    shifted = [v + (1.0 if s >= 100 else 0.0) for s, v in enumerate(calm)]
+    got = fires(shifted)
+    assert got and got[0] == 100 and max(got) < 210, got  # 100 steps, then no more
+    assert len(got) <= 33, got  # three in ten
 
 
 def test_derived_frames_pass_the_collectors_schema() -> None:
