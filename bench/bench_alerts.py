@@ -70,9 +70,13 @@ weights at 0.75 of the scale) with it, no change made (their summaries in
 ``bench/reads/round45/``). The current rules (round forty-six: the refuge at half the
 weight's norm) were chosen on ``--split read80`` (through both probes and ``fresh80``) and
 replayed once on ``qkclip3`` (a third such probe) and ``fresh81`` (batches of 12 sequences;
-summaries in ``bench/reads/round46/``). The next change is chosen on ``--split read81`` and
-replayed once on ``fresh82`` (width 48 instead of 64; recorded, not read). ``--summary``
-keeps a read's summaries alone with the rules' fingerprint.
+summaries in ``bench/reads/round46/``). Round forty-seven changed the hooks, not the rules:
+the spike watch's loss test is the ``loss_jump`` rule's own and a CPU job flushes the history
+at once after an anomalous step (``scenario_frames.derive`` derives the same frames); chosen
+on ``--split read81`` and replayed once on ``fresh82`` (width 48 instead of 64; summaries in
+``bench/reads/round47/``). The next change is chosen on ``--split read82`` and replayed once
+on ``fresh83`` (warm-ups of 150 steps). ``--summary`` keeps a read's summaries alone with
+the rules' fingerprint.
 
 Usage::
 

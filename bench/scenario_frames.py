@@ -32,8 +32,9 @@ sends it) carries in each frame the scalars of the steps in between as ``history
   with its history scalars (no heads, ``hooks.history_flush`` = 1) and the steps before
   it as its history. A CPU job sends it at once; a CUDA job once its copy is done,
   typically a step later (not modelled: the bench's "on arrival" figures are the CPU's).
-  Also at once, on a CPU job, after an unsampled step that made a watch sample the next
-  one (a spike, an LR jump: round forty-seven), with what was kept since the last frame;
+  Also at once, on a CPU job, after an unsampled step that made the LR watch sample the
+  next one or that the spike watch flagged (sampled next or not: round forty-seven), with
+  what was kept since the last frame;
 * where the run ended between two samples, the frame ``Monitor.close()`` sends: the last
   step with its history scalars (no heads, ``hooks.closing`` = 1) and the steps before it
   since the previous frame as its history (with ``history=False`` there is none, as the
@@ -173,9 +174,10 @@ def schedule(frames: list[dict[str, Any]], k: Interval, *,
 
 def _plan(frames: list[dict[str, Any]], k: Interval, *,
           spike_watch: bool = True) -> tuple[set[int], set[int]]:
-    """:func:`schedule`'s steps, and the steps whose LR or loss/gradient watch made the
-    hooks sample the next one (a CPU job flushes the history kept up to such a step at
-    once: ``logitwatch.hooks._frames._flush_between(now=True)``)."""
+    """:func:`schedule`'s steps, and the steps whose LR watch made the hooks sample the
+    next one or whose loss or gradient norm the spike watch flagged (sampled next or not,
+    past its burst): a CPU job flushes the history kept up to such a step at once
+    (``logitwatch.hooks._frames._flush_between(now=True)``)."""
     from logitwatch.hooks._lrwatch import LrWatch
     from logitwatch.hooks._stepwatch import StepWatch
     from logitwatch.wire import decode_float
@@ -195,10 +197,12 @@ def _plan(frames: list[dict[str, Any]], k: Interval, *,
         sc = f["scalars"]
         lr = sc.get("lr")
         force = isinstance(lr, (int, float)) and watch.step(step, float(lr))
-        if spike_watch:
-            force = spikes.step(step, num(sc.get("loss")), num(sc.get("grad.norm"))) or force
         if force:
             watched.add(step)
+        if spike_watch:
+            force = spikes.step(step, num(sc.get("loss")), num(sc.get("grad.norm"))) or force
+            if spikes.flagged:  # anomalous: flushed at once, sampled next or not
+                watched.add(step)
     return out, watched
 
 

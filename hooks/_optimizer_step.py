@@ -295,17 +295,19 @@ class OptimizerStepMixin:
         (:meth:`StepHistory.peek`). Not on a job whose ranks sample together (sharded, or
         reducing before they send): each rank would see its own loss, or the same norm at
         a different step, and the ranks must sample alike. True when ``step``, the step
-        just ended, triggered it (read at once: host memory); an accelerator's step is
-        read a step later."""
+        just ended (read at once: host memory; an accelerator's is read a step later), was
+        anomalous, whether or not the watch's burst allows sampling the next one: its
+        history is flushed at once either way."""
         if self._shard is not None or self._ranks is not None:
             return False
         try:
             got = self._history.peek()
             if got is not None and self.fuses:
                 self.fuses.observe(got[0], got[1])  # the rollback's non-finite loss
-            if got is not None and self._spike_watch.step(*got):
-                self._force_next = True
-                return got[0] == step
+            if got is not None:
+                if self._spike_watch.step(*got):
+                    self._force_next = True
+                return got[0] == step and self._spike_watch.flagged
         except Exception:
             self._fail("history")
         return False

@@ -85,6 +85,8 @@ class StepWatch:
         self._held_from: int | None = None  # the first loss breach of the episode
         self._last_jump = 0  # the last loss breach
         self.fired = 0
+        #: whether the last step fed to :meth:`step` was anomalous (sampled next or not)
+        self.flagged = False
 
     def _anomaly(self, step: int, loss: float | None, norm: float | None) -> bool:
         bad = any(v is not None and not math.isfinite(v) for v in (loss, norm))
@@ -109,8 +111,10 @@ class StepWatch:
 
     def step(self, step: int, loss: object, norm: object) -> bool:
         """Record ``step``'s ``loss`` and gradient ``norm``; True if the next step should be
-        sampled."""
-        hit = self._anomaly(step, _finite(loss), _finite(norm))
+        sampled. :attr:`flagged` says whether the step was anomalous at all, sampled next or
+        not (past ``BURST`` in ``REARM``): its history is still worth sending at once, which
+        costs a scalars-only frame, not a sample."""
+        hit = self.flagged = self._anomaly(step, _finite(loss), _finite(norm))
         fires = self._fires
         if not hit or (len(fires) == BURST and step - fires[0] < REARM):
             return False
