@@ -160,7 +160,9 @@ def attach(
             (default 10), so that an alert judged on them reaches the collector within
             that many steps whatever the sampling interval; read where that costs no
             sync (host memory, or a non-blocking copy on CUDA sent once done, typically
-            a step later). None or 0: they travel with the next sampled frame only.
+            a step later); on a CPU job also at once after a step whose loss or gradient
+            norm spiked or whose lr jumped. None or 0: they travel with the next sampled
+            frame only.
         start_step: The index of the first monitored step (default 0): a job resumed
             from a checkpoint passes the number of optimizer steps already taken (the
             checkpoint's global step), so that its frames continue that run's step

@@ -66,8 +66,9 @@ class Monitor(CaptureMixin, FramesMixin, OptimizerStepMixin, ScheduleMixin, Step
     the clip rate, and a few on-device copies that keep the step's loss, grad norm and
     clip flag (and its lr, a host float) for the next frame's ``history`` (see
     :mod:`~logitwatch.hooks._history`); they never read a tensor value. Every
-    ``history_every`` unsampled steps that history is sent ahead of the next frame, read
-    where that costs no sync (:mod:`~logitwatch.hooks._history_flush`).
+    ``history_every`` unsampled steps (and, on a CPU job, after a step the spike or LR
+    watch flagged) that history is sent ahead of the next frame, read where that costs no
+    sync (:mod:`~logitwatch.hooks._history_flush`).
 
     Capture rule: a forward is measured only when the step is sampled, the model is in
     training mode (``model.training``), autograd is enabled and it is not being traced
