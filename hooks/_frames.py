@@ -109,11 +109,12 @@ class FramesMixin:
         start the next when ``every`` steps are kept (:mod:`~logitwatch.hooks._history_flush`).
         Never a sync: a flush whose copy is still in flight waits for a later step.
 
-        ``now``: the step that just ended made a watch sample the next step (a loss or
-        gradient spike, an LR jump), so the steps kept so far go at once, where they are
-        host memory (a CPU job): a page the collector judges on that step reaches it with
-        the step, not with the next one's frame. An accelerator's copy would be ready no
-        sooner than the next step, which is sampled and carries them anyway."""
+        ``now``: a watch flagged the step that just ended (a loss or gradient spike,
+        sampled next or not past the spike watch's burst; an LR jump), so the steps kept so
+        far go at once, where they are host memory (a CPU job): a page the collector judges
+        on that step reaches it with the step, not with a later frame. An accelerator's
+        copy would be ready no sooner than the next step, whose frame (sampled, or the next
+        flush) carries them anyway."""
         flush = self._hflush
         if (not flush.enabled or "history" in self.disabled or "step" in self.disabled
                 or (self._ranks is not None and not self._ranks.sends)):

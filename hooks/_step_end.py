@@ -84,7 +84,7 @@ class StepEndMixin:
             self._fail("step")
         watched = self._watch_lr(step)
         watched = self._watch_spikes(step) or watched
-        if watched and not scheduled:  # the step that made a watch sample the next one
+        if watched and not scheduled:  # a step a watch flagged: its history goes now
             self._flush_between(now=True)
         self._reschedule(agree=scheduled)
         self._max_step, self._max_next = self._max_next and not self._sampled, False
