@@ -82,8 +82,8 @@ class StepWatch:
         self.norms: deque[float] = deque(maxlen=WINDOW)
         self._fires: deque[int] = deque(maxlen=BURST)  # the last triggers' steps
         self.bad = False  # the previous step was non-finite
-        self._held_from: int | None = None  # the first loss breach of the episode
-        self._last_jump = 0  # the last loss breach
+        self._held_from = 0  # the first loss breach of the current episode
+        self._last_jump: int | None = None  # the last loss breach
         self.fired = 0
         #: whether the last step fed to :meth:`step` was anomalous (sampled next or not)
         self.flagged = False
@@ -101,7 +101,7 @@ class StepWatch:
         if loss is not None:
             jumped = len(self.losses) >= LOSS_MIN_SEEN and _loss_jump(list(self.losses), loss)
             if jumped:
-                if self._held_from is None or step - self._last_jump > REARM:
+                if self._last_jump is None or step - self._last_jump > REARM:
                     self._held_from = step  # a new episode: REARM calm steps ended the last
                 self._last_jump = step
             if not jumped or step - self._held_from >= LOSS_HOLD:
@@ -125,16 +125,14 @@ class StepWatch:
 
 def _loss_jump(window: list[float], loss: float) -> bool:
     """The collector's ``loss_jump`` breach of ``loss`` after the finite losses ``window``
-    (oldest first; ``server/alerts/scalar_kinds.spike`` with ``center_window`` and ``noise:
-    diff``). Written again here because the hooks never import the collector; the half-nat
-    test goes first, so most steps cost one median of 20 and one of the window."""
+    (oldest first, at least ``LOSS_MIN_SEEN`` of them; ``server/alerts/scalar_kinds.spike``
+    with ``center_window`` and ``noise: diff``, its scale ``series.diff_noise``). Written
+    again here because the hooks never import the collector; the half-nat test goes first,
+    so most steps cost one median of 20 and one of the window."""
     center = median(window[-LOSS_CENTER:])
     if loss - max(center, median(window)) <= LOSS_MIN:
         return False
     diffs = [b - a for a, b in zip(window, window[1:], strict=False)]
-    if len(diffs) >= 2:
-        mid = median(diffs)
-        noise = median(abs(d - mid) for d in diffs) * 1.4826 / math.sqrt(2.0)
-    else:  # the rule's scale of fewer than three values: the MAD of the values themselves
-        noise = median(abs(x - median(window)) for x in window) * 1.4826
+    mid = median(diffs)
+    noise = median(abs(d - mid) for d in diffs) * 1.4826 / math.sqrt(2.0)
     return (loss - center) / max(noise, LOSS_MIN_SCALE) > LOSS_Z
