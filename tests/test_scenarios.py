@@ -243,7 +243,8 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
             "fresh78": rec.FRESH78, "fresh79": rec.FRESH79,
             "qkclip1": rec.QKCLIP1, "qkclip2": rec.QKCLIP2,
             "fresh80": rec.FRESH80, "fresh81": rec.FRESH81,
-            "qkclip3": rec.QKCLIP3, "fresh82": rec.FRESH82, "fresh83": rec.FRESH83}
+            "qkclip3": rec.QKCLIP3, "fresh82": rec.FRESH82, "fresh83": rec.FRESH83,
+            "fresh84": rec.FRESH84}
     splits = {n: h for n, h in rec.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
@@ -541,7 +542,7 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
 @pytest.mark.parametrize("split", ["fresh56", "fresh57", "fresh60", "fresh71", "fresh72",
                                    "fresh74", "fresh78", "fresh62", "fresh67", "fresh79",
                                    "qkclip1", "fresh80", "fresh81", "qkclip3",
-                                   "fresh82", "fresh83"])
+                                   "fresh82", "fresh83", "fresh84"])
 def test_a_one_field_sets_recorded_runs_are_what_its_spec_builds(split: str) -> None:
     """The sets made by changing one field of a set's runs (the shapes: ``on_depth``,
     ``on_heads``, ``on_width``, ``on_field``, ``only=`` the usual value or every run; the
