@@ -1,6 +1,7 @@
-"""What the recorded-scenario tests share (``test_scenarios.py``, ``test_scenario_rounds.py``):
-where the bench and its recorded runs are, loading a bench module, and a default rule taken
-back through a rules file as ``bench_alerts.py --rules`` reads it. Not a test module."""
+"""What the recorded-scenario tests share (``test_scenarios.py``, ``test_scenario_frames.py``,
+``test_scenario_rounds.py``): where the bench and its recorded runs are, loading a bench
+module, and a default rule taken back through a rules file as ``bench_alerts.py --rules``
+reads it. Not a test module."""
 
 from __future__ import annotations
 
