@@ -17,6 +17,12 @@ over the same window, and with ``loss_up_max`` at most that many (a garbage batc
 is far up, its tokens unlike the model's data; a model it wiped reads its clean batches a nat
 or two up once the batches are clean again). Breaching samples are kept out of the memory
 (the kind holds its breaches), so a collapse that lasts does not become its own level.
+
+With ``plain_only``, the rule judges only a job whose optimizer is a plain one (the job's
+``optim.adaptive`` = 0, e.g. SGD; a job that does not say is judged): Adam's and RMSprop's
+step is normalised by the gradient's running RMS, so no one batch's update goes into the
+weights whole, and a long garbage stretch that such a job fits flattens the attention for
+a few clean batches while it heals.
 Pure, as every detector (:mod:`.detectors`, which registers this kind).
 """
 
@@ -43,6 +49,11 @@ COLLAPSE_KEEP = 256
 def collapse(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
              cell: tuple[int | None, int | None]) -> Verdict | None:
     """One sample of a series judged for a collapse under its level with the loss up."""
+    kind = fv.get("optim.adaptive")  # sent with the sampled frames
+    if kind is not None:
+        m.extra["adaptive"] = kind == 1.0
+    if r.param("plain_only") and m.extra.get("adaptive", False):
+        return None  # an adaptive optimizer's job: not this rule's (the docstring)
     loss = fv.get(str(r.param("loss_metric")))
     loss = loss if loss is not None and math.isfinite(loss) else None
     losses: deque[tuple[int, float]] = m.extra.setdefault(

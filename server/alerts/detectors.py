@@ -356,7 +356,7 @@ KINDS: dict[str, Kind] = {
     "no_data": Kind(_no_data, {"seconds": 600.0}, keep_firing_for=0),
     "collapse": Kind(collapse, {"fraction": 0.5, "window": 100, "lag": 20, "min_samples": 3,
                                 "min_history": 100, "floor": 0.05, "loss_metric": "loss",
-                                "loss_up": 1.0, "loss_up_max": None},
+                                "loss_up": 1.0, "loss_up_max": None, "plain_only": False},
                      hold_breaches=True, keep=COLLAPSE_KEEP, every_frame=True),
 }
 DETECTORS = {k: v.detect for k, v in KINDS.items()}
