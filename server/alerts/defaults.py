@@ -259,7 +259,7 @@ DEFAULT_RULES: tuple[RuleSpec, ...] = (
     # diverging run (f59_qknorm_high_lr, 297 steps ahead; loss_ramp pages it 17 steps
     # later). On the 48 adaptive runs where its test can breach (a widened screen of it,
     # 0.45x and 0.3-1.6 nats, and the rule alone at interval 1 on all 3,891 adaptive runs),
-    # at 1/10/25/40/50: diverging caught 28/28 at each, unchanged; healthy paged
+    # at 1/10/25/40/50: diverging caught 31/31 at each, unchanged; healthy paged (of 11)
     # 4/3/4/3/3 -> 3/3/3/3/3 (docs/ALERTS_EVIDENCE.md)
     RuleSpec("attn_wiped", "collapse", "attn.logit_max", over="max", severity="critical",
              params={"fraction": 0.3, "loss_up": 0.5, "loss_up_max": 1.25,
