@@ -216,11 +216,16 @@ def rules_fingerprint(rules: Sequence[Any] | None = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def quiet() -> None:
+    """The collector's alert log off below errors (the tables say it all): the command's and
+    its workers', never :func:`bench_one`'s (a test replaying a run keeps its logging)."""
+    logging.getLogger("logitwatch").setLevel(logging.ERROR)
+
+
 def bench_one(path: str, k: int, history: bool | None = None,
               rules: Sequence[Any] | None = None) -> dict[str, Any]:
     """Replay scenario ``path`` at interval ``k``; its row with the peers' columns.
     ``rules``: the rule set to replay (None: the defaults; see :func:`rules_over_defaults`)."""
-    logging.getLogger("logitwatch").setLevel(logging.ERROR)  # the tables say it all
     header, frames = read_run(path)
     use_history = history_supported() if history is None else history
     derived = derive(frames, k, history=use_history)
@@ -461,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                    key=lambda t: (t[1], -Path(t[0]).stat().st_size))
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+    quiet()
+    with ProcessPoolExecutor(max_workers=max(1, a.jobs), initializer=quiet) as pool:
         futures = [pool.submit(bench_one, f, k, history, rules) for f, k in tasks]
         for i, fut in enumerate(as_completed(futures), 1):
             r = fut.result()
