@@ -49,10 +49,9 @@ COLLAPSE_KEEP = 256
 def collapse(r: RuleSpec, m: Memory, step: int, v: float, fv: FrameView,
              cell: tuple[int | None, int | None]) -> Verdict | None:
     """One sample of a series judged for a collapse under its level with the loss up."""
-    kind = fv.get("optim.adaptive")  # sent with the sampled frames
-    if kind is not None:
-        m.extra["adaptive"] = kind == 1.0
-    if r.param("plain_only") and m.extra.get("adaptive", False):
+    # every sampled frame carries optim.adaptive, and this kind judges only those: nothing
+    # to remember (loss_jump keeps it because it also judges each step's history)
+    if r.param("plain_only") and fv.get("optim.adaptive") == 1.0:
         return None  # an adaptive optimizer's job: not this rule's (the docstring)
     loss = fv.get(str(r.param("loss_metric")))
     loss = loss if loss is not None and math.isfinite(loss) else None
