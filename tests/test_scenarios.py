@@ -244,7 +244,8 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
             "qkclip1": rec.QKCLIP1, "qkclip2": rec.QKCLIP2,
             "fresh80": rec.FRESH80, "fresh81": rec.FRESH81,
             "qkclip3": rec.QKCLIP3, "fresh82": rec.FRESH82, "fresh83": rec.FRESH83,
-            "fresh84": rec.FRESH84, "fresh85": rec.FRESH85}
+            "fresh84": rec.FRESH84, "fresh85": rec.FRESH85,
+            "fresh86": rec.FRESH86}
     splits = {n: h for n, h in rec.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in rec.SCENARIOS}
