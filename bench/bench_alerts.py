@@ -57,7 +57,7 @@ Held-out numbers are printed only with ``--split holdout`` or ``--split both``: 
 tunes the rules looks at the tuning half alone until the tuning is done. After the first
 held-out half was read, every rule change has had its own held-out set, fixed and recorded
 before the set before it was read (``scenario_specs_freshN.py``, split ``freshN``, listed in
-the order they were fixed in ``record_scenarios.HELD_OUT``). A change is chosen on ``--split
+the order they were fixed in ``scenario_sets.HELD_OUT``). A change is chosen on ``--split
 readN`` (every run recorded before ``fresh{N+1}``: ``read``/``seen``/``read5`` name the early
 rounds' data) and replayed once on the set fixed after it; which round read which set, and
 what each replay gave: docs/ALERTS_EVIDENCE.md. Round forty-four was chosen on ``--split

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--json", help="write every run's row here")
     a = ap.parse_args(argv)
-    import record_scenarios as rs
+    import scenario_sets as rs
 
     sets = set(sets_of(a.split))
     paths = [SCENARIOS / f"{s.name}.jsonl.gz" for s in rs.ALL if rs.SPLITS.get(s.name) in sets]

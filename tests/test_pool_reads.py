@@ -81,7 +81,7 @@ def test_the_kept_reads_pool_as_one_rule_set(capsys: pytest.CaptureFixture[str])
     recorded set at the five intervals with the defaults of one round (its fingerprint in
     every file; ``pool_reads.py`` says whether that is the defaults now). The round that
     read them is named in ``bench/reads/README.md``."""
-    pr, rec = load("pool_reads"), load("record_scenarios")
+    pr, rec = load("pool_reads"), load("scenario_sets")
     kept = sorted(pr.READS.glob("*.json"))
     assert kept, "no reads kept in bench/reads"
     for p in kept:
@@ -122,7 +122,7 @@ def test_each_rounds_kept_reads_are_of_one_rule_set_named_in_the_readme() -> Non
     """``bench/reads/roundN/``: a later round's held-out reads, each of every run of one
     recorded set at the five intervals with that round's defaults; one fingerprint a folder,
     named in ``bench/reads/README.md``, and the newest folder's is the defaults now."""
-    pr, rec = load("pool_reads"), load("record_scenarios")
+    pr, rec = load("pool_reads"), load("scenario_sets")
     readme = (pr.READS / "README.md").read_text()
     folders = sorted((p for p in pr.READS.glob("round*") if p.is_dir()),
                      key=lambda p: int(p.name.removeprefix("round")))

@@ -33,6 +33,11 @@ def rec() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
+def reg() -> ModuleType:
+    return load("scenario_sets")
+
+
+@pytest.fixture(scope="module")
 def lab() -> ModuleType:
     return load("scenario_labels")
 
@@ -202,61 +207,61 @@ def test_a_bpe_vocabulary_is_fixed_and_its_bad_batches_are_its_tokens() -> None:
         assert int(one[0].max()) < 256, kind
 
 
-def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
-    sets = {"fresh": rec.FRESH, "fresh2": rec.FRESH2, "fresh3": rec.FRESH3,
-            "fresh4": rec.FRESH4, "fresh5": rec.FRESH5, "fresh6": rec.FRESH6,
-            "fresh7": rec.FRESH7, "fresh8": rec.FRESH8, "fresh9": rec.FRESH9,
-            "fresh10": rec.FRESH10, "fresh11": rec.FRESH11,
-            "fresh12": rec.FRESH12, "fresh13": rec.FRESH13,
-            "fresh14": rec.FRESH14, "fresh15": rec.FRESH15,
-            "fresh16": rec.FRESH16, "fresh17": rec.FRESH17,
-            "fresh18": rec.FRESH18, "fresh19": rec.FRESH19,
-            "fresh20": rec.FRESH20, "fresh21": rec.FRESH21, "fresh22": rec.FRESH22,
-            "fresh23": rec.FRESH23, "fresh24": rec.FRESH24, "fresh25": rec.FRESH25,
-            "fresh26": rec.FRESH26, "fresh27": rec.FRESH27,
-            "fresh28": rec.FRESH28, "fresh29": rec.FRESH29,
-            "fresh30": rec.FRESH30, "fresh31": rec.FRESH31,
-            "fresh32": rec.FRESH32, "fresh33": rec.FRESH33,
-            "fresh34": rec.FRESH34, "fresh35": rec.FRESH35,
-            "fresh36": rec.FRESH36, "fresh37": rec.FRESH37,
-            "fresh38": rec.FRESH38, "fresh39": rec.FRESH39,
-            "fresh40": rec.FRESH40, "fresh41": rec.FRESH41,
-            "fresh42": rec.FRESH42, "fresh43": rec.FRESH43,
-            "fresh44": rec.FRESH44, "fresh45": rec.FRESH45,
-            "fresh46": rec.FRESH46, "fresh47": rec.FRESH47,
-            "fresh48": rec.FRESH48, "fresh49": rec.FRESH49,
-            "fresh50": rec.FRESH50, "fresh51": rec.FRESH51,
-            "fresh52": rec.FRESH52, "long1": rec.LONG1,
-            "long2": rec.LONG2, "fresh53": rec.FRESH53,
-            "fresh54": rec.FRESH54, "fresh55": rec.FRESH55,
-            "fresh56": rec.FRESH56, "fresh57": rec.FRESH57,
-            "fresh58": rec.FRESH58, "fresh59": rec.FRESH59,
-            "fresh60": rec.FRESH60, "fresh61": rec.FRESH61,
-            "fresh62": rec.FRESH62, "fresh63": rec.FRESH63,
-            "fresh64": rec.FRESH64, "fresh65": rec.FRESH65,
-            "fresh66": rec.FRESH66, "fresh67": rec.FRESH67,
-            "fresh68": rec.FRESH68, "fresh69": rec.FRESH69,
-            "fresh70": rec.FRESH70, "fresh71": rec.FRESH71,
-            "fresh72": rec.FRESH72, "fresh73": rec.FRESH73,
-            "fresh74": rec.FRESH74, "fresh75": rec.FRESH75,
-            "fresh76": rec.FRESH76, "fresh77": rec.FRESH77,
-            "fresh78": rec.FRESH78, "fresh79": rec.FRESH79,
-            "qkclip1": rec.QKCLIP1, "qkclip2": rec.QKCLIP2,
-            "fresh80": rec.FRESH80, "fresh81": rec.FRESH81,
-            "qkclip3": rec.QKCLIP3, "fresh82": rec.FRESH82, "fresh83": rec.FRESH83,
-            "fresh84": rec.FRESH84, "fresh85": rec.FRESH85,
-            "fresh86": rec.FRESH86}
-    splits = {n: h for n, h in rec.SPLITS.items() if h not in sets}
+def test_split_is_stratified_and_stable(reg: ModuleType) -> None:
+    sets = {"fresh": reg.FRESH, "fresh2": reg.FRESH2, "fresh3": reg.FRESH3,
+            "fresh4": reg.FRESH4, "fresh5": reg.FRESH5, "fresh6": reg.FRESH6,
+            "fresh7": reg.FRESH7, "fresh8": reg.FRESH8, "fresh9": reg.FRESH9,
+            "fresh10": reg.FRESH10, "fresh11": reg.FRESH11,
+            "fresh12": reg.FRESH12, "fresh13": reg.FRESH13,
+            "fresh14": reg.FRESH14, "fresh15": reg.FRESH15,
+            "fresh16": reg.FRESH16, "fresh17": reg.FRESH17,
+            "fresh18": reg.FRESH18, "fresh19": reg.FRESH19,
+            "fresh20": reg.FRESH20, "fresh21": reg.FRESH21, "fresh22": reg.FRESH22,
+            "fresh23": reg.FRESH23, "fresh24": reg.FRESH24, "fresh25": reg.FRESH25,
+            "fresh26": reg.FRESH26, "fresh27": reg.FRESH27,
+            "fresh28": reg.FRESH28, "fresh29": reg.FRESH29,
+            "fresh30": reg.FRESH30, "fresh31": reg.FRESH31,
+            "fresh32": reg.FRESH32, "fresh33": reg.FRESH33,
+            "fresh34": reg.FRESH34, "fresh35": reg.FRESH35,
+            "fresh36": reg.FRESH36, "fresh37": reg.FRESH37,
+            "fresh38": reg.FRESH38, "fresh39": reg.FRESH39,
+            "fresh40": reg.FRESH40, "fresh41": reg.FRESH41,
+            "fresh42": reg.FRESH42, "fresh43": reg.FRESH43,
+            "fresh44": reg.FRESH44, "fresh45": reg.FRESH45,
+            "fresh46": reg.FRESH46, "fresh47": reg.FRESH47,
+            "fresh48": reg.FRESH48, "fresh49": reg.FRESH49,
+            "fresh50": reg.FRESH50, "fresh51": reg.FRESH51,
+            "fresh52": reg.FRESH52, "long1": reg.LONG1,
+            "long2": reg.LONG2, "fresh53": reg.FRESH53,
+            "fresh54": reg.FRESH54, "fresh55": reg.FRESH55,
+            "fresh56": reg.FRESH56, "fresh57": reg.FRESH57,
+            "fresh58": reg.FRESH58, "fresh59": reg.FRESH59,
+            "fresh60": reg.FRESH60, "fresh61": reg.FRESH61,
+            "fresh62": reg.FRESH62, "fresh63": reg.FRESH63,
+            "fresh64": reg.FRESH64, "fresh65": reg.FRESH65,
+            "fresh66": reg.FRESH66, "fresh67": reg.FRESH67,
+            "fresh68": reg.FRESH68, "fresh69": reg.FRESH69,
+            "fresh70": reg.FRESH70, "fresh71": reg.FRESH71,
+            "fresh72": reg.FRESH72, "fresh73": reg.FRESH73,
+            "fresh74": reg.FRESH74, "fresh75": reg.FRESH75,
+            "fresh76": reg.FRESH76, "fresh77": reg.FRESH77,
+            "fresh78": reg.FRESH78, "fresh79": reg.FRESH79,
+            "qkclip1": reg.QKCLIP1, "qkclip2": reg.QKCLIP2,
+            "fresh80": reg.FRESH80, "fresh81": reg.FRESH81,
+            "qkclip3": reg.QKCLIP3, "fresh82": reg.FRESH82, "fresh83": reg.FRESH83,
+            "fresh84": reg.FRESH84, "fresh85": reg.FRESH85,
+            "fresh86": reg.FRESH86}
+    splits = {n: h for n, h in reg.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
-    assert set(splits) == {s.name for s in rec.SCENARIOS}
+    assert set(splits) == {s.name for s in reg.SCENARIOS}
     # each held-out set is its own split, every run of it, and nothing else
     for split, runs in sets.items():
-        assert {n for n, h in rec.SPLITS.items() if h == split} == {s.name for s in runs}
-    assert set(rec.SPLIT_NAMES) == {"tune", "holdout", *sets}
+        assert {n for n, h in reg.SPLITS.items() if h == split} == {s.name for s in runs}
+    assert set(reg.SPLIT_NAMES) == {"tune", "holdout", *sets}
     # the bench replays exactly the recorded sets, in the order they were fixed, and each
     # read split reads through its own set
     bench = load("bench_alerts")
-    assert bench.SETS == rec.SPLIT_NAMES
+    assert bench.SETS == reg.SPLIT_NAMES
     # readN: every set fixed before fresh{N+1}, the set that holds its round out (the long
     # runs with read52, the first two QK-clip probes with read79, the third with read81)
     for i in range(6, bench.NEWEST):
@@ -265,13 +270,13 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
     assert bench.sets_of("read80")[-2:] == ("qkclip2", "fresh80")
     assert bench.sets_of("read81")[-2:] == ("fresh81", "qkclip3")
     assert bench.sets_of("read52")[-3:] == ("fresh52", "long1", "long2")
-    assert len(rec.BY_NAME) == len(rec.ALL)  # no name twice
-    assert not {s.name for s in rec.FRESH} & set(splits)
-    assert splits == rec.assign_splits(list(reversed(rec.SCENARIOS)))  # order-free
+    assert len(reg.BY_NAME) == len(reg.ALL)  # no name twice
+    assert not {s.name for s in reg.FRESH} & set(splits)
+    assert splits == reg.assign_splits(list(reversed(reg.SCENARIOS)))  # order-free
     halves = sorted(sum(v == h for v in splits.values()) for h in ("tune", "holdout"))
     assert halves[1] - halves[0] <= 1
     by_group: dict[str, list[str]] = {}
-    for s in rec.SCENARIOS:
+    for s in reg.SCENARIOS:
         by_group.setdefault(s.group, []).append(splits[s.name])
     for group, got in by_group.items():  # each half has about half of every group
         tune = got.count("tune")
@@ -282,7 +287,7 @@ def test_split_is_stratified_and_stable(rec: ModuleType) -> None:
 
 
 @pytest.mark.skipif(not FILES, reason="no recorded scenarios")
-def test_recorded_labels_follow_the_rule(rec: ModuleType, lab: ModuleType) -> None:
+def test_recorded_labels_follow_the_rule(reg: ModuleType, lab: ModuleType) -> None:
     from logitwatch.wire import decode_float
 
     headers = []
@@ -295,7 +300,7 @@ def test_recorded_labels_follow_the_rule(rec: ModuleType, lab: ModuleType) -> No
         assert h["bumps"] == bumps, path.name
         assert h["label"] == lab.label(losses, bad), path.name
         assert h["regression"] == round(lab.regression(losses, ignore=bad), 4), path.name
-        assert h["split"] == rec.SPLITS[h["scenario"]], path.name  # fixed before tuning
+        assert h["split"] == reg.SPLITS[h["scenario"]], path.name  # fixed before tuning
         assert len(h["grad_norms"]) == len(h["clipped"]) == len(h["lrs"]) == len(losses)
         headers.append(h)
     labels = [h["label"] for h in headers]
@@ -375,16 +380,16 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
 @pytest.mark.parametrize("split", ["fresh56", "fresh57", "fresh60", "fresh71", "fresh72",
                                    "fresh74", "fresh78", "fresh62", "fresh67", "fresh79",
                                    "qkclip1", "fresh80", "fresh81", "qkclip3",
-                                   "fresh82", "fresh83", "fresh84"])
+                                   "fresh82", "fresh83", "fresh84", "fresh85", "fresh86"])
 def test_a_one_field_sets_recorded_runs_are_what_its_spec_builds(split: str) -> None:
     """The sets made by changing one field of a set's runs (the shapes: ``on_depth``,
     ``on_heads``, ``on_width``, ``on_field``, ``only=`` the usual value or every run; the
-    clip threshold: ``on_clip``; the initial scale: ``on_init``; the batch: ``on_batch``)
+    clip threshold: ``on_clip``; the initial scale: ``on_init``; the batch: ``on_batch``;
+    the context: ``on_context``; Adam's betas: ``on_betas``)
     and the ``qkclip1`` and ``qkclip3`` probes: each recorded run's header holds
     the spec that ``record_scenarios`` builds for its name today, so a spec edited after
     recording shows."""
-    rec = load("record_scenarios")
-    runs = rec.HELD_OUT[split]
+    runs = load("scenario_sets").HELD_OUT[split]
     for s in runs:
         with gzip.open(BENCH / "scenarios" / f"{s.name}.jsonl.gz", "rt") as f:
             header = json.loads(f.readline())
