@@ -104,6 +104,7 @@ from scenario_specs_fresh83 import FRESH83  # noqa: E402
 from scenario_specs_fresh84 import FRESH84  # noqa: E402
 from scenario_specs_fresh85 import FRESH85  # noqa: E402
 from scenario_specs_fresh86 import FRESH86  # noqa: E402
+from scenario_specs_fresh87 import FRESH87  # noqa: E402
 from scenario_specs_long1 import LONG1  # noqa: E402
 from scenario_specs_long2 import LONG2  # noqa: E402
 from scenario_specs_qkclip1 import QKCLIP1  # noqa: E402
@@ -141,7 +142,8 @@ HELD_OUT: dict[str, list[Scenario]] = {
     "fresh78": FRESH78, "fresh79": FRESH79, "qkclip1": QKCLIP1,
     "qkclip2": QKCLIP2, "fresh80": FRESH80, "fresh81": FRESH81,
     "qkclip3": QKCLIP3, "fresh82": FRESH82, "fresh83": FRESH83,
-    "fresh84": FRESH84, "fresh85": FRESH85, "fresh86": FRESH86}
+    "fresh84": FRESH84, "fresh85": FRESH85, "fresh86": FRESH86,
+    "fresh87": FRESH87}
 ALL: list[Scenario] = [*SCENARIOS, *(s for runs in HELD_OUT.values() for s in runs)]
 BY_NAME = {s.name: s for s in ALL}
 
