@@ -105,9 +105,9 @@ def _collector_url() -> str:
 def family_run(name: str, config: str, steps: int | None, tau: float) -> dict[str, Any]:
     """Train recorded scenario ``name`` with the fuses of ``config`` (or, for ``twin``, its
     healthy twin with none), the real hooks at their defaults streaming to a collector."""
-    from record_scenarios import BY_NAME
     from scenario_labels import excursions, stop_reason
     from scenario_models import train
+    from scenario_sets import BY_NAME
 
     torch.set_num_threads(1)
     sc = BY_NAME[name]
