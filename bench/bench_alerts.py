@@ -376,7 +376,7 @@ def _at_once(summary: list[dict[str, Any]], paged: str) -> str:
 
 
 #: the newest held-out set is ``fresh{NEWEST}`` (a new set: bump it)
-NEWEST = 87
+NEWEST = 88
 #: sets fixed out of the ``freshN`` sequence, by the ``freshN`` they were fixed after: the
 #: long runs, and the probes of a QK-clip that scales the biases too (``qkclip3`` fixed
 #: after ``fresh81`` was fixed and ``fresh80`` read: it holds out the change chosen on

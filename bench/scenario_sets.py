@@ -105,6 +105,7 @@ from scenario_specs_fresh84 import FRESH84  # noqa: E402
 from scenario_specs_fresh85 import FRESH85  # noqa: E402
 from scenario_specs_fresh86 import FRESH86  # noqa: E402
 from scenario_specs_fresh87 import FRESH87  # noqa: E402
+from scenario_specs_fresh88 import FRESH88  # noqa: E402
 from scenario_specs_long1 import LONG1  # noqa: E402
 from scenario_specs_long2 import LONG2  # noqa: E402
 from scenario_specs_qkclip1 import QKCLIP1  # noqa: E402
@@ -143,7 +144,7 @@ HELD_OUT: dict[str, list[Scenario]] = {
     "qkclip2": QKCLIP2, "fresh80": FRESH80, "fresh81": FRESH81,
     "qkclip3": QKCLIP3, "fresh82": FRESH82, "fresh83": FRESH83,
     "fresh84": FRESH84, "fresh85": FRESH85, "fresh86": FRESH86,
-    "fresh87": FRESH87}
+    "fresh87": FRESH87, "fresh88": FRESH88}
 ALL: list[Scenario] = [*SCENARIOS, *(s for runs in HELD_OUT.values() for s in runs)]
 BY_NAME = {s.name: s for s in ALL}
 

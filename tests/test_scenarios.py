@@ -250,7 +250,8 @@ def test_split_is_stratified_and_stable(reg: ModuleType) -> None:
             "fresh80": reg.FRESH80, "fresh81": reg.FRESH81,
             "qkclip3": reg.QKCLIP3, "fresh82": reg.FRESH82, "fresh83": reg.FRESH83,
             "fresh84": reg.FRESH84, "fresh85": reg.FRESH85,
-            "fresh86": reg.FRESH86, "fresh87": reg.FRESH87}
+            "fresh86": reg.FRESH86, "fresh87": reg.FRESH87,
+            "fresh88": reg.FRESH88}
     splits = {n: h for n, h in reg.SPLITS.items() if h not in sets}
     assert set(splits.values()) == {"tune", "holdout"}
     assert set(splits) == {s.name for s in reg.SCENARIOS}
@@ -381,7 +382,7 @@ def test_what_the_first_heldout_reading_fixed(k: int) -> None:
                                    "fresh74", "fresh78", "fresh62", "fresh67", "fresh79",
                                    "qkclip1", "fresh80", "fresh81", "qkclip3",
                                    "fresh82", "fresh83", "fresh84", "fresh85", "fresh86",
-                                   "fresh87"])
+                                   "fresh87", "fresh88"])
 def test_a_one_field_sets_recorded_runs_are_what_its_spec_builds(split: str) -> None:
     """The sets made by changing one field of a set's runs (the shapes: ``on_depth``,
     ``on_heads``, ``on_width``, ``on_field``, ``only=`` the usual value or every run; the
